@@ -1,0 +1,219 @@
+"""The `evalsup` command: parse, build the config, call in. Nothing else lives here."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from evalsup.config import ConfigError, RunConfig, WorkerConfig, default_run_dir, resolve_base_url
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"evalsup: {msg}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="evalsup")
+def main() -> None:
+    """Push 10k-1M requests through an OpenAI-compatible endpoint without running out of memory,
+    losing results or starting over after a crash.
+
+    \b
+    evalsup demo                              try it against the built-in mock endpoint
+    evalsup run --workers 4 tasks.jsonl       the real job, against $OPENAI_BASE_URL
+    evalsup status tasks.run                  progress of a run, from another shell
+    """
+
+
+def run_options(f: Any) -> Any:
+    opts = [
+        click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
+                     help="Worker processes (each an asyncio event loop with its own HTTP connections)."),
+        click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=64, show_default=True,
+                     help="Requests in flight in total, split evenly among the workers."),
+        click.option("--window", type=click.IntRange(0, 100_000), default=0,
+                     help="Tasks handed to one worker ahead of its results (default 2 x its concurrency)."),
+        click.option("--out", "-o", "out", type=click.Path(path_type=Path), default=None,
+                     help="Run directory (default: TASKS.run beside the task file)."),
+        click.option("--fresh", is_flag=True,
+                     help="Start over: move an existing run directory aside (never deleted) instead of resuming."),
+        click.option("--model", default=None, help="Model for simple-form lines (and lines whose body has none)."),
+        click.option("--max-tokens", type=int, default=None, help="max_tokens for requests that do not set it."),
+        click.option("--temperature", type=float, default=None, help="temperature for requests that do not set it."),
+        click.option("--max-attempts", type=click.IntRange(1, 100), default=5, show_default=True,
+                     help="Attempts per task for retryable failures (connection errors, timeouts, 429, 5xx)."),
+        click.option("--timeout", "total_timeout", type=float, default=600.0, show_default=True,
+                     help="Total seconds one attempt may take."),
+        click.option("--connect-timeout", type=float, default=10.0, show_default=True,
+                     help="Seconds to open a connection."),
+        click.option("--read-timeout", type=float, default=120.0, show_default=True,
+                     help="Seconds to wait for the first byte, and between chunks."),
+        click.option("--max-response-mb", type=float, default=64.0, show_default=True,
+                     help="Larger responses become error records."),
+        click.option("--max-line-mb", type=float, default=16.0, show_default=True,
+                     help="Longer task lines are invalid."),
+        click.option("--on-invalid", type=click.Choice(["error", "skip"]), default="error", show_default=True,
+                     help="A bad task line stops the run (error), or is recorded in invalid.jsonl (skip)."),
+        click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
+                     help="Environment variable that holds the API key (sent as a bearer token)."),
+        click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="File that holds the API key (instead of the environment)."),
+        click.option("--insecure", is_flag=True, help="Do not verify TLS certificates."),
+        click.option("--grace", type=float, default=20.0, show_default=True,
+                     help="On SIGTERM, seconds to let requests in flight finish before checkpointing."),
+        click.option("--hang-timeout", type=float, default=60.0, show_default=True,
+                     help="A worker silent (no heartbeat) this long is killed and replaced."),
+        click.option("--max-task-crashes", type=click.IntRange(1, 100), default=3, show_default=True,
+                     help="A task whose workers died this often is written as failed (worker_crashed)."),
+        click.option("--max-restarts", type=click.IntRange(0, 10_000), default=10, show_default=True,
+                     help="More unplanned worker restarts than this in 60s stops the run (resumably)."),
+        click.option("--worker-plugin", default=None, hidden=True,
+                     help="module:function called in the worker for each task (testing hooks)."),
+        click.option("--quiet", "-q", is_flag=True, help="Print only the final summary."),
+        click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
+    wc = WorkerConfig(
+        base_url=base_url, concurrency=0, api_key_env=kw["api_key_env"], api_key_file=kw["api_key_file"],
+        model=kw["model"], max_tokens=kw["max_tokens"], temperature=kw["temperature"],
+        max_attempts=kw["max_attempts"], connect_timeout_s=kw["connect_timeout"],
+        read_timeout_s=kw["read_timeout"], total_timeout_s=kw["total_timeout"],
+        max_response_mb=kw["max_response_mb"], insecure=kw["insecure"], plugin=kw["worker_plugin"],
+    )
+    workers = kw["workers"]
+    concurrency = max(kw["concurrency"], workers)
+    return RunConfig(
+        tasks_path=tasks, run_dir=kw["out"] or default_run_dir(tasks), worker=wc, workers=workers,
+        concurrency=concurrency, window=kw["window"], max_line_mb=kw["max_line_mb"], on_invalid=kw["on_invalid"],
+        fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
+        max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
+        json_summary=kw["json_summary"],
+    )
+
+
+def _move_aside(run_dir: Path) -> None:
+    if run_dir.exists():
+        dest = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = dest.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+        run_dir.rename(dest)
+        click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
+
+
+@main.command()
+@click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--base-url", default=None,
+              help="Endpoint base URL including /v1, e.g. http://localhost:8000/v1 (default: $OPENAI_BASE_URL).")
+@run_options
+def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
+    """Send every task in TASKS (JSONL) to the endpoint; results go to TASKS.run/results.jsonl.
+
+    TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
+    ({"id", "messages"} or {"id", "prompt"}, sent to /v1/chat/completions with --model). Other keys of
+    a line are copied to its record's "metadata". Rerunning the same command after a crash or a stop
+    resumes where the run left off: every task ends up in results.jsonl exactly once.
+
+    Exit codes: 0 done (failed requests are records, not errors), 1 the run could not go on,
+    2 bad input or settings, 130 interrupted.
+    """
+    try:
+        url = resolve_base_url(base_url)
+        if not tasks.exists():
+            raise ConfigError(f"{tasks}: no such file")
+        cfg = build_config(tasks, url, kw)
+    except ConfigError as e:
+        _fail(str(e))
+    if cfg.fresh:
+        _move_aside(cfg.run_dir)
+    from evalsup.supervisor.run import run as run_job
+
+    sys.exit(run_job(cfg))
+
+
+@main.command()
+@click.option("--tasks", "n", type=click.IntRange(1, 10_000_000), default=2000, show_default=True,
+              help="Sample tasks to make.")
+@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True)
+@click.option("--latency-ms", type=float, default=20.0, show_default=True, help="Mock latency per request.")
+@click.option("--response-kb", type=float, default=1.0, show_default=True, help="Mock response size.")
+@click.option("--dir", "where", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Where to put the task file and run directory (default: a new temporary folder).")
+def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb: float, where: Path | None) -> None:
+    """Run N sample tasks against the built-in mock endpoint on 127.0.0.1 and print the summary."""
+    import orjson
+
+    from evalsup.mock.server import MockConfig, MockThread
+
+    base = where or Path(tempfile.mkdtemp(prefix="evalsup-demo-"))
+    base.mkdir(parents=True, exist_ok=True)
+    tasks = base / "tasks.jsonl"
+    with open(tasks, "wb") as f:
+        for i in range(n):
+            f.write(orjson.dumps({"id": f"demo-{i}", "messages": [{"role": "user", "content": f"Question {i}?"}],
+                                  "expected": str(i % 7)}) + b"\n")
+    run_dir = base / "tasks.run"
+    if run_dir.exists():
+        _move_aside(run_dir)
+    with MockThread(MockConfig(latency_ms=latency_ms, jitter_ms=latency_ms / 4, response_kb=response_kb)) as mock:
+        click.echo(f"evalsup demo: {n:,} tasks in {tasks}, mock endpoint on {mock.url}", err=True)
+        names = ("model", "max_tokens", "temperature", "api_key_file", "worker_plugin", "out")
+        kw: dict[str, Any] = dict.fromkeys(names)
+        kw.update(workers=workers, concurrency=concurrency, window=0, fresh=False, max_attempts=5,
+                  total_timeout=600.0, connect_timeout=10.0, read_timeout=120.0, max_response_mb=64.0,
+                  max_line_mb=16.0, on_invalid="error", api_key_env="EVALSUP_DEMO_NO_KEY", insecure=False,
+                  grace=20.0, hang_timeout=60.0, max_task_crashes=3, max_restarts=10, quiet=False,
+                  json_summary=False, model="mock-model")
+        cfg = build_config(tasks, mock.url, kw)
+        from evalsup.supervisor.run import run as run_job
+
+        code = run_job(cfg)
+    sys.exit(code)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Mean latency per response.")
+@click.option("--jitter-ms", type=float, default=0.0, show_default=True, help="Uniform +- jitter.")
+@click.option("--response-kb", type=float, default=0.0, show_default=True, help="Pad answers to about this size.")
+@click.option("--fail-500", type=float, default=0.0, show_default=True, help="Fraction answered 500.")
+@click.option("--fail-429", type=float, default=0.0, show_default=True, help="Fraction answered 429 + Retry-After.")
+@click.option("--retry-after", type=float, default=1.0, show_default=True, help="Retry-After seconds on 429.")
+@click.option("--reset", type=float, default=0.0, show_default=True, help="Fraction of connections reset.")
+@click.option("--malformed", type=float, default=0.0, show_default=True, help="Fraction with a non-JSON body.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def mock(host: str, port: int, latency_ms: float, jitter_ms: float, response_kb: float, fail_500: float,
+         fail_429: float, retry_after: float, reset: float, malformed: float, seed: int) -> None:
+    """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks)."""
+    from evalsup.mock.server import MockConfig, serve_forever
+
+    cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
+                     fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed)
+    serve_forever(cfg, host, port)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+def status(run_dir: Path) -> None:
+    """Progress of a run directory, from its checkpoint and results file (read-only)."""
+    from evalsup.status import status_text
+
+    click.echo(status_text(run_dir))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

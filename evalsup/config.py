@@ -1,0 +1,94 @@
+"""One frozen configuration object for a run, its defaults, and sizing from the container's limit."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+DEFAULT_CONCURRENCY = 64
+MIB = 1 << 20
+
+
+class ConfigError(Exception):
+    """A setting that cannot work; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker needs; sent to it as the CONFIG frame (never holds the API key itself)."""
+
+    base_url: str
+    concurrency: int
+    api_key_env: str = "OPENAI_API_KEY"
+    api_key_file: str | None = None
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stream: bool = False
+    max_attempts: int = 5
+    max_retry_wait_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 120.0
+    total_timeout_s: float = 600.0
+    max_response_mb: float = 64.0
+    heartbeat_s: float = 1.0
+    insecure: bool = False
+    trace_memory: bool = False
+    plugin: str | None = None  # module:function called on each finished task (tests, hooks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    tasks_path: Path
+    run_dir: Path
+    worker: WorkerConfig
+    workers: int = 4
+    concurrency: int = DEFAULT_CONCURRENCY  # total requests in flight across all workers
+    window: int = 0  # tasks outstanding per worker; 0 = 2 x its concurrency
+    max_line_mb: float = 16.0
+    on_invalid: Literal["error", "skip"] = "error"
+    fresh: bool = False
+    flush_interval_s: float = 1.0
+    checkpoint_interval_s: float = 2.0
+    grace_s: float = 20.0
+    hang_timeout_s: float = 60.0
+    max_task_crashes: int = 3
+    max_restarts: int = 10
+    quiet: bool = False
+    json_summary: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_line_bytes(self) -> int:
+        return int(self.max_line_mb * MIB)
+
+    def per_worker_concurrency(self) -> list[int]:
+        """Split the total concurrency evenly (the first workers take the remainder)."""
+        base, rest = divmod(self.concurrency, self.workers)
+        return [base + (1 if i < rest else 0) for i in range(self.workers)]
+
+    def window_for(self, concurrency: int) -> int:
+        return self.window if self.window > 0 else max(2, 2 * concurrency)
+
+
+def resolve_base_url(flag: str | None) -> str:
+    url = flag or os.environ.get("OPENAI_BASE_URL")
+    if not url:
+        raise ConfigError(
+            "no endpoint: pass --base-url http://HOST:PORT/v1 or set OPENAI_BASE_URL "
+            "(try `evalsup demo` for a run against the built-in mock endpoint)"
+        )
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--base-url must start with http:// or https://, got {url!r}")
+    return url.rstrip("/")
+
+
+def default_run_dir(tasks_path: Path) -> Path:
+    name = tasks_path.name
+    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else tasks_path.stem
+    return tasks_path.with_name(stem + ".run")

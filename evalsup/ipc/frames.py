@@ -1,0 +1,132 @@
+"""Length-prefixed frames over a pipe.
+
+A frame is a 5-byte header (payload length as a big-endian u32, then one byte of kind) and the payload.
+Payloads are orjson, or for TASK and RESULT an orjson meta object, a newline, and raw line bytes that
+neither side re-encodes (orjson never emits a raw newline, so the first newline splits them). No pickle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import struct
+from typing import Any
+
+import orjson
+
+HEADER = struct.Struct(">IB")
+MAX_FRAME = 1 << 30  # a frame larger than this is a protocol error, not a big response
+
+
+class Kind(enum.IntEnum):
+    # supervisor -> worker
+    CONFIG = 1  # json: the worker's settings
+    TASK = 2  # meta {"k": key, "n": line number} + "\n" + the task line
+    DRAIN = 3  # start nothing new, finish what you hold, send BYE, exit
+    PAUSE = 4  # hold queued tasks: start no new request until RESUME
+    RESUME = 5
+    LIMIT = 6  # json {"inflight": n}: cap on requests in flight in this worker
+    # worker -> supervisor
+    READY = 10  # json {"pid": ..., "concurrency": ...}
+    RESULT = 11  # meta {"k": key, "ok": bool, "lat": s, "att": n, "rb": response bytes} + "\n" + output line
+    HEARTBEAT = 12  # json {"inflight": n, "queued": n}
+    BYE = 13  # json {"done": n}: drained, about to exit
+    FATAL = 14  # json {"message": str}: the worker cannot go on
+    LEAKS = 15  # json {"text": str}: top allocation sites (tracemalloc), sent before a drain exit
+
+
+class ProtocolError(Exception):
+    """The other side sent something that is not a frame."""
+
+
+def encode_frame(kind: Kind, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), kind) + payload
+
+
+def encode_json(kind: Kind, obj: Any) -> bytes:
+    return encode_frame(kind, orjson.dumps(obj))
+
+
+def encode_meta(kind: Kind, meta: Any, body: bytes) -> bytes:
+    m = orjson.dumps(meta)
+    return HEADER.pack(len(m) + 1 + len(body), kind) + m + b"\n" + body
+
+
+def decode_json(payload: bytes) -> Any:
+    return orjson.loads(payload)
+
+
+def split_meta(payload: bytes) -> tuple[Any, bytes]:
+    """Split a meta+body payload into (parsed meta, raw body)."""
+    i = payload.index(b"\n")
+    return orjson.loads(payload[:i]), payload[i + 1 :]
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, bytes] | None:
+    """Read one frame; None at a clean EOF between frames."""
+    try:
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as e:
+        if not e.partial:
+            return None
+        raise ProtocolError("pipe closed inside a frame header") from e
+    length, kind = HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes is larger than the limit")
+    try:
+        payload = await reader.readexactly(length) if length else b""
+    except asyncio.IncompleteReadError as e:
+        raise ProtocolError("pipe closed inside a frame") from e
+    try:
+        return Kind(kind), payload
+    except ValueError as e:
+        raise ProtocolError(f"unknown frame kind {kind}") from e
+
+
+class FrameWriter:
+    """Batches the frames queued in one loop iteration into a single write.
+
+    ``send`` never blocks; callers that produce many frames must ``await drain()`` so the pipe's bound
+    (the transport's high-water mark) pushes back on them.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._pending: list[bytes] = []
+        self._scheduled = False
+        self.closed = False
+
+    def send(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        self._pending.append(frame)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if not self._pending or self.closed:
+            return
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending.clear()
+        try:
+            self._writer.write(data)
+        except (ConnectionError, RuntimeError):
+            self.closed = True
+
+    async def drain(self) -> None:
+        self._flush()
+        if self.closed:
+            return
+        try:
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError):
+            self.closed = True
+
+    def close(self) -> None:
+        self._flush()
+        self.closed = True
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            self._writer.close()

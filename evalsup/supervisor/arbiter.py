@@ -1,0 +1,372 @@
+"""The supervisor's one loop: read tasks, hand them to workers by credit, write results, and spawn,
+reap and replace workers (after gunicorn's arbiter). Policies live in small objects; this wires them."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import signal
+import time
+from typing import Any
+
+import orjson
+
+from evalsup.config import RunConfig
+from evalsup.ipc import Kind, decode_json, read_frame, split_meta
+from evalsup.ipc.frames import ProtocolError
+from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
+from evalsup.supervisor.stats import RunStats
+from evalsup.supervisor.workers import State, WorkerHandle
+from evalsup.tasks import TaskError, TaskReader, TaskRef, fingerprint, output_line, read_line_at
+
+
+class RunStopped(Exception):
+    """The run ended early; ``code`` is the exit code and the message says why and what to do."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Supervisor:
+    def __init__(self, cfg: RunConfig, log: Any = None) -> None:
+        self.cfg = cfg
+        self.log = log or (lambda msg: None)
+        self.journal = Journal(cfg.run_dir)
+        self.stats = RunStats()
+        self.workers: list[WorkerHandle] = []
+        self.redo: collections.deque[TaskRef] = collections.deque()  # tasks to hand out before new ones
+        self.skip_ids: set[str] = set()  # D: finished after the last checkpoint of an earlier run
+        self.reader: TaskReader | None = None
+        self.fp: dict[str, Any] = {}
+        self.credit = asyncio.Event()  # set when a credit returns or the set of workers changes
+        self.stopping: str | None = None  # None, "drain" or "now"
+        self.stop_code = 0
+        self.stop_message = ""
+        self.exhausted = False
+        self.started = time.monotonic()
+        self.paused = False  # dispatch gate (memory throttle, endpoint down)
+        self.resumed_from: ResumeState | None = None
+        self._signals = 0
+        self.finished = False
+        self._bg: set[asyncio.Task[Any]] = set()
+
+    # ----- set-up -----
+
+    def _open(self) -> None:
+        cfg = self.cfg
+        if not cfg.tasks_path.is_file():
+            raise RunStopped(f"{cfg.tasks_path}: no such file", 2)
+        self.fp = fingerprint(cfg.tasks_path)
+        try:
+            state = self.journal.prepare(self.fp, str(cfg.tasks_path))
+        except JournalError as e:
+            raise RunStopped(str(e), 2) from None
+        if state is None:
+            self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
+            return
+        cp = state.checkpoint
+        self.resumed_from = state
+        self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, cp.frontier, cp.line_no, cp.index)
+        if cp.ids_len:
+            self.reader.ids.load(self.journal.read_ids(cp.ids_len))
+        self.stats.succeeded = cp.succeeded + state.succeeded_after
+        self.stats.failed = cp.failed + state.failed_after
+        self.stats.invalid = cp.invalid
+        self.stats.restore(cp.counters)
+        d = set(state.done_after)
+        for ref in sorted(cp.outstanding, key=lambda r: r.offset):
+            if ref.id in d:
+                d.discard(ref.id)
+            else:
+                self.redo.append(ref)
+        self.skip_ids = d
+
+    def _worker_config(self, concurrency: int) -> dict[str, Any]:
+        d = self.cfg.worker.to_dict()
+        d["concurrency"] = concurrency
+        return d
+
+    async def _start_worker(self, slot: int) -> WorkerHandle:
+        conc = self.cfg.per_worker_concurrency()[slot]
+        w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
+        await w.spawn(self._worker_config(conc))
+        self.workers.append(w)
+        w.reader_task = asyncio.create_task(self._read_worker(w))
+        return w
+
+    # ----- worker side -----
+
+    async def _read_worker(self, w: WorkerHandle) -> None:
+        assert w.proc is not None and w.proc.stdout is not None
+        stdout = w.proc.stdout
+        try:
+            while True:
+                frame = await read_frame(stdout)
+                if frame is None:
+                    break
+                kind, payload = frame
+                if kind is Kind.RESULT:
+                    self._on_result(w, payload)
+                elif kind is Kind.HEARTBEAT:
+                    w.last_beat = time.monotonic()
+                elif kind is Kind.READY:
+                    if w.state is State.STARTING:
+                        w.state = State.READY
+                    w.last_beat = time.monotonic()
+                    self.credit.set()
+                elif kind is Kind.FATAL:
+                    w.fatal = str(decode_json(payload).get("message"))
+                elif kind is Kind.BYE:
+                    pass
+        except (ProtocolError, ConnectionError) as e:
+            self.log(f"worker {w.pid}: broken pipe ({e}); replacing it")
+            w.kill("crashed")
+        rc = await w.proc.wait()
+        self._on_exit(w, rc)
+
+    def _on_result(self, w: WorkerHandle, payload: bytes) -> None:
+        meta, line = split_meta(payload)
+        ref = w.outstanding.pop(meta["k"], None)
+        if ref is None:
+            return  # not ours any more (cannot happen while one worker owns each task)
+        self.journal.append(line)
+        if meta["ok"]:
+            self.stats.succeeded += 1
+        else:
+            self.stats.failed += 1
+        self.stats.session_done += 1
+        self.stats.latency.add(float(meta["lat"]))
+        self.stats.response_bytes += int(meta.get("rb", 0))
+        w.done += 1
+        self.credit.set()
+
+    def _on_exit(self, w: WorkerHandle, rc: int) -> None:
+        planned = w.state is State.DRAINING or (w.state is State.KILLED and w.kill_cause in ("stop", "hard_kill"))
+        cause = w.kill_cause if w.state is State.KILLED else ("drained" if w.state is State.DRAINING else "crashed")
+        w.state = State.GONE
+        if w in self.workers:
+            self.workers.remove(w)
+        died = cause in ("crashed", "hung", "hard_kill")
+        for ref in sorted(w.outstanding.values(), key=lambda r: r.offset, reverse=True):
+            if died:
+                ref.crashes += 1
+            if ref.crashes >= self.cfg.max_task_crashes:
+                self._poison(ref)
+            else:
+                self.redo.appendleft(ref)
+        w.outstanding.clear()
+        self.credit.set()
+        if w.fatal and self.stopping is None:
+            self._stop(f"worker could not start: {w.fatal}", 2, "now")
+            return
+        if self.stopping is not None or planned:
+            return
+        self.stats.restarts[cause if cause in ("hung",) else "crashed"] += 1
+        self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
+                 f"{len(self.redo)} task(s) handed on; starting a new one")
+        t = asyncio.create_task(self._replace(w.slot))
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    async def _replace(self, slot: int) -> None:
+        if self.stopping is None:
+            await self._start_worker(slot)
+
+    def _poison(self, ref: TaskRef) -> None:
+        msg = f"the worker died {ref.crashes} times while holding this task (line {ref.line_no})"
+        line = output_line(ref.id, status=None, request_id=None, body=None,
+                           error={"code": "worker_crashed", "message": msg},
+                           metrics={"latency_s": None, "attempts": ref.crashes, "worker": None}, metadata=None)
+        self.journal.append(line)
+        self.stats.failed += 1
+        self.stats.session_done += 1
+        self.stats.poisoned.append(ref.id)
+        self.log(f"task {ref.id!r} (line {ref.line_no}) killed its worker {ref.crashes} times; "
+                 "written as failed (worker_crashed)")
+
+    # ----- dispatch -----
+
+    def _outstanding(self) -> int:
+        return sum(len(w.outstanding) for w in self.workers)
+
+    def _next_task(self) -> tuple[TaskRef, bytes] | None:
+        cfg = self.cfg
+        assert self.reader is not None
+        if self.redo:
+            ref = self.redo.popleft()
+            return ref, read_line_at(cfg.tasks_path, ref.offset, cfg.max_line_bytes)
+        while not self.exhausted:
+            try:
+                got = self.reader.next()
+            except TaskError as e:
+                if cfg.on_invalid == "skip":
+                    self.stats.invalid += 1
+                    self.journal.append_invalid(orjson.dumps(
+                        {"line": e.line_no, "offset": e.offset, "error": e.reason},
+                        option=orjson.OPT_APPEND_NEWLINE))
+                    continue
+                self._stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", 2,
+                           "drain")
+                return None
+            if got is None:
+                self.exhausted = True
+                return None
+            ref, line, _index = got
+            if ref.id in self.skip_ids:
+                self.skip_ids.discard(ref.id)
+                continue
+            return ref, line
+        return None
+
+    def _pick_worker(self) -> WorkerHandle | None:
+        best: WorkerHandle | None = None
+        for w in self.workers:
+            if w.credits > 0 and (best is None or w.credits > best.credits):
+                best = w
+        return best
+
+    async def _wait_credit(self) -> None:
+        self.credit.clear()
+        await self.credit.wait()
+
+    async def _dispatch(self) -> None:
+        """Hand out tasks until the input is done and nothing is outstanding, or a stop is asked."""
+        while self.stopping is None:
+            if self.exhausted and not self.redo:
+                if self._outstanding() == 0:
+                    return
+                await self._wait_credit()  # a result or a dead worker's tasks coming back
+                continue
+            w = self._pick_worker()
+            if w is None or self.paused:
+                await self._wait_credit()
+                continue
+            task = self._next_task()
+            if task is None:
+                continue
+            ref, line = task
+            w.send_task(ref, line)
+            assert w.out is not None
+            await w.out.drain()
+
+    async def _drain_outstanding(self) -> None:
+        while self._outstanding() and self.stopping != "now":
+            await self._wait_credit()
+
+    # ----- periodic work -----
+
+    def checkpoint(self, finished: bool = False) -> None:
+        assert self.reader is not None
+        j = self.journal
+        results_len = j.flush()
+        j.append_ids(self.reader.ids.take_log())
+        outstanding = [r for w in self.workers for r in w.outstanding.values()] + list(self.redo)
+        cp = Checkpoint(
+            fingerprint=self.fp, frontier=self.reader.offset, line_no=self.reader.line_no, index=self.reader.index,
+            outstanding=outstanding, results_len=results_len, ids_len=j.ids_length(),
+            invalid_len=j.invalid_length(), succeeded=self.stats.succeeded, failed=self.stats.failed,
+            invalid=self.stats.invalid, counters=self.stats.counters(), finished=finished,
+        )
+        j.sync()
+        j.write_checkpoint(cp)
+
+    async def _ticker(self) -> None:
+        cfg = self.cfg
+        last_flush = last_cp = time.monotonic()
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            try:
+                if now - last_cp >= cfg.checkpoint_interval_s:
+                    self.checkpoint()
+                    last_cp = last_flush = now
+                elif now - last_flush >= cfg.flush_interval_s:
+                    self.journal.flush()
+                    last_flush = now
+            except JournalError as e:
+                self._stop(str(e), 1, "now")
+                return
+            for w in list(self.workers):
+                if w.alive and w.state is not State.STARTING and now - w.last_beat > cfg.hang_timeout_s:
+                    self.log(f"worker {w.pid} sent no heartbeat for {now - w.last_beat:.0f}s (hung); killing it")
+                    w.kill("hung")
+                elif w.state is State.STARTING and now - w.started > max(30.0, cfg.hang_timeout_s):
+                    w.kill("hung")
+
+    # ----- stopping -----
+
+    def _stop(self, message: str, code: int, mode: str) -> None:
+        if self.stopping == "now" or (self.stopping == "drain" and mode == "drain"):
+            return
+        if self.stopping is None:
+            self.stop_message, self.stop_code = message, code
+        self.stopping = mode
+        self.credit.set()
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if signum == signal.SIGTERM and self._signals == 1:
+            self.log(f"SIGTERM: finishing requests in flight (up to {self.cfg.grace_s:g}s), then checkpointing")
+            self._stop("stopped by SIGTERM", 0, "drain")
+        else:
+            self._stop("interrupted", 130 if signum == signal.SIGINT else 143, "now")
+
+    async def _shutdown_workers(self) -> None:
+        for w in self.workers:
+            if self.stopping == "now":
+                w.kill("stop")
+            else:
+                w.state = State.DRAINING
+                w.close_input()
+        procs = [w.proc for w in self.workers if w.proc is not None]
+        if procs:
+            _, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in procs], timeout=5)
+            if pending:
+                for w in self.workers:
+                    w.kill("stop")
+                await asyncio.wait(pending, timeout=5)
+        readers = [w.reader_task for w in list(self.workers) if w.reader_task is not None]
+        if readers:
+            await asyncio.wait(readers, timeout=5)
+
+    # ----- the run -----
+
+    async def run(self) -> int:
+        self._open()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        if self.resumed_from is not None:
+            rs = self.resumed_from
+            extra = f", cut a torn last line of {rs.torn_bytes} bytes" if rs.torn_bytes else ""
+            self.log(f"resuming: {rs.done:,} done, {len(self.redo):,} to redo, reading on from line "
+                     f"{rs.checkpoint.line_no + 1:,}{extra}")
+        try:
+            for slot in range(self.cfg.workers):
+                await self._start_worker(slot)
+            ticker = asyncio.create_task(self._ticker())
+            await self._dispatch()
+            if self.stopping == "drain":
+                try:
+                    await asyncio.wait_for(self._drain_outstanding(), self.cfg.grace_s)
+                except TimeoutError:
+                    self.log(f"grace of {self.cfg.grace_s:g}s over; {self._outstanding()} task(s) left for the rerun")
+                    self.stopping = "now"
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+            await self._shutdown_workers()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        self.finished = self.stopping is None and self.exhausted and not self.redo and self._outstanding() == 0
+        try:
+            self.checkpoint(finished=self.finished)
+        except JournalError as e:
+            self.stop_message, self.stop_code = str(e), 1
+        self.journal.close()
+        if self.reader is not None:
+            self.reader.close()
+        return self.stop_code

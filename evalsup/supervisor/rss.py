@@ -1,0 +1,71 @@
+"""Per-process resident set size, cheap enough to poll 16 workers every 0.5 s.
+
+On Linux this is one small read of ``/proc/<pid>/statm`` per process (resident pages times the page
+size, the same figure as ``ps``/psutil's ``rss``); elsewhere psutil is used.
+
+Caveat: RSS counts shared pages (the interpreter's copy-on-write pages after fork, shared libraries) in
+every process that maps them, so :func:`tree_rss_bytes` over-states what the processes cost together.
+It is the right figure for "which worker is big"; the container's working set (see ``cgroup.py``) is the
+right figure for "how close are we to the limit".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs in the venv
+
+__all__ = ["PAGE_SIZE", "rss_bytes", "tree_rss_bytes"]
+
+PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PROC_STATM = os.path.exists("/proc/self/statm")
+
+
+def _statm_rss(pid: int) -> int | None:
+    try:
+        fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 256)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    fields = data.split()
+    if len(fields) < 2:
+        return None
+    try:
+        return int(fields[1]) * PAGE_SIZE
+    except ValueError:
+        return None
+
+
+def _psutil_rss(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.Error, OSError):
+        return None
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of ``pid`` in bytes; ``None`` when the process is gone (or cannot be read).
+
+    A zombie (exited, not yet reaped) reads as 0.
+    """
+    if pid <= 0:
+        return None
+    if _PROC_STATM:
+        return _statm_rss(pid)
+    return _psutil_rss(pid)
+
+
+def tree_rss_bytes(pids: Iterable[int]) -> int:
+    """Sum of :func:`rss_bytes` over ``pids``; processes that are gone count as 0."""
+    total = 0
+    for pid in pids:
+        rss = rss_bytes(pid)
+        if rss is not None:
+            total += rss
+    return total

@@ -1,0 +1,61 @@
+"""The run's summary: summary.json and the table printed at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+MB = 1 << 20
+
+
+def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
+    st = sup.stats
+    total = st.done
+    return {
+        "total": total,
+        "succeeded": st.succeeded,
+        "failed": st.failed,
+        "invalid": st.invalid,
+        "this_session": st.session_done,
+        "wall_s": round(wall_s, 3),
+        "requests_per_s": round(st.session_done / wall_s, 2) if wall_s > 0 else None,
+        "latency_s": st.latency.summary(),
+        "workers": sup.cfg.workers,
+        "concurrency": sup.cfg.concurrency,
+        "worker_restarts": sum(st.restarts.values()),
+        "worker_restarts_by_cause": dict(st.restarts),
+        "recycles": dict(st.recycles),
+        "poisoned": list(st.poisoned),
+        "peak_rss_mb": {k: round(v / MB, 1) for k, v in st.peak_rss.items()},
+        "finished": sup.finished,
+        "stopped": sup.stop_message or None,
+        "run_dir": str(sup.cfg.run_dir),
+    }
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    t = Table(title="evalsup run", show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    lat = summary["latency_s"]
+    rss = summary["peak_rss_mb"]
+    rows = [
+        ("tasks", f"{summary['total']:,} done: {summary['succeeded']:,} ok, {summary['failed']:,} failed"
+                  + (f", {summary['invalid']:,} invalid lines skipped" if summary["invalid"] else "")),
+        ("this session", f"{summary['this_session']:,} in {summary['wall_s']:.1f}s "
+                         f"({summary['requests_per_s'] or 0:,.1f} req/s)"),
+        ("latency", "  ".join(f"{k} {v:.3f}s" for k, v in lat.items() if v is not None) or "-"),
+        ("workers", f"{summary['workers']} x concurrency {summary['concurrency']} total; "
+                    f"restarts {summary['worker_restarts']} "
+                    + ", ".join(f"{k} {v}" for k, v in summary["worker_restarts_by_cause"].items() if v)),
+        ("peak RSS", f"supervisor {rss['supervisor']:.0f} MB, largest worker {rss['worker_max']:.0f} MB, "
+                     f"all {rss['total']:.0f} MB"),
+        ("results", summary["run_dir"] + "/results.jsonl"),
+    ]
+    if summary["poisoned"]:
+        rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)

@@ -1,0 +1,94 @@
+"""One worker process as the supervisor sees it: its pipes, credits and the tasks it owns."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from evalsup.ipc import FrameWriter, Kind, encode_json
+from evalsup.ipc.frames import encode_frame, encode_meta
+from evalsup.tasks import TaskRef
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"  # asked to finish what it holds and exit (recycle, shutdown)
+    KILLED = "killed"  # killed by us (hang, hard memory limit, stop)
+    GONE = "gone"
+
+
+class WorkerHandle:
+    def __init__(self, slot: int, concurrency: int, window: int) -> None:
+        self.slot = slot  # which of the N places it fills (its replacement takes the same slot)
+        self.concurrency = concurrency
+        self.window = window
+        self.proc: asyncio.subprocess.Process | None = None
+        self.out: FrameWriter | None = None
+        self.pid = 0
+        self.state = State.STARTING
+        self.outstanding: dict[int, TaskRef] = {}  # offset -> task
+        self.last_beat = time.monotonic()
+        self.started = time.monotonic()
+        self.done = 0
+        self.task_limit: int | None = None
+        self.kill_cause: str | None = None  # why we killed it: "hung", "hard_kill", "stop"
+        self.drain_cause: str | None = None  # why we drained it: "rss", "tasks", "stop"
+        self.fatal: str | None = None
+        self.rss = 0
+        self.peak_rss = 0
+        self.reader_task: asyncio.Task[None] | None = None
+
+    async def spawn(self, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "evalsup.worker",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20, env=env,
+        )
+        self.pid = self.proc.pid
+        assert self.proc.stdin is not None
+        self.out = FrameWriter(self.proc.stdin)
+        self.out.send(encode_json(Kind.CONFIG, config))
+        self.last_beat = time.monotonic()
+
+    @property
+    def credits(self) -> int:
+        if self.state is not State.READY:
+            return 0
+        return self.window - len(self.outstanding)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (State.STARTING, State.READY, State.DRAINING)
+
+    def send_task(self, ref: TaskRef, line: bytes) -> None:
+        assert self.out is not None
+        self.outstanding[ref.offset] = ref
+        self.out.send(encode_meta(Kind.TASK, {"k": ref.offset, "n": ref.line_no}, line))
+
+    def send(self, kind: Kind, obj: Any = None) -> None:
+        if self.out is not None:
+            self.out.send(encode_frame(kind) if obj is None else encode_json(kind, obj))
+
+    def drain(self, cause: str) -> None:
+        if self.state in (State.STARTING, State.READY):
+            self.state = State.DRAINING
+            self.drain_cause = cause
+            self.send(Kind.DRAIN)
+
+    def kill(self, cause: str) -> None:
+        if self.proc is None or self.state in (State.KILLED, State.GONE):
+            return
+        self.state = State.KILLED
+        self.kill_cause = cause
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGKILL)
+
+    def close_input(self) -> None:
+        if self.out is not None:
+            self.out.close()

@@ -1,0 +1,203 @@
+"""A worker process: uvloop, one aiohttp session, a fixed pool of request coroutines.
+
+It reads CONFIG then TASK/PAUSE/RESUME/LIMIT/DRAIN frames on stdin, and writes READY, RESULT, HEARTBEAT
+and BYE frames on stdout (the original stdout is kept for frames; fd 1 is pointed at stderr so a stray
+print cannot corrupt the pipe). At EOF on stdin (the supervisor is gone or done) it exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
+from evalsup.ipc.frames import encode_meta
+from evalsup.tasks import RequestDefaults, output_line, to_request
+from evalsup.worker.client import Client, Outcome
+from evalsup.worker.plugin import load_callable
+from evalsup.worker.retry import RetryPolicy
+
+
+def _api_key(cfg: dict[str, Any]) -> str | None:
+    if cfg.get("api_key_file"):
+        with open(cfg["api_key_file"], encoding="utf-8") as f:
+            return f.read().strip() or None
+    return os.environ.get(cfg.get("api_key_env") or "OPENAI_API_KEY") or None
+
+
+class Worker:
+    def __init__(self, cfg: dict[str, Any], reader: asyncio.StreamReader, out: FrameWriter) -> None:
+        self.cfg = cfg
+        self.reader = reader
+        self.out = out
+        self.concurrency = int(cfg["concurrency"])
+        self.limit = self.concurrency
+        self.queue: collections.deque[tuple[Any, bytes]] = collections.deque()
+        self.cond = asyncio.Condition()
+        self.inflight = 0
+        self.paused = False
+        self.draining = False
+        self.done = 0
+        self.finished = asyncio.Event()
+        self.defaults = RequestDefaults(cfg.get("model"), cfg.get("max_tokens"), cfg.get("temperature"),
+                                        bool(cfg.get("stream")))
+        self.plugin = load_callable(cfg["plugin"]) if cfg.get("plugin") else None
+        self.pid = os.getpid()
+
+    def _can_start(self) -> bool:
+        return bool(self.queue) and not self.paused and self.inflight < self.limit
+
+    async def runner(self, client: Client) -> None:
+        while True:
+            async with self.cond:
+                await self.cond.wait_for(self._can_start)
+                meta, line = self.queue.popleft()
+                self.inflight += 1
+            try:
+                out_line, info = await self.process(client, meta, line)
+            finally:
+                async with self.cond:
+                    self.inflight -= 1
+                    self.cond.notify_all()
+            self.done += 1
+            self.out.send(encode_meta(Kind.RESULT, info, out_line))
+            await self.out.drain()
+            self._check_drained()
+
+    async def process(self, client: Client, meta: Any, line: bytes) -> tuple[bytes, dict[str, Any]]:
+        obj = orjson.loads(line)
+        tid = str(obj.get("custom_id", obj.get("id")))
+        url, body, metadata = to_request(obj, self.defaults)
+        try:
+            oc = await client.execute(url, body)
+        except Exception as e:  # a bug must cost one record, never the worker
+            oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
+                         1, 0.0)
+        if self.plugin is not None:
+            self.plugin(obj, oc)
+        metrics = {"latency_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": self.pid}
+        out = output_line(tid, status=oc.status, request_id=oc.request_id, body=oc.body, error=oc.error,
+                          metrics=metrics, metadata=metadata or None)
+        info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len}
+        return out, info
+
+    def _check_drained(self) -> None:
+        if self.draining and not self.queue and self.inflight == 0:
+            self.finished.set()
+
+    async def heartbeat(self) -> None:
+        interval = float(self.cfg.get("heartbeat_s", 1.0))
+        while True:
+            self.out.send(encode_json(Kind.HEARTBEAT, {"inflight": self.inflight, "queued": len(self.queue),
+                                                       "done": self.done, "t": time.time()}))
+            await self.out.drain()
+            await asyncio.sleep(interval)
+
+    async def read_loop(self) -> None:
+        while True:
+            frame = await read_frame(self.reader)
+            if frame is None:
+                return  # EOF: the supervisor is done with us or gone
+            kind, payload = frame
+            if kind is Kind.TASK:
+                meta, line = split_meta(payload)
+                self.queue.append((meta, line))
+            elif kind is Kind.PAUSE:
+                self.paused = True
+            elif kind is Kind.RESUME:
+                self.paused = False
+            elif kind is Kind.LIMIT:
+                self.limit = max(1, min(self.concurrency, int(decode_json(payload)["inflight"])))
+            elif kind is Kind.DRAIN:
+                self.draining = True
+                self._check_drained()
+                continue
+            async with self.cond:
+                self.cond.notify_all()
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.cfg["total_timeout_s"], sock_connect=self.cfg["connect_timeout_s"],
+                                        sock_read=self.cfg["read_timeout_s"])
+        connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not self.cfg.get("insecure"))
+        headers = {"Content-Type": "application/json"}
+        key = _api_key(self.cfg)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        policy = RetryPolicy(max_attempts=int(self.cfg["max_attempts"]), cap_s=float(self.cfg["max_retry_wait_s"]))
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            client = Client(session, self.cfg["base_url"], headers, policy,
+                            int(float(self.cfg["max_response_mb"]) * (1 << 20)), seed=self.pid)
+            tasks = [asyncio.create_task(self.runner(client)) for _ in range(self.concurrency)]
+            tasks.append(asyncio.create_task(self.heartbeat()))
+            reading = asyncio.create_task(self.read_loop())
+            drained = asyncio.create_task(self.finished.wait())
+            await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)
+            if drained.done():
+                self.out.send(encode_json(Kind.BYE, {"done": self.done}))
+                await self.out.drain()
+            for t in [*tasks, reading, drained]:
+                t.cancel()
+            await asyncio.gather(*tasks, reading, drained, return_exceptions=True)
+
+
+async def _open_pipes() -> tuple[asyncio.StreamReader, FrameWriter]:
+    loop = asyncio.get_running_loop()
+    fd_in, fd_out = os.dup(0), os.dup(1)
+    os.dup2(2, 1)  # stray prints go to stderr, never into the frame pipe
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", 0))
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(fd_out, "wb", 0))
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    return reader, FrameWriter(writer)
+
+
+async def amain() -> int:
+    reader, out = await _open_pipes()
+    frame = await read_frame(reader)
+    if frame is None:
+        return 0
+    kind, payload = frame
+    if kind is not Kind.CONFIG:
+        print(f"evalsup worker: expected CONFIG, got {kind.name}", file=sys.stderr)
+        return 2
+    cfg = decode_json(payload)
+    if cfg.get("trace_memory"):
+        import tracemalloc
+
+        tracemalloc.start(10)
+    try:
+        worker = Worker(cfg, reader, out)
+    except Exception as e:
+        out.send(encode_json(Kind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
+        await out.drain()
+        return 2
+    out.send(encode_json(Kind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
+    await worker.run()
+    await out.drain()
+    return 0
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        code = asyncio.run(amain())
+    except BrokenPipeError:
+        code = 0
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,0 +1,218 @@
+"""Policy objects: pure inputs and decisions, no processes, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalsup.supervisor.policies import (
+    InflightBudget,
+    PressureSignal,
+    RecyclePolicy,
+    RestartIntensity,
+    Watermark,
+)
+
+MiB = 1024 * 1024
+
+# ------------------------------------------------------------------------------------------ Watermark
+
+
+def test_watermark_hysteresis() -> None:
+    w = Watermark(high_bytes=850, low_bytes=700)
+    assert w.update(500) is None and not w.paused
+    assert w.update(849) is None
+    assert w.update(850) == "pause" and w.paused
+    assert w.update(900) is None  # already paused: no repeated action
+    assert w.update(800) is None  # between the marks: stays paused
+    assert w.update(701) is None
+    assert w.update(700) == "resume" and not w.paused
+    assert w.update(800) is None  # between the marks: stays running
+    assert w.episodes == 1
+
+
+def test_watermark_no_flapping() -> None:
+    w = Watermark(high_bytes=850, low_bytes=700)
+    # oscillate between the marks without crossing both: never a second episode
+    actions = [w.update(v) for v in [860, 720, 840, 710, 849, 701, 845, 760]]
+    assert actions == ["pause", None, None, None, None, None, None, None]
+    assert w.episodes == 1 and w.paused
+    actions = [w.update(v) for v in [690, 840, 710, 849, 720, 800]]
+    assert actions == ["resume", None, None, None, None, None]
+    assert w.episodes == 1 and not w.paused
+    assert w.update(851) == "pause"
+    assert w.episodes == 2
+
+
+def test_watermark_pressure() -> None:
+    w = Watermark(high_bytes=850, low_bytes=700)
+    assert w.update(100, pressure=True) == "pause"
+    assert w.update(100, pressure=True) is None
+    assert w.update(100, pressure=False) == "resume"  # below low and pressure gone
+    assert w.update(750, pressure=True) == "pause"
+    assert w.update(750, pressure=False) is None  # pressure gone but still above low
+    assert w.update(600, pressure=True) is None  # below low but still under pressure
+    assert w.update(600) == "resume"
+    assert w.episodes == 2
+
+
+def test_watermark_unknown_usage() -> None:
+    w = Watermark(high_bytes=850, low_bytes=700)
+    assert w.update(None) is None
+    assert w.update(None, pressure=True) == "pause"
+    assert w.update(None) == "resume"
+
+
+def test_watermark_from_limit() -> None:
+    w = Watermark.from_limit(1000)
+    assert (w.high_bytes, w.low_bytes) == (850, 700)
+    w = Watermark.from_limit(1000, high_frac=0.9, low_frac=0.5)
+    assert (w.high_bytes, w.low_bytes) == (900, 500)
+    with pytest.raises(ValueError):
+        Watermark.from_limit(1000, high_frac=0.5, low_frac=0.9)
+    with pytest.raises(ValueError):
+        Watermark(high_bytes=1, low_bytes=2)
+
+
+# ------------------------------------------------------------------------------------------ PressureSignal
+
+
+def test_pressure_counters_rising() -> None:
+    p = PressureSignal()
+    assert p.update({"high": 5, "max": 1, "oom_kill": 0, "low": 3}, 0.0) is False  # baseline
+    assert p.update({"high": 5, "max": 1, "oom_kill": 0, "low": 9}, 0.0) is False  # "low" is not watched
+    assert p.update({"high": 6, "max": 1, "oom_kill": 0}, 0.0) is True
+    assert p.reasons == ("high",)
+    assert p.update({"high": 6, "max": 1, "oom_kill": 0}, 0.0) is False  # no further rise
+    assert p.update({"high": 6, "max": 2, "oom_kill": 1}, None) is True
+    assert set(p.reasons) == {"max", "oom_kill"}
+
+
+def test_pressure_psi_threshold() -> None:
+    p = PressureSignal(psi_threshold=10.0)
+    assert p.update({}, 10.0) is False
+    assert p.update({}, 10.5) is True
+    assert p.reasons == ("psi",)
+    assert p.update({}, None) is False
+
+
+def test_pressure_counter_reset_is_not_a_rise() -> None:
+    p = PressureSignal()
+    p.update({"max": 100}, None)
+    assert p.update({"max": 3}, None) is False  # went down: new baseline
+    assert p.update({"max": 4}, None) is True
+    # a key appearing for the first time is a baseline, not a rise
+    assert p.update({"max": 4, "oom_kill": 7}, None) is False
+    assert p.update({"max": 4, "oom_kill": 8}, None) is True
+
+
+# ------------------------------------------------------------------------------------------ InflightBudget
+
+
+def test_budget_without_limit_or_observations() -> None:
+    assert InflightBudget(None).cap(0, 64) == 64
+    b = InflightBudget(None)
+    b.observe(10 * MiB)
+    assert b.cap(10**12, 64) == 64
+    assert InflightBudget(1000 * MiB).cap(0, 64) == 64  # nothing observed yet
+
+
+def test_budget_cap_math() -> None:
+    b = InflightBudget(1000 * MiB, high_frac=0.85, parse_factor=3.0)
+    b.observe(1 * MiB)  # costs 3 MiB per in-flight request
+    assert b.avg_bytes == 3 * MiB
+    # room = 850 MiB - 250 MiB = 600 MiB -> 200 requests
+    assert b.cap(250 * MiB, 1000) == 200
+    assert b.cap(250 * MiB, 64) == 64  # never above requested
+    assert b.cap(849 * MiB, 64) == 1  # room for 0.33 of one: never below 1
+    assert b.cap(2000 * MiB, 64) == 1  # over the limit already: still 1
+    assert b.cap(0, 0) == 0
+
+
+def test_budget_ewma() -> None:
+    b = InflightBudget(1000 * MiB, parse_factor=1.0, alpha=0.5)
+    b.observe(100)
+    b.observe(300)
+    assert b.avg_bytes == 200.0
+    b.observe(200)
+    assert b.avg_bytes == 200.0
+    assert b.observations == 3
+    c = InflightBudget(1000, parse_factor=2.0, overhead_bytes=10)
+    c.observe(5)
+    assert c.avg_bytes == 20.0
+
+
+def test_budget_adapts_to_bigger_responses() -> None:
+    b = InflightBudget(1000 * MiB)
+    for _ in range(20):
+        b.observe(100 * 1024)
+    small = b.cap(100 * MiB, 10_000)
+    for _ in range(20):
+        b.observe(2 * MiB)
+    big = b.cap(100 * MiB, 10_000)
+    assert big < small / 10
+
+
+# ------------------------------------------------------------------------------------------ RecyclePolicy
+
+
+def test_recycle_decide() -> None:
+    r = RecyclePolicy(soft_rss=500, hard_rss=800, max_tasks=100, jitter=0)
+    assert r.decide(100, 10, 100) is None
+    assert r.decide(500, 10, 100) == "rss"
+    assert r.decide(800, 10, 100) == "hard_kill"
+    assert r.decide(900, 1000, 100) == "hard_kill"  # hard wins over everything
+    assert r.decide(600, 1000, 100) == "rss"
+    assert r.decide(100, 100, 100) == "tasks"
+    assert r.decide(100, 10**9, None) is None
+    assert r.decide(None, 5, 5) == "tasks"
+    with pytest.raises(ValueError):
+        RecyclePolicy(soft_rss=900, hard_rss=800)
+
+
+def test_recycle_jitter_range() -> None:
+    r = RecyclePolicy(soft_rss=1, hard_rss=2, max_tasks=1000, jitter=50, seed=7)
+    limits = [r.task_limit_for_new_worker() for _ in range(2000)]
+    ints = [x for x in limits if x is not None]
+    assert len(ints) == 2000
+    assert min(ints) >= 1000 and max(ints) <= 1050
+    assert min(ints) == 1000 and max(ints) == 1050  # both ends reachable
+    assert len(set(ints)) > 40
+    # deterministic for a seed
+    again = RecyclePolicy(soft_rss=1, hard_rss=2, max_tasks=1000, jitter=50, seed=7)
+    assert [again.task_limit_for_new_worker() for _ in range(2000)] == limits
+
+
+def test_recycle_no_task_limit() -> None:
+    assert RecyclePolicy(1, 2, max_tasks=None, jitter=10).task_limit_for_new_worker() is None
+    assert RecyclePolicy(1, 2, max_tasks=5, jitter=0).task_limit_for_new_worker() == 5
+
+
+# ------------------------------------------------------------------------------------------ RestartIntensity
+
+
+def test_intensity_threshold() -> None:
+    ri = RestartIntensity(max_restarts=3, period_s=60.0)
+    assert [ri.record(t) for t in (0.0, 1.0, 2.0)] == [False, False, False]
+    assert ri.record(3.0) is True  # a 4th within 60 s
+
+
+def test_intensity_window_slides() -> None:
+    ri = RestartIntensity(max_restarts=2, period_s=10.0)
+    assert ri.record(0.0) is False
+    assert ri.record(5.0) is False
+    assert ri.record(10.5) is False  # the one at 0.0 fell out of the window
+    assert ri.count(10.5) == 2
+    assert ri.record(14.0) is True  # 5.0, 10.5, 14.0 all within 10 s
+    assert ri.count(30.0) == 0
+    assert ri.record(30.0) is False
+
+
+def test_intensity_steady_slow_restarts_never_trip() -> None:
+    ri = RestartIntensity(max_restarts=10, period_s=60.0)
+    assert not any(ri.record(t * 7.0) for t in range(10_000))  # one per 7 s: at most 9 per minute
+    assert len(ri._times) <= 11  # bounded memory
+
+
+def test_intensity_zero_tolerance() -> None:
+    ri = RestartIntensity(max_restarts=0, period_s=1.0)
+    assert ri.record(0.0) is True
