@@ -61,6 +61,17 @@ class RunConfig:
     max_restarts: int = 10
     quiet: bool = False
     json_summary: bool = False
+    # memory supervision
+    monitor_interval_s: float = 0.5
+    memory_limit: int | None = None  # bytes; overrides the cgroup's limit (or sets one where there is none)
+    memory_high: int | None = None  # bytes; default high_frac of the effective limit
+    high_frac: float = 0.85
+    low_frac: float = 0.70
+    psi_threshold: float = 10.0
+    max_worker_rss: int | None = None  # bytes; default: a worker's share of the limit, or 1 GiB without one
+    hard_rss_factor: float = 1.5
+    max_tasks_per_worker: int | None = None
+    max_tasks_jitter: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -16,9 +16,13 @@ from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, read_frame, split_meta
 from evalsup.ipc.frames import ProtocolError
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
+from evalsup.supervisor.memory import MemoryControl
+from evalsup.supervisor.policies import RestartIntensity
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.workers import State, WorkerHandle
 from evalsup.tasks import TaskError, TaskReader, TaskRef, fingerprint, output_line, read_line_at
+
+MIB = 1 << 20
 
 
 class RunStopped(Exception):
@@ -50,6 +54,8 @@ class Supervisor:
         self.resumed_from: ResumeState | None = None
         self._signals = 0
         self.finished = False
+        self.memory: MemoryControl | None = None
+        self.intensity = RestartIntensity(cfg.max_restarts, 60.0)
         self._bg: set[asyncio.Task[Any]] = set()
 
     # ----- set-up -----
@@ -92,6 +98,12 @@ class Supervisor:
         conc = self.cfg.per_worker_concurrency()[slot]
         w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
         await w.spawn(self._worker_config(conc))
+        if self.memory is not None:
+            w.task_limit = self.memory.recycle.task_limit_for_new_worker()
+            if self.memory.cap < self.cfg.concurrency:
+                w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+        if self.paused:
+            w.send(Kind.PAUSE)
         self.workers.append(w)
         w.reader_task = asyncio.create_task(self._read_worker(w))
         return w
@@ -118,8 +130,8 @@ class Supervisor:
                     self.credit.set()
                 elif kind is Kind.FATAL:
                     w.fatal = str(decode_json(payload).get("message"))
-                elif kind is Kind.BYE:
-                    pass
+                elif kind is Kind.LEAKS:
+                    self._write_leaks(w, str(decode_json(payload).get("text", "")))
         except (ProtocolError, ConnectionError) as e:
             self.log(f"worker {w.pid}: broken pipe ({e}); replacing it")
             w.kill("crashed")
@@ -139,6 +151,8 @@ class Supervisor:
         self.stats.session_done += 1
         self.stats.latency.add(float(meta["lat"]))
         self.stats.response_bytes += int(meta.get("rb", 0))
+        if self.memory is not None and meta["ok"]:
+            self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
         self.credit.set()
 
@@ -163,7 +177,11 @@ class Supervisor:
             return
         if self.stopping is not None or planned:
             return
-        self.stats.restarts[cause if cause in ("hung",) else "crashed"] += 1
+        self.stats.restarts["hung" if cause == "hung" else "crashed"] += 1
+        if self.intensity.record(time.monotonic()):
+            self._stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
+                       f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", 1, "now")
+            return
         self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
                  f"{len(self.redo)} task(s) handed on; starting a new one")
         t = asyncio.create_task(self._replace(w.slot))
@@ -173,6 +191,62 @@ class Supervisor:
     async def _replace(self, slot: int) -> None:
         if self.stopping is None:
             await self._start_worker(slot)
+
+    def _write_leaks(self, w: WorkerHandle, text: str) -> None:
+        d = self.cfg.run_dir / "leaks"
+        try:
+            d.mkdir(exist_ok=True)
+            (d / f"worker-{w.pid}.txt").write_text(text)
+        except OSError as e:
+            self.log(f"cannot write leak report of worker {w.pid}: {e.strerror}")
+        else:
+            self.log(f"worker {w.pid}: top allocation sites written to {d / f'worker-{w.pid}.txt'}")
+
+    # ----- memory -----
+
+    def _worker_cap(self, w: WorkerHandle) -> int:
+        assert self.memory is not None
+        return max(1, self.memory.cap * w.concurrency // self.cfg.concurrency)
+
+    async def _monitor(self) -> None:
+        assert self.memory is not None
+        mem = self.memory
+        while True:
+            await asyncio.sleep(self.cfg.monitor_interval_s)
+            dec = mem.tick(self.workers, self.paused, self.log)
+            for w in self.workers:
+                self.stats.peak_rss["worker_max"] = max(self.stats.peak_rss["worker_max"], w.rss)
+            sup = mem.last_supervisor_rss
+            self.stats.peak_rss["supervisor"] = max(self.stats.peak_rss["supervisor"], sup)
+            self.stats.peak_rss["total"] = max(self.stats.peak_rss["total"], sup + sum(w.rss for w in self.workers))
+            if dec.throttle == "pause":
+                self.paused = True
+                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, above the high mark; pausing dispatch")
+                for w in self.workers:
+                    w.send(Kind.PAUSE)
+            elif dec.throttle == "resume":
+                self.paused = False
+                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, below the low mark; resuming")
+                for w in self.workers:
+                    w.send(Kind.RESUME)
+                self.credit.set()
+            if dec.inflight_cap is not None:
+                for w in self.workers:
+                    w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+            for w, cause in dec.recycle:
+                if self.stopping is not None or not w.alive:
+                    continue
+                self.stats.recycles[cause] += 1
+                if cause == "hard_kill":
+                    self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; "
+                             "killing and replacing it")
+                    w.kill("hard_kill")
+                else:
+                    why = f"RSS {w.rss / MIB:,.0f} MiB" if cause == "rss" else f"{w.done} tasks done"
+                    self.log(f"worker {w.pid}: {why}; recycling it (drain, and a fresh one takes its place)")
+                    w.drain(cause, report=cause == "rss" and self.cfg.worker.trace_memory)
+                await self._start_worker(w.slot)
+                self.credit.set()
 
     def _poison(self, ref: TaskRef) -> None:
         msg = f"the worker died {ref.crashes} times while holding this task (line {ref.line_no})"
@@ -335,6 +409,9 @@ class Supervisor:
 
     async def run(self) -> int:
         self._open()
+        self.memory = MemoryControl(self.cfg, self.cfg.run_dir / "memory.jsonl")
+        if not self.cfg.quiet:
+            self.log(self.memory.describe())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -347,6 +424,7 @@ class Supervisor:
             for slot in range(self.cfg.workers):
                 await self._start_worker(slot)
             ticker = asyncio.create_task(self._ticker())
+            monitor = asyncio.create_task(self._monitor())
             await self._dispatch()
             if self.stopping == "drain":
                 try:
@@ -354,9 +432,10 @@ class Supervisor:
                 except TimeoutError:
                     self.log(f"grace of {self.cfg.grace_s:g}s over; {self._outstanding()} task(s) left for the rerun")
                     self.stopping = "now"
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+            for t in (ticker, monitor):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
             await self._shutdown_workers()
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -367,6 +446,7 @@ class Supervisor:
         except JournalError as e:
             self.stop_message, self.stop_code = str(e), 1
         self.journal.close()
+        self.memory.close()
         if self.reader is not None:
             self.reader.close()
         return self.stop_code

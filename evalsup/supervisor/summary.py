@@ -29,6 +29,7 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "recycles": dict(st.recycles),
         "poisoned": list(st.poisoned),
         "peak_rss_mb": {k: round(v / MB, 1) for k, v in st.peak_rss.items()},
+        **(sup.memory.summary() if sup.memory is not None else {}),
         "finished": sup.finished,
         "stopped": sup.stop_message or None,
         "run_dir": str(sup.cfg.run_dir),

@@ -75,11 +75,11 @@ class WorkerHandle:
         if self.out is not None:
             self.out.send(encode_frame(kind) if obj is None else encode_json(kind, obj))
 
-    def drain(self, cause: str) -> None:
+    def drain(self, cause: str, report: bool = False) -> None:
         if self.state in (State.STARTING, State.READY):
             self.state = State.DRAINING
             self.drain_cause = cause
-            self.send(Kind.DRAIN)
+            self.send(Kind.DRAIN, {"report": report})
 
     def kill(self, cause: str) -> None:
         if self.proc is None or self.state in (State.KILLED, State.GONE):

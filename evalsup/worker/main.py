@@ -90,6 +90,19 @@ class Worker:
         info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len}
         return out, info
 
+    def send_leak_report(self) -> None:
+        import tracemalloc
+
+        if not tracemalloc.is_tracing():
+            return
+        snap = tracemalloc.take_snapshot().filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
+        stats = snap.statistics("lineno")[:25]
+        lines = [f"top allocation sites of worker {self.pid} (tracemalloc, by line), {self.done} tasks done"]
+        for s in stats:
+            frame = s.traceback[0]
+            lines.append(f"{frame.filename}:{frame.lineno}  size={s.size / 1024:,.1f} KiB  count={s.count}")
+        self.out.send(encode_json(Kind.LEAKS, {"text": "\n".join(lines) + "\n"}))
+
     def _check_drained(self) -> None:
         if self.draining and not self.queue and self.inflight == 0:
             self.finished.set()
@@ -118,6 +131,8 @@ class Worker:
             elif kind is Kind.LIMIT:
                 self.limit = max(1, min(self.concurrency, int(decode_json(payload)["inflight"])))
             elif kind is Kind.DRAIN:
+                if payload and decode_json(payload).get("report"):
+                    self.send_leak_report()
                 self.draining = True
                 self._check_drained()
                 continue

@@ -1,0 +1,76 @@
+"""Knobs of the mock server, and how a live update (POST /_mock/config) is applied to them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MockConfig:
+    latency_ms: float = 0.0  # mean latency per response
+    jitter_ms: float = 0.0  # uniform +- jitter
+    response_kb: float = 0.0  # pad the completion text so the JSON body is about this many KB (0 = short answer)
+    fail_500: float = 0.0  # probability of a 500 JSON error
+    fail_429: float = 0.0  # probability of a 429 with Retry-After header
+    retry_after_s: float = 1.0
+    reset: float = 0.0  # probability of a connection reset (abort the transport without response)
+    malformed: float = 0.0  # probability of a 200 with a body that is not valid JSON
+    seed: int = 0
+    models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
+    api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
+    echo_headers_in_errors: bool = False  # error bodies include the request headers
+
+
+_FLOAT_FIELDS = frozenset(
+    {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed"}
+)
+_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed"})
+FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(MockConfig))
+
+
+def _as_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number")
+    out = float(value)
+    if out < 0 or out != out:
+        raise ValueError(f"{name} must be >= 0")
+    if name in _PROBABILITIES and out > 1:
+        raise ValueError(f"{name} is a probability and must be <= 1")
+    return out
+
+
+def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
+    """Return cfg with the given fields replaced, validating their types. Raises ValueError."""
+    changes: dict[str, Any] = {}
+    for name, value in updates.items():
+        if name not in FIELD_NAMES:
+            raise ValueError(f"unknown config field {name!r}")
+        if name in _FLOAT_FIELDS:
+            changes[name] = _as_float(name, value)
+        elif name == "seed":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError("seed must be an integer")
+            changes[name] = value
+        elif name == "models":
+            if isinstance(value, str) or not isinstance(value, list | tuple):
+                raise ValueError("models must be a list of strings")
+            if not all(isinstance(m, str) for m in value):
+                raise ValueError("models must be a list of strings")
+            changes[name] = tuple(value)
+        elif name == "api_key":
+            if value is not None and not isinstance(value, str):
+                raise ValueError("api_key must be a string or null")
+            changes[name] = value
+        elif name == "echo_headers_in_errors":
+            if not isinstance(value, bool):
+                raise ValueError("echo_headers_in_errors must be a boolean")
+            changes[name] = value
+    return dataclasses.replace(cfg, **changes)
+
+
+def config_to_json(cfg: MockConfig) -> dict[str, Any]:
+    out = dataclasses.asdict(cfg)
+    out["models"] = list(cfg.models)
+    return out

@@ -1,0 +1,115 @@
+"""Fault decisions: per-request `mock` overrides and the server's seeded random faults."""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from evalsup.mock.config import MockConfig
+
+
+class Fault(enum.Enum):
+    NONE = "none"
+    RESET = "reset"
+    ERROR_500 = "500"
+    ERROR_429 = "429"
+    MALFORMED = "malformed"
+
+
+@dataclass(frozen=True)
+class Override:
+    """The request body's optional "mock" object: behaviour for this request only."""
+
+    status: int | None = None
+    delay_s: float | None = None
+    text: str | None = None
+    reset: bool = False
+    malformed: bool = False
+    kb: float | None = None
+    cut_stream: bool = False
+    retry_after: float | None = None
+
+
+NO_OVERRIDE = Override()
+
+
+def _number(obj: dict[str, Any], name: str) -> float | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"mock.{name} must be a non-negative number")
+    return float(value)
+
+
+def _flag(obj: dict[str, Any], name: str) -> bool:
+    value = obj.get(name, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"mock.{name} must be a boolean")
+    return value
+
+
+def parse_override(value: Any) -> Override:
+    """Parse the "mock" field of a request body. Raises ValueError on a malformed object."""
+    if value is None:
+        return NO_OVERRIDE
+    if not isinstance(value, dict):
+        raise ValueError("mock must be an object")
+    status = value.get("status")
+    if status is not None and (isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599):
+        raise ValueError("mock.status must be an HTTP status code")
+    text = value.get("text")
+    if text is not None and not isinstance(text, str):
+        raise ValueError("mock.text must be a string")
+    return Override(
+        status=status,
+        delay_s=_number(value, "delay_s"),
+        text=text,
+        reset=_flag(value, "reset"),
+        malformed=_flag(value, "malformed"),
+        kb=_number(value, "kb"),
+        cut_stream=_flag(value, "cut_stream"),
+        retry_after=_number(value, "retry_after"),
+    )
+
+
+class FaultInjector:
+    """Owns the seeded RNGs. One fault draw per generation request, in arrival order.
+
+    A single uniform draw is split into bands (reset, 500, 429, malformed), so the sequence of draws does not
+    depend on which knobs are set. Latency jitter uses its own RNG so it never shifts the fault sequence.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        self._faults = random.Random(seed)
+        self._jitter = random.Random(f"jitter|{seed}")
+
+    def draw(self) -> float:
+        return self._faults.random()
+
+    @staticmethod
+    def fault_for(cfg: MockConfig, u: float) -> Fault:
+        edge = cfg.reset
+        if u < edge:
+            return Fault.RESET
+        edge += cfg.fail_500
+        if u < edge:
+            return Fault.ERROR_500
+        edge += cfg.fail_429
+        if u < edge:
+            return Fault.ERROR_429
+        edge += cfg.malformed
+        if u < edge:
+            return Fault.MALFORMED
+        return Fault.NONE
+
+    def latency_s(self, cfg: MockConfig) -> float:
+        ms = cfg.latency_ms
+        if cfg.jitter_ms > 0:
+            ms += self._jitter.uniform(-cfg.jitter_ms, cfg.jitter_ms)
+        return max(0.0, ms) / 1000.0

@@ -1,0 +1,72 @@
+"""Live counters of the mock server (GET /_mock/stats). Bounded memory: no request bodies are kept."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+MAX_ARRIVALS = 200_000
+KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"})
+
+
+class MockStats:
+    """Counters for /v1 requests. Only touched from the server's event loop."""
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self.requests = 0
+        self.by_path: dict[str, int] = {}
+        self.statuses: dict[str, int] = {}
+        self.faults: dict[str, int] = {}
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.arrivals: collections.deque[float] = collections.deque(maxlen=MAX_ARRIVALS)
+        self.auth_headers_seen = 0
+        self.bytes_out = 0
+
+    def reset(self) -> None:
+        """Clear everything but the requests still in flight."""
+        in_flight = self.in_flight
+        self._clear()
+        self.in_flight = in_flight
+        self.max_in_flight = in_flight
+
+    def arrival(self, path: str, has_auth: bool) -> None:
+        self.requests += 1
+        key = path if path in KNOWN_PATHS else "other"
+        self.by_path[key] = self.by_path.get(key, 0) + 1
+        self.arrivals.append(time.time())
+        if has_auth:
+            self.auth_headers_seen += 1
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    def status(self, code: int, nbytes: int = 0) -> None:
+        key = str(code)
+        self.statuses[key] = self.statuses.get(key, 0) + 1
+        self.bytes_out += nbytes
+
+    def fault(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "by_path": dict(self.by_path),
+            "statuses": dict(self.statuses),
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "arrivals": list(self.arrivals),
+            "auth_headers_seen": self.auth_headers_seen,
+            "faults": dict(self.faults),
+            "bytes_out": self.bytes_out,
+        }

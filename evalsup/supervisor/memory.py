@@ -1,0 +1,156 @@
+"""The memory control loop: sample, decide, record.
+
+Every interval: per-worker RSS and the container's working set, limit, events and PSI -> a pressure
+level -> throttle with hysteresis (PAUSE above the high mark, RESUME below the low mark), an in-flight
+cap from the observed response sizes, and a recycle decision per worker. The container's figures
+decide how much; per-worker RSS decides who. Every sample is appended to memory.jsonl.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from evalsup.config import RunConfig
+from evalsup.supervisor.cgroup import CgroupProbe, CgroupSample
+from evalsup.supervisor.policies import InflightBudget, PressureSignal, RecyclePolicy, Watermark
+from evalsup.supervisor.rss import rss_bytes
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass
+class MemoryDecision:
+    throttle: str | None = None  # "pause" | "resume" | None
+    recycle: list[tuple[Any, str]] = field(default_factory=list)  # (worker handle, "rss"|"tasks"|"hard_kill")
+    inflight_cap: int | None = None  # total requests in flight allowed now (None: no change)
+
+
+class MemoryControl:
+    def __init__(self, cfg: RunConfig, path: Path, probe: CgroupProbe | None = None) -> None:
+        self.cfg = cfg
+        self.probe = probe or CgroupProbe.detect()
+        first = self.probe.sample()
+        self.source = first.source
+        self.limit = cfg.memory_limit or first.limit_bytes
+        self.limit_from = "flag" if cfg.memory_limit else (first.source if first.limit_bytes else "none")
+        high = cfg.memory_high or (int(self.limit * cfg.high_frac) if self.limit else None)
+        self.watermark: Watermark | None = None
+        if high is not None:
+            low = int(high * cfg.low_frac / cfg.high_frac) if cfg.memory_high else int((self.limit or 0) * cfg.low_frac)
+            self.watermark = Watermark(high, min(low, high - 1))
+        self.pressure = PressureSignal(cfg.psi_threshold)
+        self.budget = InflightBudget(self.limit, cfg.high_frac)
+        soft = cfg.max_worker_rss
+        if soft is None:
+            soft = int(self.limit * cfg.high_frac / (cfg.workers + 1)) if self.limit else GIB
+        self.recycle = RecyclePolicy(soft, int(soft * cfg.hard_rss_factor), cfg.max_tasks_per_worker,
+                                     cfg.max_tasks_jitter)
+        self.cap = cfg.concurrency
+        self.cap_announced = False
+        self.peak_working_set = 0
+        self.oom_kills_start = first.events.get("oom_kill", 0)
+        self.oom_kills = 0
+        self.paused_since: float | None = None
+        self.paused_s = 0.0
+        self.last: CgroupSample = first
+        self.last_supervisor_rss = 0
+        self.last_ws = 0
+        self._file: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._sup_pid = os.getpid()
+
+    def describe(self) -> str:
+        lim = f"{self.limit / MIB:,.0f} MiB ({self.limit_from})" if self.limit else "none found"
+        wm = self.watermark
+        marks = (f", pause above {wm.high_bytes / MIB:,.0f} MiB, resume below {wm.low_bytes / MIB:,.0f} MiB"
+                 if wm else "")
+        soft = self.recycle.soft_rss or 0
+        return (f"memory: limit {lim}{marks}; recycle a worker past {soft / MIB:,.0f} MiB RSS "
+                f"(kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
+
+    def tick(self, workers: list[Any], paused: bool, log: Any) -> MemoryDecision:
+        now = time.time()
+        dec = MemoryDecision()
+        sample = self.probe.sample()
+        self.last = sample
+        sup_rss = rss_bytes(self._sup_pid) or 0
+        per_worker: dict[int, int] = {}
+        for w in workers:
+            r = rss_bytes(w.pid) if w.pid else None
+            if r is None:
+                continue
+            w.rss = r
+            w.peak_rss = max(w.peak_rss, r)
+            per_worker[w.pid] = r
+            if w.alive and w.state.value in ("ready", "draining"):
+                d = self.recycle.decide(r, w.done, w.task_limit)
+                if d == "hard_kill" or (d is not None and w.state.value == "ready"):
+                    dec.recycle.append((w, d))
+        total = sup_rss + sum(per_worker.values())
+        ws = sample.working_set_bytes
+        if self.cfg.memory_limit and sample.source == "none":
+            ws = total  # an explicit budget without a cgroup: count our own processes
+        elif ws is None:
+            ws = total
+        self.peak_working_set = max(self.peak_working_set, ws)
+        self.last_supervisor_rss, self.last_ws = sup_rss, ws
+        self.oom_kills = max(0, sample.events.get("oom_kill", 0) - self.oom_kills_start)
+        pressure = self.pressure.update(sample.events, sample.psi_some_avg10)
+        if self.watermark is not None:
+            action = self.watermark.update(ws, pressure)
+            if action is not None:
+                dec.throttle = action
+                if action == "pause":
+                    self.paused_since = now
+                elif self.paused_since is not None:
+                    self.paused_s += now - self.paused_since
+                    self.paused_since = None
+        if self.limit and self.budget.avg_bytes is not None:
+            cap = self.budget.cap(self._baseline(sup_rss, per_worker), self.cfg.concurrency)
+            if cap != self.cap:
+                if cap < self.cfg.concurrency and not self.cap_announced:
+                    self.cap_announced = True
+                    log(f"memory: responses average {self.budget.avg_bytes / 3 / MIB:,.2f} MiB; capping requests in "
+                        f"flight at {cap} of --concurrency {self.cfg.concurrency} to stay under "
+                        f"{self.cfg.high_frac:.0%} of the {self.limit / MIB:,.0f} MiB limit")
+                self.cap = cap
+                dec.inflight_cap = cap
+        self._record(now, sample, ws, sup_rss, per_worker, paused or dec.throttle == "pause")
+        return dec
+
+    def _baseline(self, sup_rss: int, per_worker: dict[int, int]) -> int:
+        # what the processes cost with nothing in flight: about 60 MiB a worker, 80 MiB the supervisor
+        return max(sup_rss, 80 * MIB) + len(per_worker) * 60 * MIB
+
+    def _record(self, now: float, s: CgroupSample, ws: int, sup_rss: int, per_worker: dict[int, int],
+                paused: bool) -> None:
+        if self._file is None:
+            return
+        rec = {"t": round(now, 3), "supervisor_rss": sup_rss, "workers_rss": {str(k): v for k, v in per_worker.items()},
+               "cgroup_usage": s.usage_bytes, "working_set": ws, "limit": self.limit, "paused": paused,
+               "inflight_cap": self.cap, "psi_some_avg10": s.psi_some_avg10}
+        try:
+            self._file.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+            self._file.flush()
+        except OSError:
+            self._file = None
+
+    def summary(self) -> dict[str, Any]:
+        paused = self.paused_s + (time.time() - self.paused_since if self.paused_since else 0.0)
+        return {
+            "throttle": {"episodes": self.watermark.episodes if self.watermark else 0, "paused_s": round(paused, 2)},
+            "memory": {"limit_mb": round(self.limit / MIB, 1) if self.limit else None,
+                       "peak_mb": round(self.peak_working_set / MIB, 1), "source": self.source},
+            "oom_kills": self.oom_kills,
+        }
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
