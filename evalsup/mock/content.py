@@ -21,7 +21,7 @@ import orjson
 # Request fields that change how an answer is delivered or faulted, not what it says.
 NON_CONTENT_KEYS = frozenset({"mock", "stream", "stream_options"})
 
-_WORDS = (
+_WORD_TEXT = (
     "the a model answer question careful simple quick small large data result value token batch request "
     "response server client stream process memory network signal pattern system method number reason "
     "example evidence context detail summary review test measure estimate compare explain describe "
@@ -29,7 +29,8 @@ _WORDS = (
     "clear brief steady likely useful exact good new early final common key main open short long "
     "first second third often usually also then here there because while before after within across "
     "under over between about"
-).split()
+)
+_WORDS = tuple(_WORD_TEXT.split())
 
 # ASCII only, no quotes, backslashes or control characters: one character is one JSON byte.
 _FILLER_UNIT = " ".join(_WORDS) + ". "

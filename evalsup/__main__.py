@@ -1,0 +1,5 @@
+"""``python -m evalsup`` is the ``evalsup`` command."""
+
+from evalsup.cli import main
+
+main()

@@ -1,0 +1,876 @@
+"""An OpenAI-compatible mock endpoint with fault injection, for tests and benchmarks.
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models[/{id}],
+plus admin endpoints GET /_mock/stats, POST /_mock/reset, GET|POST /_mock/config.
+
+Answers are a pure function of (seed, request content); faults come from a seeded RNG owned by the server
+(one draw per generation request, in arrival order) or from the request's own "mock" object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from evalsup.mock import content as C
+from evalsup.mock.config import MockConfig, apply_update, config_to_json
+from evalsup.mock.faults import NO_OVERRIDE, Fault, FaultInjector, Override, parse_override
+from evalsup.mock.stats import MockStats
+
+__all__ = ["MockConfig", "MockServer", "MockStats", "MockThread", "create_app", "serve_forever", "start_mock"]
+
+try:
+    import uvloop
+
+    _new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
+    _new_loop = asyncio.new_event_loop
+
+FINGERPRINT = "fp_evalsup_mock"
+MODEL_CREATED = 1_700_000_000
+MAX_N = 128
+MAX_DIMS = 65_536
+MAX_BODY = 1 << 30
+SHUTDOWN_TIMEOUT_S = 0.5
+_ID_HEX = 24  # hex characters after an id's prefix; fixed so that padding sizes are deterministic
+_SIZING_CREATED = 1_000_000_000
+
+_ERROR_KINDS: dict[int, tuple[str, str | None, str]] = {
+    400: ("invalid_request_error", None, "Invalid request."),
+    401: ("invalid_request_error", "invalid_api_key", "Incorrect API key provided."),
+    403: ("permission_error", None, "You are not allowed to sample from this model."),
+    404: ("invalid_request_error", "not_found", "Not found."),
+    408: ("timeout", None, "Request timed out."),
+    409: ("invalid_request_error", "conflict", "Conflict."),
+    413: ("invalid_request_error", None, "Request too large."),
+    422: ("invalid_request_error", None, "Unprocessable request."),
+    429: ("requests", "rate_limit_exceeded", "Rate limit reached for requests (mock). Please try again later."),
+    500: ("server_error", None, "The server had an error while processing your request. Sorry about that!"),
+    502: ("server_error", None, "Bad gateway."),
+    503: ("server_error", None, "The engine is currently overloaded, please try again later."),
+    504: ("server_error", None, "Gateway timeout."),
+}
+
+
+class _State:
+    """Everything a running app shares: live config, outage flag, RNGs, counters."""
+
+    def __init__(self, cfg: MockConfig) -> None:
+        self.cfg = cfg
+        self.down = False
+        self.faults = FaultInjector(cfg.seed)
+        self.stats = MockStats()
+
+    def update(self, updates: dict[str, Any]) -> None:
+        """Apply a live config update (any MockConfig field, plus "down"). Raises ValueError, changes nothing."""
+        updates = dict(updates)
+        down = updates.pop("down", None)
+        if down is not None and not isinstance(down, bool):
+            raise ValueError("down must be a boolean")
+        cfg = apply_update(self.cfg, updates)
+        self.cfg = cfg
+        if "seed" in updates:  # a seed in an update always restarts the fault sequence
+            self.faults.reseed(cfg.seed)
+        if down is not None:
+            self.down = down
+
+    def config_json(self) -> dict[str, Any]:
+        out = config_to_json(self.cfg)
+        if out["api_key"] is not None:
+            out["api_key"] = "***"
+        out["down"] = self.down
+        return out
+
+
+STATE: web.AppKey[_State] = web.AppKey("evalsup_mock_state", _State)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + os.urandom(_ID_HEX // 2).hex()
+
+
+def _fmt_seconds(s: float) -> str:
+    return str(int(s)) if s == int(s) else f"{s:g}"
+
+
+def _json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, headers=headers, content_type="application/json")
+
+
+def _error(
+    request: web.Request,
+    status: int,
+    message: str | None = None,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An error in OpenAI's format: {"error": {"message", "type", "param", "code"}}."""
+    kind, default_code, default_message = _ERROR_KINDS.get(
+        status, ("server_error" if status >= 500 else "invalid_request_error", None, f"Mock error {status}.")
+    )
+    err: dict[str, Any] = {
+        "message": message or default_message,
+        "type": kind,
+        "param": param,
+        "code": code or default_code,
+    }
+    if request.app[STATE].cfg.echo_headers_in_errors:
+        err["request_headers"] = dict(request.headers)
+    return _json_response({"error": err}, status=status, headers=headers)
+
+
+def _rate_limited(request: web.Request, retry_after: float) -> web.Response:
+    headers = {
+        "Retry-After": _fmt_seconds(retry_after),
+        "retry-after-ms": str(round(retry_after * 1000)),
+        "x-ratelimit-remaining-requests": "0",
+    }
+    return _error(request, 429, headers=headers)
+
+
+def _abort(request: web.Request, *, rst: bool) -> None:
+    """Drop the connection without a response. rst=True makes the kernel send a TCP RST (ECONNRESET)."""
+    transport = request.transport
+    if transport is None:
+        return
+    if rst:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, AttributeError, TypeError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def _drain_transport(request: web.Request, limit_s: float = 2.0) -> None:
+    transport = request.transport
+    deadline = time.monotonic() + limit_s
+    while transport is not None and not transport.is_closing() and time.monotonic() < deadline:
+        if transport.get_write_buffer_size() == 0:
+            return
+        await asyncio.sleep(0.002)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+_SSE_DONE = b"data: [DONE]\n\n"
+_FLUSH_BYTES = 1 << 16
+
+
+# ---------------------------------------------------------------------------------------------- a request
+
+
+@dataclass
+class _Call:
+    """One /v1 request as it goes through the wrapper and its handler."""
+
+    request: web.Request
+    state: _State
+    cfg: MockConfig
+    aborted: bool = False
+    nbytes: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    override: Override = NO_OVERRIDE
+    fault: Fault = Fault.NONE
+
+    @property
+    def stream(self) -> bool:
+        return self.body.get("stream") is True
+
+    @property
+    def include_usage(self) -> bool:
+        opts = self.body.get("stream_options")
+        return isinstance(opts, dict) and opts.get("include_usage") is True
+
+    def abort(self, kind: str, *, rst: bool = True) -> web.Response:
+        self.aborted = True
+        self.state.stats.fault(kind)
+        _abort(self.request, rst=rst)
+        return web.Response(status=499)  # never sent: the transport is gone
+
+    async def begin(self) -> web.Response | None:
+        """Draw the fault, read the body, wait the latency, apply explicit overrides. A response ends the call."""
+        state = self.state
+        u = state.faults.draw()  # before any await, so draws follow arrival order
+        try:
+            body = orjson.loads(await self.request.read())
+        except orjson.JSONDecodeError:
+            return _error(self.request, 400, "We could not parse the JSON body of your request.")
+        if not isinstance(body, dict):
+            return _error(self.request, 400, "The request body must be a JSON object.")
+        self.body = body
+        try:
+            self.override = ov = parse_override(body.get("mock"))
+        except ValueError as exc:
+            return _error(self.request, 400, str(exc), param="mock")
+        delay = ov.delay_s if ov.delay_s is not None else state.faults.latency_s(self.cfg)
+        if delay > 0:
+            await asyncio.sleep(delay)
+            if state.down:  # an outage that started while this request waited
+                return self.abort("down")
+        if ov.reset:
+            return self.abort("reset")
+        if ov.status is not None and not 200 <= ov.status < 300:
+            self.state.stats.fault(f"mock_{ov.status}")
+            if ov.status == 429:
+                return _rate_limited(self.request, self._retry_after())
+            return _error(self.request, ov.status)
+        if ov.malformed:
+            self.fault = Fault.MALFORMED
+        elif not ov.cut_stream:
+            self.fault = FaultInjector.fault_for(self.cfg, u)
+        return None
+
+    def _retry_after(self) -> float:
+        ra = self.override.retry_after
+        return ra if ra is not None else self.cfg.retry_after_s
+
+    def random_fault(self) -> web.Response | None:
+        """Reset / 500 / 429 from the random draw (malformed is applied when the body is built)."""
+        if self.fault is Fault.RESET:
+            return self.abort("reset")
+        if self.fault is Fault.ERROR_500:
+            self.state.stats.fault("500")
+            return _error(self.request, 500)
+        if self.fault is Fault.ERROR_429:
+            self.state.stats.fault("429")
+            return _rate_limited(self.request, self._retry_after())
+        return None
+
+    def check_model(self) -> tuple[str, web.Response | None]:
+        model = self.body.get("model")
+        if not isinstance(model, str) or not model:
+            return "", _error(self.request, 400, "you must provide a model parameter", param="model")
+        if self.cfg.models and model not in self.cfg.models:
+            msg = f"The model `{model}` does not exist or you do not have access to it."
+            return model, _error(self.request, 404, msg, code="model_not_found", param="model")
+        return model, None
+
+    def choices_n(self) -> tuple[int, web.Response | None]:
+        n = self.body.get("n", 1)
+        if n is None:
+            n = 1
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+            return 1, _error(self.request, 400, f"n must be an integer between 1 and {MAX_N}", param="n")
+        return n, None
+
+    def answers(self, key: bytes, count: int, max_tokens: Any) -> list[tuple[str, str]]:
+        """(text, finish_reason) per choice, before padding."""
+        if self.override.text is not None:
+            return [(self.override.text, "stop")] * count
+        out = []
+        for i in range(count):
+            text = C.natural_text(key, i)
+            finish = "stop"
+            limited = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
+            if limited and C.approx_tokens(text) > max_tokens:
+                text, finish = C.truncate_to_tokens(text, max_tokens), "length"
+            out.append((text, finish))
+        return out
+
+    def pad(
+        self, answers: list[tuple[str, str]], build: Callable[[str, int, list[tuple[str, str]]], dict[str, Any]]
+    ) -> list[tuple[str, str]]:
+        """Pad each answer so that the non-streamed JSON body is about response_kb (or mock.kb) KB.
+
+        The size is computed on a placeholder envelope of fixed length, so streamed and non-streamed
+        requests get exactly the same text.
+        """
+        kb = self.override.kb if self.override.kb is not None else self.cfg.response_kb
+        if kb <= 0 or self.override.text is not None:
+            return answers
+        target = int(kb * 1024)
+        sizing = orjson.dumps(build("x" * (_ID_HEX + 10), _SIZING_CREATED, answers))
+        overhead = len(sizing) - sum(len(t) for t, _ in answers)
+        per_choice = (target - overhead) // len(answers)
+        return [(C.pad_text(t, per_choice), f) for t, f in answers]
+
+    async def send_stream(self, events: Iterator[bytes], cut_after: int | None = None) -> web.StreamResponse:
+        """Send SSE events; with cut_after, send that many and then drop the connection."""
+        resp = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
+        )
+        await resp.prepare(self.request)
+        buf: list[bytes] = []
+        size = 0
+        for i, ev in enumerate(events):
+            if cut_after is not None and i >= cut_after:
+                break
+            buf.append(ev)
+            size += len(ev)
+            if size >= _FLUSH_BYTES:
+                data = b"".join(buf)
+                self.nbytes += len(data)
+                await resp.write(data)
+                buf.clear()
+                size = 0
+        if buf:
+            data = b"".join(buf)
+            self.nbytes += len(data)
+            await resp.write(data)
+        if cut_after is not None:
+            await _drain_transport(self.request)
+            self.abort("cut_stream", rst=False)
+        return resp
+
+
+# ---------------------------------------------------------------------------------------------- /v1 wrapper
+
+_V1Handler = Callable[[_Call], Awaitable[web.StreamResponse]]
+
+
+def _v1(inner: _V1Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Counting, outage, auth and in-flight tracking around a /v1 handler."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        stats = state.stats
+        auth = request.headers.get("Authorization")
+        stats.arrival(request.path, auth is not None)
+        call = _Call(request=request, state=state, cfg=state.cfg)
+        if state.down:
+            return call.abort("down")
+        stats.enter()
+        try:
+            key = call.cfg.api_key
+            if key is not None and auth != f"Bearer {key}":
+                msg = "You didn't provide an API key." if auth is None else "Incorrect API key provided."
+                resp: web.StreamResponse = _error(request, 401, msg)
+            else:
+                resp = await inner(call)
+        finally:
+            stats.leave()
+        if not call.aborted or call.nbytes:
+            if isinstance(resp, web.Response) and isinstance(resp.body, bytes):
+                call.nbytes += len(resp.body)
+            stats.status(resp.status, call.nbytes)
+        return resp
+
+    return handler
+
+
+# ---------------------------------------------------------------------------------------------- endpoints
+
+
+def _chat_body(
+    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int
+) -> dict[str, Any]:
+    completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            for i, (text, finish) in enumerate(answers)
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "system_fingerprint": FINGERPRINT,
+    }
+
+
+def _completion_body(
+    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int
+) -> dict[str, Any]:
+    completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
+    return {
+        "id": cid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"text": text, "index": i, "logprobs": None, "finish_reason": finish}
+            for i, (text, finish) in enumerate(answers)
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "system_fingerprint": FINGERPRINT,
+    }
+
+
+def _chat_events(
+    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int, usage: bool
+) -> Iterator[bytes]:
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        }
+        if usage:
+            out["usage"] = None
+        return out
+
+    for i, (text, finish) in enumerate(answers):
+        role = {"role": "assistant", "content": "", "refusal": None}
+        yield _sse(chunk([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}]))
+        for piece in C.stream_pieces(text):
+            yield _sse(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}]))
+        yield _sse(chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}]))
+    if usage:
+        last = chunk([])
+        completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
+        last["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        yield _sse(last)
+    yield _SSE_DONE
+
+
+def _completion_events(
+    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int, usage: bool
+) -> Iterator[bytes]:
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        }
+        if usage:
+            out["usage"] = None
+        return out
+
+    for i, (text, finish) in enumerate(answers):
+        for piece in C.stream_pieces(text):
+            yield _sse(chunk([{"text": piece, "index": i, "logprobs": None, "finish_reason": None}]))
+        yield _sse(chunk([{"text": "", "index": i, "logprobs": None, "finish_reason": finish}]))
+    if usage:
+        last = chunk([])
+        completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
+        last["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        yield _sse(last)
+    yield _SSE_DONE
+
+
+def _malformed_events(first: bytes, cid: str, obj: str) -> Iterator[bytes]:
+    yield first
+    yield b'data: {"id": "' + cid.encode() + b'", "object": "' + obj.encode() + b'", "choices": [{"del\n\n'
+    yield _SSE_DONE
+
+
+_BodyBuilder = Callable[[str, int, str, list[tuple[str, str]], int], dict[str, Any]]
+_EventBuilder = Callable[[str, int, str, list[tuple[str, str]], int, bool], Iterator[bytes]]
+
+
+async def _generate(
+    call: _Call,
+    *,
+    kind: str,
+    id_prefix: str,
+    answers: list[tuple[str, str]],
+    model: str,
+    prompt_tokens: int,
+    build_body: _BodyBuilder,
+    build_events: _EventBuilder,
+) -> web.StreamResponse:
+    """Pad, then answer as JSON or SSE, honouring malformed and cut_stream."""
+    answers = call.pad(answers, lambda cid, created, a: build_body(cid, created, model, a, prompt_tokens))
+    cid = _new_id(id_prefix)
+    created = int(time.time())
+    if call.stream:
+        events = build_events(cid, created, model, answers, prompt_tokens, call.include_usage)
+        if call.fault is Fault.MALFORMED:
+            call.state.stats.fault("malformed")
+            return await call.send_stream(_malformed_events(next(events), cid, kind))
+        if call.override.cut_stream:
+            pieces = len(C.stream_pieces(answers[0][0])) if answers else 0
+            return await call.send_stream(events, cut_after=1 + max(1, pieces // 2))
+        return await call.send_stream(events)
+    body = orjson.dumps(build_body(cid, created, model, answers, prompt_tokens))
+    if call.fault is Fault.MALFORMED:
+        call.state.stats.fault("malformed")
+        body = body[: max(1, len(body) // 2)]
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _chat_completions(call: _Call) -> web.StreamResponse:
+    early = await call.begin()
+    if early is not None:
+        return early
+    model, err = call.check_model()
+    if err is not None:
+        return err
+    messages = call.body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _error(call.request, 400, "messages must be a non-empty array", param="messages")
+    n, err = call.choices_n()
+    if err is not None:
+        return err
+    fault = call.random_fault()
+    if fault is not None:
+        return fault
+    key = C.content_key(call.cfg.seed, "chat", call.body)
+    max_tokens = call.body.get("max_completion_tokens", call.body.get("max_tokens"))
+    return await _generate(
+        call,
+        kind="chat.completion.chunk",
+        id_prefix="chatcmpl-",
+        answers=call.answers(key, n, max_tokens),
+        model=model,
+        prompt_tokens=C.chat_prompt_tokens(messages),
+        build_body=_chat_body,
+        build_events=_chat_events,
+    )
+
+
+async def _completions(call: _Call) -> web.StreamResponse:
+    early = await call.begin()
+    if early is not None:
+        return early
+    model, err = call.check_model()
+    if err is not None:
+        return err
+    prompts = C.input_items(call.body.get("prompt"))
+    if prompts is None:
+        return _error(call.request, 400, "prompt must be a string, an array of strings or tokens", param="prompt")
+    n, err = call.choices_n()
+    if err is not None:
+        return err
+    if len(prompts) * n > MAX_N:
+        return _error(call.request, 400, f"at most {MAX_N} choices per request", param="n")
+    fault = call.random_fault()
+    if fault is not None:
+        return fault
+    key = C.content_key(call.cfg.seed, "completion", call.body)
+    return await _generate(
+        call,
+        kind="text_completion",
+        id_prefix="cmpl-",
+        answers=call.answers(key, len(prompts) * n, call.body.get("max_tokens")),
+        model=model,
+        prompt_tokens=sum(C.item_tokens(p) for p in prompts),
+        build_body=_completion_body,
+        build_events=_completion_events,
+    )
+
+
+async def _embeddings(call: _Call) -> web.StreamResponse:
+    early = await call.begin()
+    if early is not None:
+        return early
+    model, err = call.check_model()
+    if err is not None:
+        return err
+    items = C.input_items(call.body.get("input"))
+    if items is None:
+        return _error(call.request, 400, "input must be a string, an array of strings or tokens", param="input")
+    dims = call.body.get("dimensions")
+    if dims is None:
+        dims = 8
+    if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= MAX_DIMS:
+        return _error(call.request, 400, "dimensions must be a positive integer", param="dimensions")
+    fmt = call.body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        return _error(call.request, 400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
+    fault = call.random_fault()
+    if fault is not None:
+        return fault
+    data = []
+    for i, item in enumerate(items):
+        vec = C.embedding(call.cfg.seed, model, item, dims)
+        emb: list[float] | str = C.embedding_base64(vec) if fmt == "base64" else vec
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    tokens = sum(C.item_tokens(x) for x in items)
+    body = orjson.dumps(
+        {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    )
+    if call.fault is Fault.MALFORMED:
+        call.state.stats.fault("malformed")
+        body = body[: max(1, len(body) // 2)]
+    return web.Response(body=body, content_type="application/json")
+
+
+def _model_obj(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": MODEL_CREATED, "owned_by": "evalsup-mock"}
+
+
+async def _models(call: _Call) -> web.StreamResponse:
+    delay = call.state.faults.latency_s(call.cfg)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return _json_response({"object": "list", "data": [_model_obj(m) for m in call.cfg.models]})
+
+
+async def _model(call: _Call) -> web.StreamResponse:
+    model = call.request.match_info["model"]
+    if call.cfg.models and model not in call.cfg.models:
+        msg = f"The model `{model}` does not exist or you do not have access to it."
+        return _error(call.request, 404, msg, code="model_not_found", param="model")
+    return _json_response(_model_obj(model))
+
+
+async def _unknown(call: _Call) -> web.StreamResponse:
+    request = call.request
+    return _error(request, 404, f"Invalid URL ({request.method} {request.path})", code="unknown_url")
+
+
+# ---------------------------------------------------------------------------------------------- admin
+
+
+async def _admin_stats(request: web.Request) -> web.StreamResponse:
+    return _json_response(request.app[STATE].stats.snapshot())
+
+
+async def _admin_reset(request: web.Request) -> web.StreamResponse:
+    request.app[STATE].stats.reset()
+    return _json_response({"ok": True})
+
+
+async def _admin_get_config(request: web.Request) -> web.StreamResponse:
+    return _json_response(request.app[STATE].config_json())
+
+
+async def _admin_set_config(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    try:
+        updates = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return _json_response({"error": "body must be a JSON object"}, status=400)
+    if not isinstance(updates, dict):
+        return _json_response({"error": "body must be a JSON object"}, status=400)
+    try:
+        state.update(updates)
+    except ValueError as exc:
+        return _json_response({"error": str(exc)}, status=400)
+    return _json_response(state.config_json())
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    if "x-request-id" not in response.headers:
+        response.headers["x-request-id"] = _new_id("req_")
+
+
+def create_app(cfg: MockConfig) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[STATE] = _State(cfg)
+    app.on_response_prepare.append(_add_request_id)
+    r = app.router
+    r.add_post("/v1/chat/completions", _v1(_chat_completions))
+    r.add_post("/v1/completions", _v1(_completions))
+    r.add_post("/v1/embeddings", _v1(_embeddings))
+    r.add_get("/v1/models", _v1(_models), allow_head=False)
+    r.add_get("/v1/models/{model}", _v1(_model), allow_head=False)
+    r.add_route("*", "/v1/{tail:.*}", _v1(_unknown))
+    r.add_get("/_mock/stats", _admin_stats, allow_head=False)
+    r.add_post("/_mock/reset", _admin_reset)
+    r.add_get("/_mock/config", _admin_get_config, allow_head=False)
+    r.add_post("/_mock/config", _admin_set_config)
+    return app
+
+
+# ---------------------------------------------------------------------------------------------- running it
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/v1"
+
+
+class MockServer:
+    """A mock endpoint running on the current event loop (see start_mock)."""
+
+    def __init__(self, app: web.Application, runner: web.AppRunner, host: str, port: int) -> None:
+        self.app = app
+        self._runner = runner
+        self.host = host
+        self.port = port
+        self.url = _url(host, port)
+        self._closed = False
+
+    @property
+    def stats(self) -> MockStats:
+        return self.app[STATE].stats
+
+    @property
+    def config(self) -> MockConfig:
+        return self.app[STATE].cfg
+
+    def configure(self, **updates: Any) -> MockConfig:
+        """Change knobs live, like POST /_mock/config (also accepts down=True/False)."""
+        state = self.app[STATE]
+        state.update(updates)
+        return state.cfg
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._runner.cleanup()
+
+
+async def start_mock(cfg: MockConfig, host: str = "127.0.0.1", port: int = 0) -> MockServer:
+    """Start the mock on the running loop; port 0 picks a free port (see MockServer.port)."""
+    app = create_app(cfg)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = int(runner.addresses[0][1]) if runner.addresses else port
+    return MockServer(app, runner, host, bound)
+
+
+class MockThread:
+    """The mock server on its own event loop in a daemon thread, for sync code and tests."""
+
+    def __init__(self, cfg: MockConfig, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.cfg = cfg
+        self.host = host
+        self.port = port
+        self.url = _url(host, port)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: MockServer | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> MockThread:
+        if self._thread is not None:
+            raise RuntimeError("MockThread already started")
+        self._thread = threading.Thread(target=self._run, name="evalsup-mock", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("mock server did not start within 30 s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = _new_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            try:
+                self._server = loop.run_until_complete(start_mock(self.cfg, self.host, self.port))
+            except BaseException as exc:
+                self._error = exc
+                return
+            self.port = self._server.port
+            self.url = self._server.url
+            self._loop = loop
+            self._ready.set()
+            loop.run_forever()
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            self._ready.set()
+            loop.close()
+
+    def _call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
+        loop, server = self._loop, self._server
+        if loop is None or server is None or loop.is_closed():
+            raise RuntimeError("MockThread is not running")
+
+        async def run() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
+
+    @property
+    def server(self) -> MockServer:
+        if self._server is None:
+            raise RuntimeError("MockThread is not running")
+        return self._server
+
+    def stats(self) -> dict[str, Any]:
+        """Same as GET /_mock/stats."""
+        return dict(self._call(lambda: self.server.stats.snapshot()))
+
+    def reset_stats(self) -> None:
+        self._call(lambda: self.server.stats.reset())
+
+    def configure(self, **updates: Any) -> MockConfig:
+        """Change knobs live, like POST /_mock/config (also accepts down=True/False)."""
+        cfg = self._call(lambda: self.server.configure(**updates))
+        assert isinstance(cfg, MockConfig)
+        return cfg
+
+    def stop(self) -> None:
+        loop, server, thread = self._loop, self._server, self._thread
+        if loop is None or server is None or thread is None or loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(server.close(), loop).result(30)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        self._loop = None
+
+    def __enter__(self) -> MockThread:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def serve_forever(cfg: MockConfig, host: str, port: int) -> None:
+    """Run the mock until interrupted (Ctrl-C or SIGTERM). Prints "mock endpoint on <url>" once started."""
+
+    async def main() -> None:
+        server = await start_mock(cfg, host, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+        print(f"mock endpoint on {server.url}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.close()
+
+    with asyncio.Runner(loop_factory=_new_loop) as runner, contextlib.suppress(KeyboardInterrupt):
+        runner.run(main())
