@@ -73,6 +73,22 @@ def run_options(f: Any) -> Any:
                      help="A task whose workers died this often is written as failed (worker_crashed)."),
         click.option("--max-restarts", type=click.IntRange(0, 10_000), default=10, show_default=True,
                      help="More unplanned worker restarts than this in 60s stops the run (resumably)."),
+        click.option("--memory-limit", "memory_limit_mb", type=float, default=None,
+                     help="Memory budget in MiB for the whole job (default: the container's cgroup limit)."),
+        click.option("--memory-high", "memory_high_mb", type=float, default=None,
+                     help="Pause dispatch above this many MiB in use (default: 85% of the limit); "
+                          "resume below 70% of the limit (or 70/85 of --memory-high)."),
+        click.option("--max-worker-rss", "max_worker_rss_mb", type=float, default=None,
+                     help="Recycle a worker past this RSS in MiB (default: its share of the limit, or 1024); "
+                          "kill it past 1.5x."),
+        click.option("--max-tasks-per-worker", type=click.IntRange(1, None), default=None,
+                     help="Recycle a worker after this many tasks (bounds slow leaks)."),
+        click.option("--max-tasks-jitter", type=click.IntRange(0, None), default=0,
+                     help="Add up to this many to --max-tasks-per-worker, per worker, so they do not recycle at once."),
+        click.option("--monitor-interval", type=float, default=0.5, show_default=True,
+                     help="Seconds between memory samples (written to memory.jsonl)."),
+        click.option("--trace-memory", is_flag=True,
+                     help="Run tracemalloc in workers; one recycled for RSS writes leaks/worker-PID.txt."),
         click.option("--worker-plugin", default=None, hidden=True,
                      help="module:function called in the worker for each task (testing hooks)."),
         click.option("--quiet", "-q", is_flag=True, help="Print only the final summary."),
@@ -90,7 +106,13 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         max_attempts=kw["max_attempts"], connect_timeout_s=kw["connect_timeout"],
         read_timeout_s=kw["read_timeout"], total_timeout_s=kw["total_timeout"],
         max_response_mb=kw["max_response_mb"], insecure=kw["insecure"], plugin=kw["worker_plugin"],
+        trace_memory=kw.get("trace_memory", False),
     )
+    mib = 1 << 20
+
+    def mb(name: str) -> int | None:
+        v = kw.get(name)
+        return None if v is None else int(v * mib)
     workers = kw["workers"]
     concurrency = max(kw["concurrency"], workers)
     return RunConfig(
@@ -98,7 +120,9 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         concurrency=concurrency, window=kw["window"], max_line_mb=kw["max_line_mb"], on_invalid=kw["on_invalid"],
         fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
-        json_summary=kw["json_summary"],
+        json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
+        max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=kw.get("max_tasks_per_worker"),
+        max_tasks_jitter=kw.get("max_tasks_jitter") or 0, monitor_interval_s=kw.get("monitor_interval") or 0.5,
     )
 
 

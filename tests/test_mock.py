@@ -20,11 +20,11 @@ import aiohttp
 import openai
 import pytest
 from openai.types import Completion, CreateEmbeddingResponse
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 from evalsup.mock import MockConfig, MockThread, start_mock
 
-MSG = [{"role": "user", "content": "What is 2+2?"}]
+MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2+2?"}]
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +76,7 @@ class Resp:
         return out
 
 
-def request(
-    base: str, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
-) -> Resp:
+def request(base: str, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Resp:
     u = urlsplit(base)
     conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=10)
     try:
@@ -153,12 +151,12 @@ def test_chat_stream_format_matches_non_streamed(mock: MockThread) -> None:
 
 def test_openai_client(mock: MockThread) -> None:
     client = sdk(mock)
-    c = client.chat.completions.create(model="mock-model", messages=MSG)  # type: ignore[arg-type]
+    c = client.chat.completions.create(model="mock-model", messages=MSG)
     text = c.choices[0].message.content
     assert text and c.usage is not None
     stream = client.chat.completions.create(
         model="mock-model",
-        messages=MSG,  # type: ignore[arg-type]
+        messages=MSG,
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -185,14 +183,29 @@ def test_completions_format_and_stream(mock: MockThread) -> None:
     assert c.choices[0].finish_reason == "stop" and c.usage is not None
     events = post(mock, "/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}).events()
     assert events[-1] == "[DONE]"
-    chunks = [Completion.model_validate(e) for e in events[:-1]]
+    # Like OpenAI, intermediate chunks carry finish_reason null, which the SDK's Completion type (used for
+    # streamed completions too, built without validation) does not allow: validate them with "stop" put in.
+    for e in events[:-3]:  # the last three: finish chunk, usage chunk, [DONE]
+        assert e["choices"][0]["finish_reason"] is None
+    chunks = [Completion.model_validate(e) for e in _fill_finish(events[:-1])]
     assert all(ch.object == "text_completion" for ch in chunks)
     assert chunks[-1].choices == [] and chunks[-1].usage == c.usage
     assert chunks[-2].choices[0].finish_reason == "stop"
     assert "".join(ch.choices[0].text for ch in chunks[:-1]) == c.choices[0].text
+    sdk_text = "".join(
+        ch.choices[0].text
+        for ch in sdk(mock).completions.create(model="mock-model", prompt=body["prompt"], stream=True)
+    )
+    assert sdk_text == c.choices[0].text
     # a batch of prompts gets one choice per prompt
     c = Completion.model_validate(post(mock, "/completions", {**body, "prompt": ["a", "b", "c"]}).json())
     assert [ch.index for ch in c.choices] == [0, 1, 2]
+
+
+def _fill_finish(events: list[Any]) -> list[Any]:
+    return [
+        {**e, "choices": [{**c, "finish_reason": c["finish_reason"] or "stop"} for c in e["choices"]]} for e in events
+    ]
 
 
 def test_embeddings(mock: MockThread) -> None:
@@ -257,7 +270,7 @@ def test_fault_500(mock: MockThread) -> None:
     err = r.json()["error"]
     assert err["type"] == "server_error" and err["message"]
     with pytest.raises(openai.InternalServerError):
-        sdk(mock).chat.completions.create(model="mock-model", messages=MSG)  # type: ignore[arg-type]
+        sdk(mock).chat.completions.create(model="mock-model", messages=MSG)
 
 
 def test_fault_429_with_retry_after(mock: MockThread) -> None:
@@ -266,7 +279,7 @@ def test_fault_429_with_retry_after(mock: MockThread) -> None:
     assert r.status == 429 and r.headers["Retry-After"] == "2"
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
     with pytest.raises(openai.RateLimitError):
-        sdk(mock).chat.completions.create(model="mock-model", messages=MSG)  # type: ignore[arg-type]
+        sdk(mock).chat.completions.create(model="mock-model", messages=MSG)
 
 
 def test_fault_reset(mock: MockThread) -> None:
@@ -274,7 +287,7 @@ def test_fault_reset(mock: MockThread) -> None:
     with pytest.raises((ConnectionError, http.client.HTTPException)):
         chat(mock)
     with pytest.raises(openai.APIConnectionError):
-        sdk(mock).chat.completions.create(model="mock-model", messages=MSG)  # type: ignore[arg-type]
+        sdk(mock).chat.completions.create(model="mock-model", messages=MSG)
     stats = mock.stats()
     assert stats["faults"]["reset"] == 2 and stats["statuses"] == {}
 
@@ -317,11 +330,11 @@ def test_cut_stream(mock: MockThread) -> None:
         chat(mock, stream=True, mock={"cut_stream": True})
     stream = sdk(mock).chat.completions.create(
         model="mock-model",
-        messages=MSG,  # type: ignore[arg-type]
+        messages=MSG,
         stream=True,
         extra_body={"mock": {"cut_stream": True}},
     )
-    got = []
+    got: list[ChatCompletionChunk] = []
     with pytest.raises(openai.APIConnectionError):
         for chunk in stream:
             got.append(chunk)
@@ -363,7 +376,7 @@ def test_api_key(mock: MockThread) -> None:
     assert r.json()["error"]["request_headers"]["Authorization"] == "Bearer wrong"  # echoed on purpose
     with pytest.raises(openai.AuthenticationError):
         sdk(mock, api_key="nope").models.list()
-    ok = sdk(mock, api_key="sk-secret").chat.completions.create(model="mock-model", messages=MSG)  # type: ignore[arg-type]
+    ok = sdk(mock, api_key="sk-secret").chat.completions.create(model="mock-model", messages=MSG)
     assert ok.choices[0].message.content
     assert mock.stats()["auth_headers_seen"] == 3
 
@@ -375,7 +388,7 @@ def test_unknown_model(mock: MockThread) -> None:
     assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error" and "gpt-nope" in err["message"]
     assert post(mock, "/embeddings", {"model": "gpt-nope", "input": "x"}).status == 404
     with pytest.raises(openai.NotFoundError):
-        sdk(mock).chat.completions.create(model="gpt-nope", messages=MSG)  # type: ignore[arg-type]
+        sdk(mock).chat.completions.create(model="gpt-nope", messages=MSG)
 
 
 @pytest.mark.parametrize("kb", [1, 64, 1024])
@@ -458,10 +471,7 @@ def test_start_mock_on_plain_asyncio_loop() -> None:
 
 
 def test_serve_forever_prints_url() -> None:
-    code = (
-        "from evalsup.mock import MockConfig, serve_forever\n"
-        "serve_forever(MockConfig(), '127.0.0.1', 0)\n"
-    )
+    code = "from evalsup.mock import MockConfig, serve_forever\nserve_forever(MockConfig(), '127.0.0.1', 0)\n"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

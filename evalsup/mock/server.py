@@ -133,7 +133,7 @@ def _error(
         "code": code or default_code,
     }
     if request.app[STATE].cfg.echo_headers_in_errors:
-        err["request_headers"] = dict(request.headers)
+        err["request_headers"] = {str(k): v for k, v in request.headers.items()}
     return _json_response({"error": err}, status=status, headers=headers)
 
 

@@ -94,8 +94,8 @@ class MemoryControl:
                     dec.recycle.append((w, d))
         total = sup_rss + sum(per_worker.values())
         ws = sample.working_set_bytes
-        if self.cfg.memory_limit and sample.source == "none":
-            ws = total  # an explicit budget without a cgroup: count our own processes
+        if self.cfg.memory_limit and not sample.limit_bytes:
+            ws = total  # an explicit budget without a cgroup limit: count our own processes, not the host's
         elif ws is None:
             ws = total
         self.peak_working_set = max(self.peak_working_set, ws)
