@@ -73,6 +73,18 @@ def run_options(f: Any) -> Any:
                      help="A task whose workers died this often is written as failed (worker_crashed)."),
         click.option("--max-restarts", type=click.IntRange(0, 10_000), default=10, show_default=True,
                      help="More unplanned worker restarts than this in 60s stops the run (resumably)."),
+        click.option("--stream", is_flag=True,
+                     help="Stream responses (SSE): records ttft_s; the reassembled body is written."),
+        click.option("--max-requests-per-s", type=float, default=None,
+                     help="Global request rate limit, across all workers together."),
+        click.option("--max-tokens-per-min", type=float, default=None,
+                     help="Global token rate limit (estimated before a request, corrected from usage)."),
+        click.option("--arrivals", type=click.Choice(["uniform", "poisson"]), default="uniform", show_default=True,
+                     help="Spacing of request starts under --max-requests-per-s."),
+        click.option("--max-wait-down", type=float, default=600.0, show_default=True,
+                     help="Seconds to wait for an endpoint that went down before stopping (resumably)."),
+        click.option("--check/--no-check", default=True, show_default=True,
+                     help="Check the endpoint, key and model with one tiny request before the run."),
         click.option("--memory-limit", "memory_limit_mb", type=float, default=None,
                      help="Memory budget in MiB for the whole job (default: the container's cgroup limit)."),
         click.option("--memory-high", "memory_high_mb", type=float, default=None,
@@ -106,7 +118,7 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         max_attempts=kw["max_attempts"], connect_timeout_s=kw["connect_timeout"],
         read_timeout_s=kw["read_timeout"], total_timeout_s=kw["total_timeout"],
         max_response_mb=kw["max_response_mb"], insecure=kw["insecure"], plugin=kw["worker_plugin"],
-        trace_memory=kw.get("trace_memory", False),
+        trace_memory=kw.get("trace_memory", False), stream=kw.get("stream", False),
     )
     mib = 1 << 20
 
@@ -123,6 +135,9 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=kw.get("max_tasks_per_worker"),
         max_tasks_jitter=kw.get("max_tasks_jitter") or 0, monitor_interval_s=kw.get("monitor_interval") or 0.5,
+        max_requests_per_s=kw.get("max_requests_per_s"), max_tokens_per_min=kw.get("max_tokens_per_min"),
+        arrivals=kw.get("arrivals") or "uniform", max_wait_down_s=kw.get("max_wait_down") or 600.0,
+        check=kw.get("check", True),
     )
 
 

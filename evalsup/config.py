@@ -61,6 +61,12 @@ class RunConfig:
     max_restarts: int = 10
     quiet: bool = False
     json_summary: bool = False
+    # the endpoint
+    max_requests_per_s: float | None = None
+    max_tokens_per_min: float | None = None
+    arrivals: Literal["uniform", "poisson"] = "uniform"
+    max_wait_down_s: float = 600.0
+    check: bool = True
     # memory supervision
     monitor_interval_s: float = 0.5
     memory_limit: int | None = None  # bytes; overrides the cgroup's limit (or sets one where there is none)

@@ -27,13 +27,19 @@ class Kind(enum.IntEnum):
     PAUSE = 4  # hold queued tasks: start no new request until RESUME
     RESUME = 5
     LIMIT = 6  # json {"inflight": n}: cap on requests in flight in this worker
+    RATE = 7  # json {"rps": x | None, "tpm": y | None, "arrivals": "uniform" | "poisson"}: this worker's share
+    BREAKER_OPEN = 8  # the endpoint is down: start nothing, park what fails endpoint-side
+    BREAKER_CLOSE = 9  # it is back: carry on
+    PROBE = 20  # try one parked request (or GET /models) and say how it went
     # worker -> supervisor
     READY = 10  # json {"pid": ..., "concurrency": ...}
-    RESULT = 11  # meta {"k": key, "ok": bool, "lat": s, "att": n, "rb": response bytes} + "\n" + output line
-    HEARTBEAT = 12  # json {"inflight": n, "queued": n}
+    RESULT = 11  # meta {"k", "ok", "lat", "att", "rb", "ec", "pt", "ct", "ttft"} + "\n" + output line
+    HEARTBEAT = 12  # json {"inflight", "queued", "parked", "done", "retries"}
     BYE = 13  # json {"done": n}: drained, about to exit
     FATAL = 14  # json {"message": str}: the worker cannot go on
     LEAKS = 15  # json {"text": str}: top allocation sites (tracemalloc), sent before a drain exit
+    TRIP = 16  # json {"reason": str}: most recent attempts failed endpoint-side
+    PROBE_RESULT = 17  # json {"ok": bool, "detail": str}
 
 
 class ProtocolError(Exception):

@@ -7,13 +7,13 @@ so the same request always gets the same text whether it is streamed or not and 
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import random
 import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -32,11 +32,10 @@ _WORD_TEXT = (
 )
 _WORDS = tuple(_WORD_TEXT.split())
 
-# ASCII only, no quotes, backslashes or control characters: one character is one JSON byte.
-_FILLER_UNIT = " ".join(_WORDS) + ". "
 _WORD_RE = re.compile(r"\S*\s*")
-_STREAM_PIECE_CHARS = 16384  # long texts stream in pieces of this size instead of word by word
+STREAM_PIECE_CHARS = 16384  # long texts stream in pieces of this size instead of word by word
 _WORD_STREAM_LIMIT = 4096
+MAX_PAD_CHARS = 256 << 20
 
 
 def content_key(seed: int, kind: str, body: Mapping[str, Any]) -> bytes:
@@ -53,30 +52,109 @@ def content_key(seed: int, kind: str, body: Mapping[str, Any]) -> bytes:
 
 
 def natural_text(key: bytes, index: int = 0) -> str:
-    """A short, deterministic, sentence-like answer (roughly 10-40 words)."""
-    rng = random.Random(key + index.to_bytes(4, "big"))
+    """A short, deterministic, sentence-like answer: 1-3 sentences of 5-14 words (bytes of a hash pick them)."""
+    h = hashlib.blake2b(key + index.to_bytes(4, "big"), digest_size=64).digest()
+    words = _WORDS
     sentences = []
-    for _ in range(rng.randint(1, 3)):
-        words = [rng.choice(_WORDS) for _ in range(rng.randint(5, 14))]
-        sentences.append(" ".join(words).capitalize() + ".")
+    pos = 1
+    for _ in range(1 + h[0] % 3):
+        count = 5 + h[pos] % 10
+        picked = [words[b % len(words)] for b in h[pos + 1 : pos + 1 + count]]
+        sentences.append(" ".join(picked).capitalize() + ".")
+        pos += 1 + count
     return " ".join(sentences)
 
 
-@functools.lru_cache(maxsize=64)
-def filler(n: int) -> str:
-    """n characters of JSON-safe ASCII padding; cached per size so big responses cost little CPU."""
-    if n <= 0:
-        return ""
-    reps = n // len(_FILLER_UNIT) + 1
-    return (_FILLER_UNIT * reps)[:n]
+# Padding: ASCII only, no quotes, backslashes or control characters, so one character is one JSON byte and
+# the bytes can be spliced into an encoded body as they are. It starts with a space (it follows the answer).
+_PAD_UNIT = (" " + " ".join(_WORDS) + ".").encode("ascii")
+_pad_buffer = _PAD_UNIT * 64
 
 
-def pad_text(text: str, total_chars: int) -> str:
-    """text followed by padding, total_chars long (or text unchanged if it is already that long)."""
-    missing = total_chars - len(text)
-    if missing <= 1:
-        return text
-    return text + " " + filler(missing - 1)
+def pad_bytes(n: int) -> memoryview:
+    """The first n bytes of the padding, without copying (one shared buffer, grown on demand)."""
+    global _pad_buffer
+    n = max(0, min(n, MAX_PAD_CHARS))
+    if n > len(_pad_buffer):
+        _pad_buffer = _PAD_UNIT * (2 * n // len(_PAD_UNIT) + 1)
+    return memoryview(_pad_buffer)[:n]
+
+
+def pad_marker(index: int) -> str:
+    """Stands in for answer index's padding in a JSON object; `render` swaps in the padding bytes."""
+    return f"\x00pad{index}\x00"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One choice's answer: a text, then `pad` characters of padding (to reach a response size)."""
+
+    text: str
+    finish: str = "stop"
+    pad: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.text) + self.pad
+
+    @property
+    def tokens(self) -> int:
+        return max(1, self.length // 4)
+
+    def full_text(self) -> str:
+        return self.text + bytes(pad_bytes(self.pad)).decode("ascii") if self.pad else self.text
+
+    def json_value(self, index: int) -> str:
+        """What to put in a JSON object for this answer before `render`."""
+        return self.text + pad_marker(index) if self.pad else self.text
+
+    def pieces(self) -> list[str]:
+        """Stream deltas whose concatenation is the full text (see byte_pieces for padded answers)."""
+        return stream_pieces(self.full_text())
+
+    def byte_pieces(self) -> list[memoryview]:
+        """Deltas of a padded answer as byte slices, JSON-safe as they are (padding only follows our own
+        ASCII answers, never mock.text), so they can be spliced into pre-encoded chunks."""
+        full = memoryview(b"".join((self.text.encode("ascii"), pad_bytes(self.pad))))
+        return [full[i : i + STREAM_PIECE_CHARS] for i in range(0, len(full), STREAM_PIECE_CHARS)]
+
+    def piece_count(self) -> int:
+        if self.pad:
+            return -(-self.length // STREAM_PIECE_CHARS)
+        return len(self.pieces())
+
+
+def render_parts(obj: Any, answers: Sequence[Answer] = ()) -> list[bytes | memoryview]:
+    """orjson-encode obj with each padded answer's marker replaced by its padding: the body as a list of
+    buffers (the padding is a view of the shared buffer, not a copy)."""
+    body = orjson.dumps(obj)
+    if not any(a.pad for a in answers):
+        return [body]
+    view = memoryview(body)
+    parts: list[bytes | memoryview] = []
+    pos = 0
+    for i, a in enumerate(answers):
+        if a.pad:
+            marker = orjson.dumps(pad_marker(i))[1:-1]
+            at = body.index(marker, pos)
+            parts += (view[pos:at], pad_bytes(a.pad))
+            pos = at + len(marker)
+    parts.append(view[pos:])
+    return parts
+
+
+def render(obj: Any, answers: Sequence[Answer] = ()) -> bytes:
+    """render_parts joined into one bytes object."""
+    parts = render_parts(obj, answers)
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+
+
+def split_at_marker(obj: Any, index: int = 0) -> tuple[bytes, bytes]:
+    """orjson-encode obj, which holds pad_marker(index) once, and return the bytes before and after it."""
+    body = orjson.dumps(obj)
+    marker = orjson.dumps(pad_marker(index))[1:-1]
+    at = body.index(marker)
+    return body[:at], body[at + len(marker) :]
 
 
 def approx_tokens(text: str) -> int:
@@ -150,4 +228,4 @@ def stream_pieces(text: str) -> list[str]:
     """Split text into stream deltas whose concatenation is exactly text."""
     if len(text) <= _WORD_STREAM_LIMIT:
         return [p for p in _WORD_RE.findall(text) if p]
-    return [text[i : i + _STREAM_PIECE_CHARS] for i in range(0, len(text), _STREAM_PIECE_CHARS)]
+    return [text[i : i + STREAM_PIECE_CHARS] for i in range(0, len(text), STREAM_PIECE_CHARS)]

@@ -174,6 +174,7 @@ def _sse(obj: Any) -> bytes:
 
 _SSE_DONE = b"data: [DONE]\n\n"
 _FLUSH_BYTES = 1 << 16
+_WRITE_BYTES = 1 << 18
 
 
 # ---------------------------------------------------------------------------------------------- a request
@@ -273,36 +274,50 @@ class _Call:
             return 1, _error(self.request, 400, f"n must be an integer between 1 and {MAX_N}", param="n")
         return n, None
 
-    def answers(self, key: bytes, count: int, max_tokens: Any) -> list[tuple[str, str]]:
-        """(text, finish_reason) per choice, before padding."""
+    def answers(self, key: bytes, count: int, max_tokens: Any) -> list[C.Answer]:
+        """One answer per choice, before padding."""
         if self.override.text is not None:
-            return [(self.override.text, "stop")] * count
+            return [C.Answer(self.override.text)] * count
         out = []
+        limited = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
         for i in range(count):
             text = C.natural_text(key, i)
-            finish = "stop"
-            limited = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
             if limited and C.approx_tokens(text) > max_tokens:
-                text, finish = C.truncate_to_tokens(text, max_tokens), "length"
-            out.append((text, finish))
+                out.append(C.Answer(C.truncate_to_tokens(text, max_tokens), "length"))
+            else:
+                out.append(C.Answer(text))
         return out
 
-    def pad(
-        self, answers: list[tuple[str, str]], build: Callable[[str, int, list[tuple[str, str]]], dict[str, Any]]
-    ) -> list[tuple[str, str]]:
+    def pad(self, answers: list[C.Answer], build: Callable[[str, int, list[C.Answer]], bytes]) -> list[C.Answer]:
         """Pad each answer so that the non-streamed JSON body is about response_kb (or mock.kb) KB.
 
         The size is computed on a placeholder envelope of fixed length, so streamed and non-streamed
-        requests get exactly the same text.
+        requests get exactly the same text. mock.text answers are never padded.
         """
         kb = self.override.kb if self.override.kb is not None else self.cfg.response_kb
-        if kb <= 0 or self.override.text is not None:
+        if kb <= 0 or self.override.text is not None or not answers:
             return answers
-        target = int(kb * 1024)
-        sizing = orjson.dumps(build("x" * (_ID_HEX + 10), _SIZING_CREATED, answers))
-        overhead = len(sizing) - sum(len(t) for t, _ in answers)
-        per_choice = (target - overhead) // len(answers)
-        return [(C.pad_text(t, per_choice), f) for t, f in answers]
+        target = min(int(kb * 1024), C.MAX_PAD_CHARS)
+        sizing = build("x" * (_ID_HEX + 10), _SIZING_CREATED, answers)
+        per_choice = (target - len(sizing)) // len(answers)
+        # padding grows completion_tokens (and its digits); count them in so the size lands close
+        digits = len(str(target // 4 + 1)) - len(str(sum(a.tokens for a in answers)))
+        per_choice -= 2 * digits // len(answers)
+        return [C.Answer(a.text, a.finish, max(0, per_choice)) for a in answers]
+
+    async def send_parts(self, parts: list[bytes | memoryview]) -> web.StreamResponse:
+        """A JSON body sent piece by piece from views: no joined copy, and the writes wait for the client
+        (aiohttp drains past 64 KiB), so a slow reader holds little server memory."""
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        resp.content_length = sum(len(p) for p in parts)
+        await resp.prepare(self.request)
+        for part in parts:
+            view = memoryview(part)
+            for i in range(0, len(view), _WRITE_BYTES):
+                await resp.write(view[i : i + _WRITE_BYTES])
+        await resp.write_eof()
+        self.nbytes += resp.content_length
+        return resp
 
     async def send_stream(self, events: Iterator[bytes], cut_after: int | None = None) -> web.StreamResponse:
         """Send SSE events; with cut_after, send that many and then drop the connection."""
@@ -372,160 +387,132 @@ def _v1(inner: _V1Handler) -> Callable[[web.Request], Awaitable[web.StreamRespon
 # ---------------------------------------------------------------------------------------------- endpoints
 
 
-def _chat_body(
-    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int
-) -> dict[str, Any]:
-    completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
+def _usage(answers: list[C.Answer], prompt_tokens: int) -> dict[str, int]:
+    completion_tokens = sum(a.tokens for a in answers)
     return {
-        "id": cid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
-                "logprobs": None,
-                "finish_reason": finish,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What differs between chat completions and (legacy) completions."""
+
+    chat: bool
+    id_prefix: str
+    obj: str
+    chunk_obj: str
+
+    def choice(self, i: int, a: C.Answer) -> dict[str, Any]:
+        if self.chat:
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": a.json_value(i),
+                "refusal": None,
+                "annotations": [],
             }
-            for i, (text, finish) in enumerate(answers)
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-        "system_fingerprint": FINGERPRINT,
-    }
+            return {"index": i, "message": message, "logprobs": None, "finish_reason": a.finish}
+        return {"text": a.json_value(i), "index": i, "logprobs": None, "finish_reason": a.finish}
 
+    def delta(self, i: int, content: str | None, finish: str | None = None) -> dict[str, Any]:
+        if self.chat:
+            delta = {} if content is None else {"content": content}
+            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"text": content or "", "index": i, "logprobs": None, "finish_reason": finish}
 
-def _completion_body(
-    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int
-) -> dict[str, Any]:
-    completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
-    return {
-        "id": cid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"text": text, "index": i, "logprobs": None, "finish_reason": finish}
-            for i, (text, finish) in enumerate(answers)
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-        "system_fingerprint": FINGERPRINT,
-    }
+    def body(self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int) -> bytes:
+        return b"".join(self.body_parts(cid, created, model, answers, prompt_tokens))
 
+    def body_parts(
+        self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int
+    ) -> list[bytes | memoryview]:
+        return C.render_parts(
+            {
+                "id": cid,
+                "object": self.obj,
+                "created": created,
+                "model": model,
+                "choices": [self.choice(i, a) for i, a in enumerate(answers)],
+                "usage": _usage(answers, prompt_tokens),
+                "system_fingerprint": FINGERPRINT,
+            },
+            answers,
+        )
 
-def _chat_events(
-    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int, usage: bool
-) -> Iterator[bytes]:
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": cid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "system_fingerprint": FINGERPRINT,
-            "choices": choices,
-        }
+    def events(
+        self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int, usage: bool
+    ) -> Iterator[bytes]:
+        """SSE events: (chat: a role chunk,) content chunks, a finish chunk per choice; usage chunk; [DONE]."""
+
+        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "id": cid,
+                "object": self.chunk_obj,
+                "created": created,
+                "model": model,
+                "system_fingerprint": FINGERPRINT,
+                "choices": choices,
+            }
+            if usage:
+                out["usage"] = None
+            return out
+
+        for i, a in enumerate(answers):
+            if self.chat:
+                role = {"role": "assistant", "content": "", "refusal": None}
+                yield _sse(chunk([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}]))
+            if a.pad:  # JSON-safe byte slices spliced into a pre-encoded chunk
+                head, tail = C.split_at_marker(chunk([self.delta(i, C.pad_marker(i))]), i)
+                head = b"data: " + head
+                tail += b"\n\n"
+                for view in a.byte_pieces():
+                    yield b"".join((head, view, tail))
+            else:
+                for piece in a.pieces():
+                    yield _sse(chunk([self.delta(i, piece)]))
+            yield _sse(chunk([self.delta(i, None, a.finish)]))
         if usage:
-            out["usage"] = None
-        return out
+            last = chunk([])
+            last["usage"] = _usage(answers, prompt_tokens)
+            yield _sse(last)
+        yield _SSE_DONE
 
-    for i, (text, finish) in enumerate(answers):
-        role = {"role": "assistant", "content": "", "refusal": None}
-        yield _sse(chunk([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}]))
-        for piece in C.stream_pieces(text):
-            yield _sse(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}]))
-        yield _sse(chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}]))
-    if usage:
-        last = chunk([])
-        completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
-        last["usage"] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-        yield _sse(last)
-    yield _SSE_DONE
+    def malformed_events(self, first: bytes, cid: str) -> Iterator[bytes]:
+        yield first
+        yield b'data: {"id": "' + cid.encode() + b'", "object": "' + self.chunk_obj.encode() + b'", "choices": [{"\n\n'
+        yield _SSE_DONE
 
 
-def _completion_events(
-    cid: str, created: int, model: str, answers: list[tuple[str, str]], prompt_tokens: int, usage: bool
-) -> Iterator[bytes]:
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": cid,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "system_fingerprint": FINGERPRINT,
-            "choices": choices,
-        }
-        if usage:
-            out["usage"] = None
-        return out
-
-    for i, (text, finish) in enumerate(answers):
-        for piece in C.stream_pieces(text):
-            yield _sse(chunk([{"text": piece, "index": i, "logprobs": None, "finish_reason": None}]))
-        yield _sse(chunk([{"text": "", "index": i, "logprobs": None, "finish_reason": finish}]))
-    if usage:
-        last = chunk([])
-        completion_tokens = sum(C.approx_tokens(t) for t, _ in answers)
-        last["usage"] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-        yield _sse(last)
-    yield _SSE_DONE
-
-
-def _malformed_events(first: bytes, cid: str, obj: str) -> Iterator[bytes]:
-    yield first
-    yield b'data: {"id": "' + cid.encode() + b'", "object": "' + obj.encode() + b'", "choices": [{"del\n\n'
-    yield _SSE_DONE
-
-
-_BodyBuilder = Callable[[str, int, str, list[tuple[str, str]], int], dict[str, Any]]
-_EventBuilder = Callable[[str, int, str, list[tuple[str, str]], int, bool], Iterator[bytes]]
+_CHAT = _Shape(chat=True, id_prefix="chatcmpl-", obj="chat.completion", chunk_obj="chat.completion.chunk")
+_TEXT = _Shape(chat=False, id_prefix="cmpl-", obj="text_completion", chunk_obj="text_completion")
 
 
 async def _generate(
-    call: _Call,
-    *,
-    kind: str,
-    id_prefix: str,
-    answers: list[tuple[str, str]],
-    model: str,
-    prompt_tokens: int,
-    build_body: _BodyBuilder,
-    build_events: _EventBuilder,
+    call: _Call, shape: _Shape, answers: list[C.Answer], model: str, prompt_tokens: int
 ) -> web.StreamResponse:
     """Pad, then answer as JSON or SSE, honouring malformed and cut_stream."""
-    answers = call.pad(answers, lambda cid, created, a: build_body(cid, created, model, a, prompt_tokens))
-    cid = _new_id(id_prefix)
+    answers = call.pad(answers, lambda cid, created, a: shape.body(cid, created, model, a, prompt_tokens))
+    cid = _new_id(shape.id_prefix)
     created = int(time.time())
     if call.stream:
-        events = build_events(cid, created, model, answers, prompt_tokens, call.include_usage)
+        events = shape.events(cid, created, model, answers, prompt_tokens, call.include_usage)
         if call.fault is Fault.MALFORMED:
             call.state.stats.fault("malformed")
-            return await call.send_stream(_malformed_events(next(events), cid, kind))
+            return await call.send_stream(shape.malformed_events(next(events), cid))
         if call.override.cut_stream:
-            pieces = len(C.stream_pieces(answers[0][0])) if answers else 0
-            return await call.send_stream(events, cut_after=1 + max(1, pieces // 2))
+            pieces = answers[0].piece_count() if answers else 0
+            return await call.send_stream(events, cut_after=int(shape.chat) + max(1, pieces // 2))
         return await call.send_stream(events)
-    body = orjson.dumps(build_body(cid, created, model, answers, prompt_tokens))
+    parts = shape.body_parts(cid, created, model, answers, prompt_tokens)
     if call.fault is Fault.MALFORMED:
         call.state.stats.fault("malformed")
-        body = body[: max(1, len(body) // 2)]
-    return web.Response(body=body, content_type="application/json")
+        body = b"".join(parts)
+        return web.Response(body=body[: max(1, len(body) // 2)], content_type="application/json")
+    if len(parts) == 1:
+        return web.Response(body=parts[0], content_type="application/json")
+    return await call.send_parts(parts)
 
 
 async def _chat_completions(call: _Call) -> web.StreamResponse:
@@ -546,16 +533,7 @@ async def _chat_completions(call: _Call) -> web.StreamResponse:
         return fault
     key = C.content_key(call.cfg.seed, "chat", call.body)
     max_tokens = call.body.get("max_completion_tokens", call.body.get("max_tokens"))
-    return await _generate(
-        call,
-        kind="chat.completion.chunk",
-        id_prefix="chatcmpl-",
-        answers=call.answers(key, n, max_tokens),
-        model=model,
-        prompt_tokens=C.chat_prompt_tokens(messages),
-        build_body=_chat_body,
-        build_events=_chat_events,
-    )
+    return await _generate(call, _CHAT, call.answers(key, n, max_tokens), model, C.chat_prompt_tokens(messages))
 
 
 async def _completions(call: _Call) -> web.StreamResponse:
@@ -577,16 +555,8 @@ async def _completions(call: _Call) -> web.StreamResponse:
     if fault is not None:
         return fault
     key = C.content_key(call.cfg.seed, "completion", call.body)
-    return await _generate(
-        call,
-        kind="text_completion",
-        id_prefix="cmpl-",
-        answers=call.answers(key, len(prompts) * n, call.body.get("max_tokens")),
-        model=model,
-        prompt_tokens=sum(C.item_tokens(p) for p in prompts),
-        build_body=_completion_body,
-        build_events=_completion_events,
-    )
+    answers = call.answers(key, len(prompts) * n, call.body.get("max_tokens"))
+    return await _generate(call, _TEXT, answers, model, sum(C.item_tokens(p) for p in prompts))
 
 
 async def _embeddings(call: _Call) -> web.StreamResponse:

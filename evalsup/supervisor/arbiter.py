@@ -16,6 +16,7 @@ from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, read_frame, split_meta
 from evalsup.ipc.frames import ProtocolError
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
+from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RestartIntensity
 from evalsup.supervisor.stats import RunStats
@@ -56,6 +57,7 @@ class Supervisor:
         self.finished = False
         self.memory: MemoryControl | None = None
         self.intensity = RestartIntensity(cfg.max_restarts, 60.0)
+        self.breaker = EndpointBreaker(max_down_s=cfg.max_wait_down_s)
         self._bg: set[asyncio.Task[Any]] = set()
 
     # ----- set-up -----
@@ -104,7 +106,10 @@ class Supervisor:
                 w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
         if self.paused:
             w.send(Kind.PAUSE)
+        if self.breaker.open:
+            w.send(Kind.BREAKER_OPEN)
         self.workers.append(w)
+        self._send_rates()
         w.reader_task = asyncio.create_task(self._read_worker(w))
         return w
 
@@ -123,6 +128,12 @@ class Supervisor:
                     self._on_result(w, payload)
                 elif kind is Kind.HEARTBEAT:
                     w.last_beat = time.monotonic()
+                    w.parked = int(decode_json(payload).get("parked", 0))
+                elif kind is Kind.TRIP:
+                    self._on_trip(w, str(decode_json(payload).get("reason", "")))
+                elif kind is Kind.PROBE_RESULT:
+                    r = decode_json(payload)
+                    self._on_probe_result(bool(r.get("ok")), str(r.get("detail", "")))
                 elif kind is Kind.READY:
                     if w.state is State.STARTING:
                         w.state = State.READY
@@ -150,6 +161,13 @@ class Supervisor:
             self.stats.failed += 1
         self.stats.session_done += 1
         self.stats.latency.add(float(meta["lat"]))
+        self.stats.retries += max(0, int(meta.get("att", 1)) - 1)
+        if meta.get("ec"):
+            self.stats.errors[meta["ec"]] = self.stats.errors.get(meta["ec"], 0) + 1
+        if meta.get("ttft") is not None:
+            self.stats.ttft.add(float(meta["ttft"]))
+        self.stats.prompt_tokens += int(meta.get("pt") or 0)
+        self.stats.completion_tokens += int(meta.get("ct") or 0)
         self.stats.response_bytes += int(meta.get("rb", 0))
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
@@ -172,6 +190,7 @@ class Supervisor:
                 self.redo.appendleft(ref)
         w.outstanding.clear()
         self.credit.set()
+        self._send_rates()
         if w.fatal and self.stopping is None:
             self._stop(f"worker could not start: {w.fatal}", 2, "now")
             return
@@ -201,6 +220,56 @@ class Supervisor:
             self.log(f"cannot write leak report of worker {w.pid}: {e.strerror}")
         else:
             self.log(f"worker {w.pid}: top allocation sites written to {d / f'worker-{w.pid}.txt'}")
+
+    # ----- the endpoint -----
+
+    def _send_rates(self) -> None:
+        """Split the global rate limits among the live workers: together they never exceed them."""
+        cfg = self.cfg
+        if not cfg.max_requests_per_s and not cfg.max_tokens_per_min:
+            return
+        live = [w for w in self.workers if w.alive]
+        if not live:
+            return
+        n = len(live)
+        share = {"rps": cfg.max_requests_per_s / n if cfg.max_requests_per_s else None,
+                 "tpm": cfg.max_tokens_per_min / n if cfg.max_tokens_per_min else None, "arrivals": cfg.arrivals}
+        for w in live:
+            w.send(Kind.RATE, share)
+
+    def _on_trip(self, w: WorkerHandle, reason: str) -> None:
+        if self.breaker.trip(time.monotonic(), reason):
+            self.log(f"endpoint looks down ({reason}); pausing dispatch and probing it, no task is failed meanwhile "
+                     f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
+            for x in self.workers:
+                x.send(Kind.BREAKER_OPEN)
+        elif self.breaker.open:
+            w.send(Kind.BREAKER_OPEN)
+
+    def _on_probe_result(self, ok: bool, detail: str) -> None:
+        now = time.monotonic()
+        if self.breaker.probe_result(ok, now):
+            self.log(f"endpoint is back after {now - self.breaker.opened_at:.1f}s; resuming")
+            for w in self.workers:
+                w.send(Kind.BREAKER_CLOSE)
+            self.credit.set()
+        elif self.breaker.open and not ok:
+            self.log(f"endpoint still down ({detail}); next probe in {self.breaker.interval:g}s")
+
+    def _breaker_tick(self, now: float) -> None:
+        b = self.breaker
+        if not b.open:
+            return
+        if b.down_too_long(now):
+            self._stop(f"the endpoint has been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
+                       f"({b.reason})", 1, "now")
+            return
+        if b.probe_due(now):
+            ready = [w for w in self.workers if w.state is State.READY]
+            if ready:
+                target = max(ready, key=lambda x: x.parked)
+                target.send(Kind.PROBE)
+                b.probe_sent(now)
 
     # ----- memory -----
 
@@ -314,7 +383,7 @@ class Supervisor:
                 await self._wait_credit()  # a result or a dead worker's tasks coming back
                 continue
             w = self._pick_worker()
-            if w is None or self.paused:
+            if w is None or self.paused or self.breaker.open:
                 await self._wait_credit()
                 continue
             task = self._next_task()
@@ -362,6 +431,7 @@ class Supervisor:
             except JournalError as e:
                 self._stop(str(e), 1, "now")
                 return
+            self._breaker_tick(now)
             for w in list(self.workers):
                 if w.alive and w.state is not State.STARTING and now - w.last_beat > cfg.hang_timeout_s:
                     self.log(f"worker {w.pid} sent no heartbeat for {now - w.last_beat:.0f}s (hung); killing it")

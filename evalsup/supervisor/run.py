@@ -28,6 +28,16 @@ def run(cfg: RunConfig) -> int:
     log = _logger(cfg)
     sup = Supervisor(cfg, log)
     start = time.monotonic()
+    if cfg.check:
+        from evalsup.check import CheckFailed, check_endpoint
+
+        try:
+            found = uvloop.run(check_endpoint(cfg))
+        except CheckFailed as e:
+            print(f"evalsup: {e}", file=sys.stderr)
+            return 2
+        if not cfg.quiet:
+            log(found)
     try:
         code = uvloop.run(sup.run())
     except RunStopped as e:

@@ -54,6 +54,11 @@ class RunStats:
     poisoned: list[str] = field(default_factory=list)
     peak_rss: dict[str, int] = field(default_factory=lambda: {"supervisor": 0, "worker_max": 0, "total": 0})
     response_bytes: int = 0
+    ttft: Histogram = field(default_factory=Histogram)
+    errors: dict[str, int] = field(default_factory=dict)
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def done(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -22,8 +23,14 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "wall_s": round(wall_s, 3),
         "requests_per_s": round(st.session_done / wall_s, 2) if wall_s > 0 else None,
         "latency_s": st.latency.summary(),
+        **({"ttft_s": st.ttft.summary()} if st.ttft.n else {}),
         "workers": sup.cfg.workers,
         "concurrency": sup.cfg.concurrency,
+        "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
+                   "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
+        "errors": dict(st.errors),
+        "retries": st.retries,
+        "breaker": {"opened": sup.breaker.opened, "down_s": round(sup.breaker.total_down_s(time.monotonic()), 2)},
         "worker_restarts": sum(st.restarts.values()),
         "worker_restarts_by_cause": dict(st.restarts),
         "recycles": dict(st.recycles),

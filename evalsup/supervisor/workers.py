@@ -42,6 +42,7 @@ class WorkerHandle:
         self.drain_cause: str | None = None  # why we drained it: "rss", "tasks", "stop"
         self.fatal: str | None = None
         self.rss = 0
+        self.parked = 0  # requests parked by the breaker (from heartbeats)
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
 

@@ -1,17 +1,21 @@
-"""One task's trip to the endpoint and back: attempts, retries, timeouts, and the response bytes."""
+"""One task's trip to the endpoint and back: pacing, attempts, retries, timeouts, streaming, the breaker."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
+from evalsup.worker.breaker import LocalBreaker, endpoint_side
+from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy, parse_retry_after
+from evalsup.worker.sse import StreamAssembler, StreamCut
 
 
 class ResponseTooLarge(Exception):
@@ -29,6 +33,22 @@ class Outcome:
     error: dict[str, str] | None  # None on success
     attempts: int
     latency_s: float  # from the first attempt's start to the end of the last
+    parsed: Any = None  # the parsed body (for usage, scorers)
+    ttft_s: float | None = None
+    itl_s: float | None = None
+
+
+@dataclass(slots=True)
+class Attempt:
+    status: int | None
+    raw: bytes
+    parsed: Any
+    request_id: str | None
+    retry_after: float | None
+    error: dict[str, str] | None
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    final: bool = False  # not worth retrying whatever the status (e.g. too large)
 
 
 def join_url(base_url: str, path: str) -> str:
@@ -39,9 +59,9 @@ def join_url(base_url: str, path: str) -> str:
     return base + path
 
 
-def _body_value(raw: bytes, parsed: Any) -> Any:
-    # The endpoint's own bytes go into the output line unchanged when they are one line of JSON.
-    if b"\n" not in raw and b"\r" not in raw:
+def body_value(raw: bytes, parsed: Any) -> Any:
+    """The endpoint's own bytes go into the output line unchanged when they are one line of JSON."""
+    if raw and b"\n" not in raw and b"\r" not in raw:
         return orjson.Fragment(raw)
     return parsed
 
@@ -56,15 +76,43 @@ def _error_message(parsed: Any, status: int) -> str:
     return f"HTTP {status}"
 
 
+def estimate_tokens(body: dict[str, Any]) -> int:
+    """A rough request cost for --max-tokens-per-min: prompt characters / 4 plus the completion budget."""
+    chars = 0
+    for m in body.get("messages") or ():
+        c = m.get("content") if isinstance(m, dict) else None
+        chars += len(c) if isinstance(c, str) else len(orjson.dumps(c))
+    p = body.get("prompt") or body.get("input")
+    if isinstance(p, str):
+        chars += len(p)
+    max_out = body.get("max_tokens") or body.get("max_completion_tokens") or 256
+    return chars // 4 + 1 + (int(max_out) if isinstance(max_out, int | float) else 256)
+
+
 class Client:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
-                 policy: RetryPolicy, max_response_bytes: int, seed: int) -> None:
+                 policy: RetryPolicy, max_response_bytes: int, seed: int, breaker: LocalBreaker,
+                 pacer: Pacer, on_trip: Callable[[str], None], on_probe: Callable[[bool, str], None],
+                 secret: str | None = None) -> None:
         self.session = session
         self.base_url = base_url
         self.headers = headers
         self.policy = policy
         self.max_response_bytes = max_response_bytes
         self.rng = random.Random(seed)
+        self.breaker = breaker
+        self.pacer = pacer
+        self.on_trip = on_trip
+        self.on_probe = on_probe
+        self.secret = secret.encode() if secret else None
+        self.parked = 0
+        self.retries = 0
+
+    def _scrub(self, raw: bytes) -> bytes:
+        # An endpoint may echo request headers in an error; the key must never reach a file.
+        if self.secret and self.secret in raw:
+            return raw.replace(self.secret, b"[redacted]")
+        return raw
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
         length = resp.content_length
@@ -79,47 +127,126 @@ class Client:
             chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    async def _read_stream(self, resp: aiohttp.ClientResponse, start: float) -> tuple[bytes, Any, StreamAssembler]:
+        asm = StreamAssembler(start)
+        n = 0
+        async for chunk in resp.content.iter_any():
+            n += len(chunk)
+            if n > self.max_response_bytes:
+                raise ResponseTooLarge(n)
+            asm.feed(chunk)
+        body = asm.body()  # raises StreamCut when the stream stopped early
+        raw = orjson.dumps(body)
+        return raw, body, asm
+
+    async def attempt(self, url: str, payload: bytes, stream: bool) -> Attempt:
+        start = time.monotonic()
+        status: int | None = None
+        request_id: str | None = None
+        retry_after: float | None = None
+        try:
+            async with self.session.post(url, data=payload, headers=self.headers) as resp:
+                status = resp.status
+                request_id = resp.headers.get("x-request-id")
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                if stream and status == 200 and resp.content_type == "text/event-stream":
+                    raw, parsed, asm = await self._read_stream(resp, start)
+                    raw = self._scrub(raw)
+                    return Attempt(200, raw, parsed, request_id, None, None, asm.ttft_s, asm.itl_s)
+                raw = self._scrub(await self._read(resp))
+        except ResponseTooLarge as e:
+            return Attempt(status, b"", None, request_id, None,
+                           {"code": "response_too_large",
+                            "message": f"response of {e.args[0]} bytes exceeds --max-response-mb"}, final=True)
+        except StreamCut as e:
+            return Attempt(None, b"", None, request_id, None, {"code": "stream_cut", "message": str(e)})
+        except aiohttp.ConnectionTimeoutError:
+            return Attempt(None, b"", None, None, None,
+                           {"code": "timeout_connect", "message": "no connection within --connect-timeout"})
+        except aiohttp.SocketTimeoutError:
+            return Attempt(None, b"", None, request_id, None,
+                           {"code": "timeout_read", "message": "no data within --read-timeout"})
+        except TimeoutError:
+            return Attempt(None, b"", None, request_id, None,
+                           {"code": "timeout_total", "message": "the attempt took longer than --timeout"})
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
+            code = "stream_cut" if stream else "connection_error"
+            msg = f"{type(e).__name__}: {e}"[:300]
+            return Attempt(None, b"", None, request_id, None, {"code": code, "message": msg})
+        except (aiohttp.ClientError, ValueError) as e:
+            return Attempt(None, b"", None, request_id, None,
+                           {"code": "connection_error", "message": f"{type(e).__name__}: {e}"[:300]})
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another attempt
+            return Attempt(None if status == 200 else status, raw, None, request_id, retry_after,
+                           {"code": "invalid_json", "message": f"HTTP {status}: response body is not valid JSON"})
+        if status == 200:
+            return Attempt(200, raw, parsed, request_id, None, None)
+        return Attempt(status, raw, parsed, request_id, retry_after,
+                       {"code": f"http_{status}", "message": _error_message(parsed, status)})
+
     async def execute(self, path: str, body: dict[str, Any]) -> Outcome:
         url = join_url(self.base_url, path)
+        stream = bool(body.get("stream"))
+        if stream and path in ("/v1/chat/completions", "/v1/completions"):
+            opts = body.get("stream_options")
+            if not isinstance(opts, dict) or "include_usage" not in opts:
+                body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
         payload = orjson.dumps(body)
+        estimate = estimate_tokens(body) if self.pacer.tpm else 0
         start = time.monotonic()
-        attempt = 0
+        attempts = 0  # real attempts, for metrics
+        budget_used = 0  # attempts that count against --max-attempts (reset when the breaker closes)
+        probing = False
         while True:
-            attempt += 1
-            status: int | None = None
-            retry_after: float | None = None
-            request_id: str | None = None
-            parsed: Any = None
-            raw = b""
-            try:
-                async with self.session.post(url, data=payload, headers=self.headers) as resp:
-                    status = resp.status
-                    request_id = resp.headers.get("x-request-id")
-                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                    raw = await self._read(resp)
+            await self.pacer.request_slot()
+            await self.pacer.charge_tokens(estimate)
+            attempts += 1
+            budget_used += 1
+            a = await self.attempt(url, payload, stream)
+            ok = a.error is None
+            if self.pacer.tpm and ok and isinstance(a.parsed, dict):
+                usage = a.parsed.get("usage")
+                if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
+                    self.pacer.correct_tokens(usage["total_tokens"] - estimate)
+            down = not ok and endpoint_side(a.status, a.error["code"] if a.error else None)
+            if self.breaker.record(down):
+                self.breaker.open = True
+                self.on_trip(a.error["message"] if a.error else "failures")
+            if probing:
+                self.on_probe(not down, a.error["message"] if a.error else "ok")
+                probing = False
+            if ok or a.final or not self.policy.retryable(a.status):
+                return self._outcome(a, attempts, start)
+            if down and self.breaker.open:
+                self.parked += 1
                 try:
-                    parsed = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    error = {"code": "invalid_json", "message": f"HTTP {status}: response body is not valid JSON"}
-                    if status == 200:
-                        status = None  # treat as a broken answer: may succeed on a retry
-                else:
-                    if status == 200:
-                        return Outcome(200, _body_value(raw, parsed), len(raw), request_id, None, attempt,
-                                       time.monotonic() - start)
-                    error = {"code": f"http_{status}", "message": _error_message(parsed, status)}
-            except ResponseTooLarge as e:
-                return Outcome(status, None, int(e.args[0]), request_id,
-                               {"code": "response_too_large",
-                                "message": f"response of {e.args[0]} bytes exceeds --max-response-mb"},
-                               attempt, time.monotonic() - start)
-            except TimeoutError:
-                status = None
-                error = {"code": "timeout", "message": "request timed out"}
-            except aiohttp.ClientError as e:
-                status = None
-                error = {"code": "connection_error", "message": f"{type(e).__name__}: {e}"[:300]}
-            if not self.policy.should_retry(status, attempt):
-                body_out = _body_value(raw, parsed) if parsed is not None else None
-                return Outcome(status, body_out, len(raw), request_id, error, attempt, time.monotonic() - start)
-            await asyncio.sleep(self.policy.wait_s(attempt, retry_after, self.rng))
+                    turn = await self.breaker.wait_turn()
+                finally:
+                    self.parked -= 1
+                probing = turn == "probe"
+                if turn == "closed":
+                    budget_used = 0
+                self.retries += 1
+                continue
+            if budget_used >= self.policy.max_attempts:
+                return self._outcome(a, attempts, start)
+            self.retries += 1
+            await asyncio.sleep(self.policy.wait_s(attempts, a.retry_after, self.rng))
+
+    def _outcome(self, a: Attempt, attempts: int, start: float) -> Outcome:
+        body = body_value(a.raw, a.parsed) if a.parsed is not None else None
+        return Outcome(a.status, body, len(a.raw), a.request_id, a.error, attempts, time.monotonic() - start,
+                       a.parsed, a.ttft_s, a.itl_s)
+
+    async def probe_models(self) -> None:
+        """A probe when no request is parked here: GET /models, once."""
+        try:
+            async with self.session.get(join_url(self.base_url, "/v1/models"), headers=self.headers) as resp:
+                await resp.read()
+                ok = resp.status < 500
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        self.on_probe(ok, "GET /models")

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import random
 import signal
 import sys
 import time
@@ -22,7 +23,9 @@ import orjson
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import encode_meta
 from evalsup.tasks import RequestDefaults, output_line, to_request
+from evalsup.worker.breaker import LocalBreaker
 from evalsup.worker.client import Client, Outcome
+from evalsup.worker.pacing import Pacer
 from evalsup.worker.plugin import load_callable
 from evalsup.worker.retry import RetryPolicy
 
@@ -52,9 +55,13 @@ class Worker:
                                         bool(cfg.get("stream")))
         self.plugin = load_callable(cfg["plugin"]) if cfg.get("plugin") else None
         self.pid = os.getpid()
+        self.breaker = LocalBreaker()
+        self.pacer = Pacer(random.Random(self.pid))
+        self.client: Client | None = None
+        self._bg: set[asyncio.Task[Any]] = set()
 
     def _can_start(self) -> bool:
-        return bool(self.queue) and not self.paused and self.inflight < self.limit
+        return bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self.limit
 
     async def runner(self, client: Client) -> None:
         while True:
@@ -84,10 +91,18 @@ class Worker:
                          1, 0.0)
         if self.plugin is not None:
             self.plugin(obj, oc)
-        metrics = {"latency_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": self.pid}
+        metrics: dict[str, Any] = {"latency_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": self.pid}
+        if oc.ttft_s is not None:
+            metrics["ttft_s"] = round(oc.ttft_s, 6)
+        if oc.itl_s is not None:
+            metrics["itl_s"] = round(oc.itl_s, 6)
         out = output_line(tid, status=oc.status, request_id=oc.request_id, body=oc.body, error=oc.error,
                           metrics=metrics, metadata=metadata or None)
-        info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len}
+        usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
+        info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len,
+                "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s,
+                "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
+                "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0}
         return out, info
 
     def send_leak_report(self) -> None:
@@ -103,6 +118,12 @@ class Worker:
             lines.append(f"{frame.filename}:{frame.lineno}  size={s.size / 1024:,.1f} KiB  count={s.count}")
         self.out.send(encode_json(Kind.LEAKS, {"text": "\n".join(lines) + "\n"}))
 
+    def _on_trip(self, reason: str) -> None:
+        self.out.send(encode_json(Kind.TRIP, {"reason": reason}))
+
+    def _on_probe(self, ok: bool, detail: str) -> None:
+        self.out.send(encode_json(Kind.PROBE_RESULT, {"ok": ok, "detail": detail}))
+
     def _check_drained(self) -> None:
         if self.draining and not self.queue and self.inflight == 0:
             self.finished.set()
@@ -110,8 +131,10 @@ class Worker:
     async def heartbeat(self) -> None:
         interval = float(self.cfg.get("heartbeat_s", 1.0))
         while True:
-            self.out.send(encode_json(Kind.HEARTBEAT, {"inflight": self.inflight, "queued": len(self.queue),
-                                                       "done": self.done, "t": time.time()}))
+            c = self.client
+            self.out.send(encode_json(Kind.HEARTBEAT, {
+                "inflight": self.inflight, "queued": len(self.queue), "done": self.done, "t": time.time(),
+                "parked": c.parked if c else 0, "retries": c.retries if c else 0}))
             await self.out.drain()
             await asyncio.sleep(interval)
 
@@ -128,6 +151,20 @@ class Worker:
                 self.paused = True
             elif kind is Kind.RESUME:
                 self.paused = False
+            elif kind is Kind.RATE:
+                r = decode_json(payload)
+                self.pacer.set(r.get("rps"), r.get("tpm"), r.get("arrivals", "uniform"))
+            elif kind is Kind.BREAKER_OPEN:
+                await self.breaker.set_open(True)
+            elif kind is Kind.BREAKER_CLOSE:
+                await self.breaker.set_open(False)
+            elif kind is Kind.PROBE:
+                if self.client is not None and self.client.parked:
+                    await self.breaker.grant_probe()
+                elif self.client is not None:
+                    t = asyncio.create_task(self.client.probe_models())
+                    self._bg.add(t)
+                    t.add_done_callback(self._bg.discard)
             elif kind is Kind.LIMIT:
                 self.limit = max(1, min(self.concurrency, int(decode_json(payload)["inflight"])))
             elif kind is Kind.DRAIN:
@@ -150,7 +187,10 @@ class Worker:
         policy = RetryPolicy(max_attempts=int(self.cfg["max_attempts"]), cap_s=float(self.cfg["max_retry_wait_s"]))
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             client = Client(session, self.cfg["base_url"], headers, policy,
-                            int(float(self.cfg["max_response_mb"]) * (1 << 20)), seed=self.pid)
+                            int(float(self.cfg["max_response_mb"]) * (1 << 20)), seed=self.pid,
+                            breaker=self.breaker, pacer=self.pacer, on_trip=self._on_trip,
+                            on_probe=self._on_probe, secret=key)
+            self.client = client
             tasks = [asyncio.create_task(self.runner(client)) for _ in range(self.concurrency)]
             tasks.append(asyncio.create_task(self.heartbeat()))
             reading = asyncio.create_task(self.read_loop())

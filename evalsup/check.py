@@ -1,0 +1,97 @@
+"""The connection check before a run: one tiny request, so a wrong URL, key or model stops the run at once."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import aiohttp
+import orjson
+
+from evalsup.config import RunConfig
+from evalsup.worker.client import join_url
+
+
+class CheckFailed(Exception):
+    """The endpoint cannot serve this run; the message says which and how to fix it."""
+
+
+def api_key(cfg: RunConfig) -> str | None:
+    w = cfg.worker
+    if w.api_key_file:
+        with open(w.api_key_file, encoding="utf-8") as f:
+            return f.read().strip() or None
+    return os.environ.get(w.api_key_env) or None
+
+
+def first_model(cfg: RunConfig) -> str | None:
+    """--model, or the model named by the first task line."""
+    if cfg.worker.model:
+        return cfg.worker.model
+    with open(cfg.tasks_path, "rb") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    return None
+                body = obj.get("body") if isinstance(obj, dict) else None
+                m = body.get("model") if isinstance(body, dict) else None
+                return m if isinstance(m, str) else None
+    return None
+
+
+def _message(data: bytes, key: str | None) -> str:
+    try:
+        err = orjson.loads(data).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+    except (orjson.JSONDecodeError, AttributeError):
+        msg = None
+    text = str(msg or data[:200].decode("utf-8", "replace")).strip()
+    return text.replace(key, "[redacted]") if key else text
+
+
+async def check_endpoint(cfg: RunConfig) -> str:
+    """Returns a line describing what was found; raises CheckFailed."""
+    base = cfg.worker.base_url
+    key = api_key(cfg)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    model = first_model(cfg)
+    auth_hint = (f"the endpoint refused the API key: set ${cfg.worker.api_key_env}"
+                 " (or --api-key-env NAME / --api-key-file PATH)" if not cfg.worker.api_key_file
+                 else f"the endpoint refused the API key in {cfg.worker.api_key_file}")
+    timeout = aiohttp.ClientTimeout(total=30, sock_connect=cfg.worker.connect_timeout_s)
+    connector = aiohttp.TCPConnector(ssl=not cfg.worker.insecure)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as s:
+        try:
+            async with s.get(join_url(base, "/v1/models"), headers=headers) as r:
+                status, data = r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise CheckFailed(f"cannot reach the endpoint {base}: {type(e).__name__}: {e} "
+                              "(is the server running? is --base-url / $OPENAI_BASE_URL right? "
+                              "--no-check skips this check)") from None
+        if status in (401, 403):
+            raise CheckFailed(f"{auth_hint} (HTTP {status}: {_message(data, key)})")
+        served: list[str] = []
+        if status == 200:
+            try:
+                served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+            except (orjson.JSONDecodeError, AttributeError, TypeError):
+                served = []
+        if model and served:
+            if model not in served:
+                raise CheckFailed(f"model {model!r} is not served by {base}; it serves: {', '.join(served[:10])}")
+            return f"endpoint {base} is up and serves {model}"
+        if not model:
+            return f"endpoint {base} is up"
+        body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+        try:
+            async with s.post(join_url(base, "/v1/chat/completions"), json=body, headers=headers) as r:
+                status, data = r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise CheckFailed(f"cannot reach the endpoint {base}: {type(e).__name__}: {e}") from None
+        if status in (401, 403):
+            raise CheckFailed(f"{auth_hint} (HTTP {status}: {_message(data, key)})")
+        if status == 404:
+            raise CheckFailed(f"model {model!r} or its route is not found at {base} (HTTP 404: {_message(data, key)})")
+        return f"endpoint {base} answered HTTP {status} for {model}"

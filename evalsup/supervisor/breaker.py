@@ -1,0 +1,66 @@
+"""The circuit breaker's policy: when the endpoint is down, wait and probe instead of failing tasks.
+
+No I/O and no clock reads: the supervisor passes the time in and carries out the decisions (pause
+dispatch, broadcast open/close, send a probe).
+"""
+
+from __future__ import annotations
+
+
+class EndpointBreaker:
+    def __init__(self, first_probe_s: float = 1.0, max_probe_s: float = 30.0, max_down_s: float = 600.0) -> None:
+        self.first_probe_s = first_probe_s
+        self.max_probe_s = max_probe_s
+        self.max_down_s = max_down_s
+        self.open = False
+        self.reason = ""
+        self.opened_at = 0.0
+        self.next_probe_at = 0.0
+        self.interval = first_probe_s
+        self.probe_out = False  # a probe was sent and has not answered
+        self.probe_sent_at = 0.0
+        self.opened = 0  # how many times it opened
+        self.down_s = 0.0  # total time open (closed episodes)
+
+    def trip(self, now: float, reason: str) -> bool:
+        """A worker saw most attempts fail endpoint-side; True when this opens the breaker."""
+        if self.open:
+            return False
+        self.open = True
+        self.reason = reason
+        self.opened_at = now
+        self.interval = self.first_probe_s
+        self.next_probe_at = now + self.interval
+        self.probe_out = False
+        self.opened += 1
+        return True
+
+    def probe_due(self, now: float) -> bool:
+        if not self.open:
+            return False
+        if self.probe_out and now - self.probe_sent_at > max(30.0, self.interval * 2):
+            self.probe_out = False  # the probe was lost (its worker died): send another
+        return not self.probe_out and now >= self.next_probe_at
+
+    def probe_sent(self, now: float) -> None:
+        self.probe_out = True
+        self.probe_sent_at = now
+
+    def probe_result(self, ok: bool, now: float) -> bool:
+        """True when this closes the breaker."""
+        self.probe_out = False
+        if not self.open:
+            return False
+        if ok:
+            self.open = False
+            self.down_s += now - self.opened_at
+            return True
+        self.interval = min(self.max_probe_s, self.interval * 2)
+        self.next_probe_at = now + self.interval
+        return False
+
+    def down_too_long(self, now: float) -> bool:
+        return self.open and now - self.opened_at > self.max_down_s
+
+    def total_down_s(self, now: float) -> float:
+        return self.down_s + (now - self.opened_at if self.open else 0.0)
