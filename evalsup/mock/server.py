@@ -373,6 +373,10 @@ def _v1(inner: _V1Handler) -> Callable[[web.Request], Awaitable[web.StreamRespon
                 resp: web.StreamResponse = _error(request, 401, msg)
             else:
                 resp = await inner(call)
+        except ConnectionError:  # the client went away mid-response: nothing to answer, nothing to log
+            call.aborted = True
+            stats.fault("client_gone")
+            return web.Response(status=499)
         finally:
             stats.leave()
         if not call.aborted or call.nbytes:

@@ -24,8 +24,10 @@ def endpoint_side(status: int | None, code: str | None) -> bool:
 
 
 class LocalBreaker:
-    def __init__(self, window: int = 20, min_attempts: int = 5, ratio: float = 0.8) -> None:
+    def __init__(self, window: int = 20, min_attempts: int = 5, ratio: float = 0.8, run: int = 5) -> None:
         self.recent: collections.deque[bool] = collections.deque(maxlen=window)
+        self.run = run  # this many endpoint-side failures in a row trip at once (an outage hits all in flight)
+        self.consecutive = 0
         self.min_attempts = min_attempts
         self.ratio = ratio
         self.open = False
@@ -36,10 +38,11 @@ class LocalBreaker:
     def record(self, failed_endpoint_side: bool) -> bool:
         """Record one attempt; True when this worker should now trip (tell the supervisor)."""
         self.recent.append(failed_endpoint_side)
+        self.consecutive = self.consecutive + 1 if failed_endpoint_side else 0
         if self.tripped or self.open:
             return False
         n = len(self.recent)
-        if n >= self.min_attempts and sum(self.recent) >= self.ratio * n:
+        if self.consecutive >= self.run or (n >= self.min_attempts and sum(self.recent) >= self.ratio * n):
             self.tripped = True
             return True
         return False
@@ -51,6 +54,7 @@ class LocalBreaker:
                 self.tripped = False
                 self.probes = 0
                 self.recent.clear()
+                self.consecutive = 0
             self.changed.notify_all()
 
     async def grant_probe(self) -> None:

@@ -55,7 +55,7 @@ class Worker:
                                         bool(cfg.get("stream")))
         self.plugin = load_callable(cfg["plugin"]) if cfg.get("plugin") else None
         self.pid = os.getpid()
-        self.breaker = LocalBreaker()
+        self.breaker = LocalBreaker(run=max(1, min(5, int(cfg["max_attempts"]))))
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         self._bg: set[asyncio.Task[Any]] = set()
