@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from evalsup.config import ConfigError, RunConfig, WorkerConfig, default_run_dir, resolve_base_url
+from evalsup.config import ConfigError, RunConfig, WorkerConfig, default_run_dir, parse_shard, resolve_base_url
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -73,6 +73,10 @@ def run_options(f: Any) -> Any:
                      help="A task whose workers died this often is written as failed (worker_crashed)."),
         click.option("--max-restarts", type=click.IntRange(0, 10_000), default=10, show_default=True,
                      help="More unplanned worker restarts than this in 60s stops the run (resumably)."),
+        click.option("--shard", default=None, metavar="K/N|auto",
+                     help="Process only the lines whose index (non-blank lines from 0) is K mod N; auto reads "
+                          "JOB_COMPLETION_INDEX+EVALSUP_SHARDS, SLURM_ARRAY_TASK_ID+SLURM_ARRAY_TASK_COUNT or "
+                          "AWS_BATCH_JOB_ARRAY_INDEX+AWS_BATCH_JOB_ARRAY_SIZE. Run dir: TASKS.run/shard-K-of-N/."),
         click.option("--stream", is_flag=True,
                      help="Stream responses (SSE): records ttft_s; the reassembled body is written."),
         click.option("--max-requests-per-s", type=float, default=None,
@@ -127,8 +131,9 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         return None if v is None else int(v * mib)
     workers = kw["workers"]
     concurrency = max(kw["concurrency"], workers)
+    shard = parse_shard(kw.get("shard"))
     return RunConfig(
-        tasks_path=tasks, run_dir=kw["out"] or default_run_dir(tasks), worker=wc, workers=workers,
+        tasks_path=tasks, run_dir=kw["out"] or default_run_dir(tasks, shard), worker=wc, workers=workers, shard=shard,
         concurrency=concurrency, window=kw["window"], max_line_mb=kw["max_line_mb"], on_invalid=kw["on_invalid"],
         fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
@@ -243,6 +248,42 @@ def mock(host: str, port: int, latency_ms: float, jitter_ms: float, response_kb:
     cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed)
     serve_forever(cfg, host, port)
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="The merged results file; its summary goes beside it as NAME.summary.json.")
+@click.option("--tasks", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="The task file: check that every task appears exactly once across the shards.")
+@click.option("--sort", is_flag=True, help="Write results in input order (needs --tasks).")
+def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bool) -> None:
+    """Merge the results of shard runs (RUN_DIRs, or a directory holding shard-*/ run directories).
+
+    Exits 1 and lists the ids when a task is missing or appears twice.
+    """
+    import orjson
+
+    from evalsup.merge import MergeError, find_run_dirs, merged_summary
+    from evalsup.merge import merge as do_merge
+
+    try:
+        dirs = find_run_dirs(list(run_dirs))
+        rep = do_merge(dirs, output, tasks, sort)
+    except MergeError as e:
+        _fail(str(e))
+    summary = merged_summary(rep, dirs)
+    output.with_name(output.stem + ".summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    click.echo(f"merged {len(dirs)} run directories: {rep.records:,} results ({rep.succeeded:,} ok, "
+               f"{rep.failed:,} failed) -> {output}")
+    if rep.duplicate_count:
+        click.echo(f"evalsup: {rep.duplicate_count} duplicated id(s), kept once: {', '.join(rep.duplicates)}",
+                   err=True)
+    if rep.missing_count:
+        click.echo(f"evalsup: {rep.missing_count} task(s) of {tasks} have no result: {', '.join(rep.missing)}"
+                   + (" ..." if rep.missing_count > len(rep.missing) else ""), err=True)
+    if not rep.complete:
+        sys.exit(1)
 
 
 @main.command()

@@ -57,6 +57,18 @@ class IdSet:
         self._log.append(offset)
         return None
 
+    def find(self, task_id: str, id_at: Callable[[int], str | None]) -> int | None:
+        """The offset stored for ``task_id``, or None."""
+        h = id_hash(task_id)
+        i = h & self._mask
+        while True:
+            slot = self._hashes[i]
+            if slot == _EMPTY:
+                return None
+            if slot == h and id_at(self._offsets[i]) == task_id:
+                return self._offsets[i]
+            i = (i + 1) & self._mask
+
     def _insert(self, h: int, offset: int) -> None:
         hashes = self._hashes
         i = h & self._mask

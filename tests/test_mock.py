@@ -325,6 +325,22 @@ def test_per_request_overrides(mock: MockThread) -> None:
     assert chat(mock).status == 200
 
 
+def test_override_times_limits_faults_to_first_attempts(mock: MockThread) -> None:
+    assert [chat(mock, mock={"status": 500, "times": 2}).status for _ in range(4)] == [500, 500, 200, 200]
+    with pytest.raises((ConnectionError, http.client.HTTPException)):
+        chat(mock, mock={"reset": True, "times": 1})
+    assert chat(mock, mock={"reset": True, "times": 1}).status == 200
+    # another request body is another request; delay/text still apply once the faults are spent
+    ov = {"status": 429, "retry_after": 0, "times": 1, "text": "t"}
+    assert chat(mock, mock=ov).status == 429
+    assert _text(chat(mock, mock=ov)) == "t"
+    with pytest.raises((ConnectionError, http.client.HTTPException)):
+        chat(mock, stream=True, mock={"cut_stream": True, "times": 1})
+    assert chat(mock, stream=True, mock={"cut_stream": True, "times": 1}).events()[-1] == "[DONE]"
+    admin(mock, "/_mock/reset", {})  # forgets the attempts too
+    assert chat(mock, mock={"status": 500, "times": 2}).status == 500
+
+
 def test_cut_stream(mock: MockThread) -> None:
     with pytest.raises((ConnectionError, http.client.HTTPException)):
         chat(mock, stream=True, mock={"cut_stream": True})
@@ -340,6 +356,11 @@ def test_cut_stream(mock: MockThread) -> None:
             got.append(chunk)
     assert got and got[0].choices[0].delta.role == "assistant"  # some chunks arrived before the cut
     assert all(c.choices[0].finish_reason is None for c in got)
+    # without streaming: half of the announced body, then the connection drops
+    with pytest.raises(http.client.IncompleteRead):
+        chat(mock, mock={"cut_stream": True, "kb": 64})
+    stats = mock.stats()
+    assert stats["faults"]["cut_stream"] == 3 and stats["statuses"] == {"200": 3}
 
 
 def test_bad_requests(mock: MockThread) -> None:
@@ -411,19 +432,21 @@ def test_stats_and_reset(mock: MockThread) -> None:
     results: list[int] = []
 
     def slow() -> None:
-        results.append(chat(mock, mock={"delay_s": 0.3}).status)
+        results.append(chat(mock, mock={"delay_s": 0.6}).status)
 
     threads = [threading.Thread(target=slow) for _ in range(5)]
     for t in threads:
         t.start()
-    time.sleep(0.15)
-    live = admin(mock, "/_mock/stats")
-    assert live["in_flight"] == 5
+    deadline = time.monotonic() + 0.5
+    while admin(mock, "/_mock/stats")["in_flight"] < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert admin(mock, "/_mock/stats")["in_flight"] == 5
     for t in threads:
         t.join()
     post(mock, "/embeddings", {"model": "mock-model", "input": "x"}, {"Authorization": "Bearer k"})
     s = mock.stats()
     assert s == admin(mock, "/_mock/stats") | {"arrivals": s["arrivals"]}
+    assert results == [200] * 5
     assert s["requests"] == 6 and s["in_flight"] == 0 and s["max_in_flight"] == 5
     assert s["by_path"] == {"/v1/chat/completions": 5, "/v1/embeddings": 1}
     assert s["statuses"] == {"200": 6} and s["auth_headers_seen"] == 1
@@ -472,17 +495,35 @@ def test_start_mock_on_plain_asyncio_loop() -> None:
 
 def test_serve_forever_prints_url() -> None:
     code = "from evalsup.mock import MockConfig, serve_forever\nserve_forever(MockConfig(), '127.0.0.1', 0)\n"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line.startswith("mock endpoint on http://127.0.0.1:") and line.endswith("/v1")
-        port = int(line.rsplit(":", 1)[1].split("/")[0])
-        r = request(f"http://127.0.0.1:{port}/v1", "GET", "/v1/models")
-        assert r.status == 200 and r.json()["data"][0]["id"] == "mock-model"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            assert line.startswith("mock endpoint on http://127.0.0.1:") and line.endswith("/v1")
+            port = int(line.rsplit(":", 1)[1].split("/")[0])
+            r = request(f"http://127.0.0.1:{port}/v1", "GET", "/v1/models")
+            assert r.status == 200 and r.json()["data"][0]["id"] == "mock-model"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_client_going_away_mid_response_is_quiet(mock: MockThread, caplog: pytest.LogCaptureFixture) -> None:
+    u = urlsplit(mock.url)
+    for stream in (False, True):
+        body = json.dumps({"model": "mock-model", "messages": MSG, "stream": stream, "mock": {"kb": 16384}}).encode()
+        conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and r.read(1000)
+        assert conn.sock is not None
+        conn.sock.close()
+        conn.close()
+    deadline = time.monotonic() + 5
+    while mock.stats()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mock.stats()["faults"].get("client_gone") == 2
+    assert chat(mock).status == 200
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

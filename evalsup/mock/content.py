@@ -51,6 +51,15 @@ def content_key(seed: int, kind: str, body: Mapping[str, Any]) -> bytes:
     return h.digest()
 
 
+def request_key(body: Mapping[str, Any]) -> bytes:
+    """A digest of the whole request body (the "mock" object included): what makes a retry the same request."""
+    try:
+        data = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 def natural_text(key: bytes, index: int = 0) -> str:
     """A short, deterministic, sentence-like answer: 1-3 sentences of 5-14 words (bytes of a hash pick them)."""
     h = hashlib.blake2b(key + index.to_bytes(4, "big"), digest_size=64).digest()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import enum
 import random
 from dataclasses import dataclass
@@ -30,9 +32,40 @@ class Override:
     kb: float | None = None
     cut_stream: bool = False
     retry_after: float | None = None
+    times: int | None = None  # the faults above apply to the first `times` attempts of this exact request only
+
+    @property
+    def has_fault(self) -> bool:
+        return self.status is not None or self.reset or self.malformed or self.cut_stream
+
+    def without_faults(self) -> Override:
+        """The same override with its faults spent (delay, text, kb still apply)."""
+        return dataclasses.replace(self, status=None, reset=False, malformed=False, cut_stream=False, times=None)
 
 
 NO_OVERRIDE = Override()
+MAX_TRACKED_REQUESTS = 100_000
+
+
+class AttemptCounter:
+    """How many times each request carrying mock.times was seen, keyed by a digest of its whole body.
+
+    Bounded: the least recently seen requests are forgotten past MAX_TRACKED_REQUESTS."""
+
+    def __init__(self, limit: int = MAX_TRACKED_REQUESTS) -> None:
+        self._seen: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._limit = limit
+
+    def attempt(self, key: bytes) -> int:
+        """Count one more attempt of this request and return its number (1 for the first)."""
+        n = self._seen.pop(key, 0) + 1
+        self._seen[key] = n
+        if len(self._seen) > self._limit:
+            self._seen.popitem(last=False)
+        return n
+
+    def clear(self) -> None:
+        self._seen.clear()
 
 
 def _number(obj: dict[str, Any], name: str) -> float | None:
@@ -63,7 +96,11 @@ def parse_override(value: Any) -> Override:
     text = value.get("text")
     if text is not None and not isinstance(text, str):
         raise ValueError("mock.text must be a string")
+    times = value.get("times")
+    if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
+        raise ValueError("mock.times must be a non-negative integer")
     return Override(
+        times=times,
         status=status,
         delay_s=_number(value, "delay_s"),
         text=text,

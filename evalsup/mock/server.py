@@ -27,7 +27,7 @@ from aiohttp import web
 
 from evalsup.mock import content as C
 from evalsup.mock.config import MockConfig, apply_update, config_to_json
-from evalsup.mock.faults import NO_OVERRIDE, Fault, FaultInjector, Override, parse_override
+from evalsup.mock.faults import NO_OVERRIDE, AttemptCounter, Fault, FaultInjector, Override, parse_override
 from evalsup.mock.stats import MockStats
 
 __all__ = ["MockConfig", "MockServer", "MockStats", "MockThread", "create_app", "serve_forever", "start_mock"]
@@ -73,6 +73,7 @@ class _State:
         self.down = False
         self.faults = FaultInjector(cfg.seed)
         self.stats = MockStats()
+        self.attempts = AttemptCounter()
 
     def update(self, updates: dict[str, Any]) -> None:
         """Apply a live config update (any MockConfig field, plus "down"). Raises ValueError, changes nothing."""
@@ -86,6 +87,11 @@ class _State:
             self.faults.reseed(cfg.seed)
         if down is not None:
             self.down = down
+
+    def reset(self) -> None:
+        """Clear the counters and the attempt counts behind mock.times."""
+        self.stats.reset()
+        self.attempts.clear()
 
     def config_json(self) -> dict[str, Any]:
         out = config_to_json(self.cfg)
@@ -220,9 +226,12 @@ class _Call:
             return _error(self.request, 400, "The request body must be a JSON object.")
         self.body = body
         try:
-            self.override = ov = parse_override(body.get("mock"))
+            ov = parse_override(body.get("mock"))
         except ValueError as exc:
             return _error(self.request, 400, str(exc), param="mock")
+        if ov.times is not None and ov.has_fault and state.attempts.attempt(C.request_key(body)) > ov.times:
+            ov = ov.without_faults()
+        self.override = ov
         delay = ov.delay_s if ov.delay_s is not None else state.faults.latency_s(self.cfg)
         if delay > 0:
             await asyncio.sleep(delay)
@@ -305,18 +314,26 @@ class _Call:
         per_choice -= 2 * digits // len(answers)
         return [C.Answer(a.text, a.finish, max(0, per_choice)) for a in answers]
 
-    async def send_parts(self, parts: list[bytes | memoryview]) -> web.StreamResponse:
+    async def send_parts(self, parts: list[bytes | memoryview], *, cut: bool = False) -> web.StreamResponse:
         """A JSON body sent piece by piece from views: no joined copy, and the writes wait for the client
-        (aiohttp drains past 64 KiB), so a slow reader holds little server memory."""
+        (aiohttp drains past 64 KiB), so a slow reader holds little server memory. With cut, send half of
+        the body (Content-Length announces all of it) and drop the connection."""
+        total = sum(len(p) for p in parts)
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-        resp.content_length = sum(len(p) for p in parts)
+        resp.content_length = total
         await resp.prepare(self.request)
+        budget = total // 2 if cut else total
         for part in parts:
-            view = memoryview(part)
+            view = memoryview(part)[:budget]
+            budget -= len(view)
             for i in range(0, len(view), _WRITE_BYTES):
                 await resp.write(view[i : i + _WRITE_BYTES])
-        await resp.write_eof()
-        self.nbytes += resp.content_length
+                self.nbytes += len(view[i : i + _WRITE_BYTES])
+        if cut:
+            await _drain_transport(self.request)
+            self.abort("cut_stream", rst=False)
+        else:
+            await resp.write_eof()
         return resp
 
     async def send_stream(self, events: Iterator[bytes], cut_after: int | None = None) -> web.StreamResponse:
@@ -514,6 +531,8 @@ async def _generate(
         call.state.stats.fault("malformed")
         body = b"".join(parts)
         return web.Response(body=body[: max(1, len(body) // 2)], content_type="application/json")
+    if call.override.cut_stream:
+        return await call.send_parts(parts, cut=True)
     if len(parts) == 1:
         return web.Response(body=parts[0], content_type="application/json")
     return await call.send_parts(parts)
@@ -536,7 +555,7 @@ async def _chat_completions(call: _Call) -> web.StreamResponse:
     if fault is not None:
         return fault
     key = C.content_key(call.cfg.seed, "chat", call.body)
-    max_tokens = call.body.get("max_completion_tokens", call.body.get("max_tokens"))
+    max_tokens = call.body.get("max_completion_tokens") or call.body.get("max_tokens")
     return await _generate(call, _CHAT, call.answers(key, n, max_tokens), model, C.chat_prompt_tokens(messages))
 
 
@@ -631,7 +650,7 @@ async def _admin_stats(request: web.Request) -> web.StreamResponse:
 
 
 async def _admin_reset(request: web.Request) -> web.StreamResponse:
-    request.app[STATE].stats.reset()
+    request.app[STATE].reset()
     return _json_response({"ok": True})
 
 
@@ -709,6 +728,10 @@ class MockServer:
         state = self.app[STATE]
         state.update(updates)
         return state.cfg
+
+    def reset_stats(self) -> None:
+        """Like POST /_mock/reset: clear the counters and the attempt counts behind mock.times."""
+        self.app[STATE].reset()
 
     async def close(self) -> None:
         if self._closed:
@@ -802,7 +825,7 @@ class MockThread:
         return dict(self._call(lambda: self.server.stats.snapshot()))
 
     def reset_stats(self) -> None:
-        self._call(lambda: self.server.stats.reset())
+        self._call(lambda: self.server.reset_stats())
 
     def configure(self, **updates: Any) -> MockConfig:
         """Change knobs live, like POST /_mock/config (also accepts down=True/False)."""

@@ -67,6 +67,8 @@ class Supervisor:
         if not cfg.tasks_path.is_file():
             raise RunStopped(f"{cfg.tasks_path}: no such file", 2)
         self.fp = fingerprint(cfg.tasks_path)
+        if cfg.shard is not None:
+            self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
@@ -356,7 +358,9 @@ class Supervisor:
             if got is None:
                 self.exhausted = True
                 return None
-            ref, line, _index = got
+            ref, line, index = got
+            if cfg.shard is not None and index % cfg.shard[1] != cfg.shard[0]:
+                continue  # another shard's line (still validated, and its id still counts for duplicates)
             if ref.id in self.skip_ids:
                 self.skip_ids.discard(ref.id)
                 continue

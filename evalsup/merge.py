@@ -1,0 +1,150 @@
+"""`evalsup merge`: the results of shard runs as one results file and one summary, with a coverage check."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from evalsup.idset import IdSet
+from evalsup.tasks import TaskError, TaskReader
+
+
+class MergeError(Exception):
+    pass
+
+
+@dataclass
+class MergeReport:
+    records: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    duplicates: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    missing_count: int = 0
+    duplicate_count: int = 0
+    run_dirs: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.missing_count == 0 and self.duplicate_count == 0
+
+
+def find_run_dirs(paths: list[Path]) -> list[Path]:
+    """Run directories among ``paths``; a directory without results.jsonl is searched one and two levels down."""
+    found: list[Path] = []
+    for p in paths:
+        if (p / "results.jsonl").is_file():
+            found.append(p)
+            continue
+        subs = sorted(d for d in p.glob("*") if (d / "results.jsonl").is_file())
+        subs += sorted(d for d in p.glob("*/*") if (d / "results.jsonl").is_file())
+        if not subs:
+            raise MergeError(f"{p}: no results.jsonl in it or in its subdirectories")
+        found.extend(subs)
+    return found
+
+
+class _LineAt:
+    """Reads the custom_id of the line at an offset of a file being written."""
+
+    def __init__(self, path: Path, writer: IO[bytes]) -> None:
+        self.path = path
+        self.writer = writer
+        self.f: IO[bytes] | None = None
+
+    def __call__(self, offset: int) -> str | None:
+        self.writer.flush()
+        if self.f is None:
+            self.f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        self.f.seek(offset)
+        return str(orjson.loads(self.f.readline())["custom_id"])
+
+    def line(self, offset: int) -> bytes:
+        self.writer.flush()
+        if self.f is None:
+            self.f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        self.f.seek(offset)
+        return self.f.readline()
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool = False,
+          max_listed: int = 20) -> MergeReport:
+    if sort and tasks is None:
+        raise MergeError("--sort needs --tasks (the input order comes from the task file)")
+    rep = MergeReport(run_dirs=[str(d) for d in run_dirs])
+    ids = IdSet()
+    tmp = out.with_name(out.name + ".partial")
+    with open(tmp, "wb") as w:
+        reader = _LineAt(tmp, w)
+        pos = 0
+        for d in run_dirs:
+            with open(d / "results.jsonl", "rb") as f:
+                for line in f:
+                    if not line.endswith(b"\n"):
+                        break  # a torn last line of a stopped shard: not a result
+                    rec = orjson.loads(line)
+                    cid = str(rec["custom_id"])
+                    if ids.add(cid, pos, reader) is not None:
+                        rep.duplicate_count += 1
+                        if len(rep.duplicates) < max_listed:
+                            rep.duplicates.append(cid)
+                        continue
+                    w.write(line)
+                    pos += len(line)
+                    rep.records += 1
+                    if rec.get("error") is None:
+                        rep.succeeded += 1
+                    else:
+                        rep.failed += 1
+        w.flush()
+        if tasks is not None:
+            final = out.with_name(out.name + ".sorted") if sort else None
+            sw = open(final, "wb") if final else None  # noqa: SIM115 - closed below
+            try:
+                with TaskReader(tasks, 1 << 30) as tr:
+                    while True:
+                        try:
+                            got = tr.next()
+                        except TaskError:
+                            continue
+                        if got is None:
+                            break
+                        ref = got[0]
+                        at = ids.find(ref.id, reader)
+                        if at is None:
+                            rep.missing_count += 1
+                            if len(rep.missing) < max_listed:
+                                rep.missing.append(ref.id)
+                        elif sw is not None:
+                            sw.write(reader.line(at))
+            finally:
+                if sw is not None:
+                    sw.close()
+            if final is not None:
+                os.replace(final, tmp)
+        reader.close()
+    os.replace(tmp, out)
+    return rep
+
+
+def merged_summary(rep: MergeReport, run_dirs: list[Path]) -> dict[str, Any]:
+    shards = []
+    for d in run_dirs:
+        p = d / "summary.json"
+        if p.exists():
+            s = orjson.loads(p.read_bytes())
+            shards.append({"run_dir": str(d), "total": s.get("total"), "wall_s": s.get("wall_s"),
+                           "worker_restarts": s.get("worker_restarts")})
+        else:
+            shards.append({"run_dir": str(d), "total": None})
+    return {"total": rep.records, "succeeded": rep.succeeded, "failed": rep.failed,
+            "duplicates": rep.duplicate_count, "missing": rep.missing_count, "complete": rep.complete,
+            "shards": shards}

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Bounded-queue baseline: a reader feeds a bounded asyncio.Queue, N consumer coroutines (N = in-flight)
+send the requests, parse each response (orjson), re-encode the output line and write it as it arrives.
+
+    python scripts/baselines/bounded_queue.py --base-url URL --inflight 128 --out out.jsonl tasks.jsonl
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import IO, Any
+
+import aiohttp
+import orjson
+from _common import chat_url, parse_args, post, record, request_of, run, session
+
+args = parse_args(__doc__.splitlines()[0])
+
+
+async def reader(queue: asyncio.Queue[bytes | None], consumers: int) -> None:
+    with open(args.tasks, "rb") as f:
+        for line in f:
+            if line.strip():
+                await queue.put(line)
+    for _ in range(consumers):
+        await queue.put(None)
+
+
+async def consumer(http: aiohttp.ClientSession, url: str, queue: asyncio.Queue[bytes | None], out: IO[bytes]) -> None:
+    while (line := await queue.get()) is not None:
+        tid, payload = request_of(line, args.model)
+        status, rid, raw, err, lat = await post(http, url, payload)
+        body: Any = None
+        if raw:
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                err = {"code": "invalid_json", "message": f"HTTP {status}: response body is not valid JSON"}
+        out.write(orjson.dumps(record(tid, status, rid, body, err, lat), option=orjson.OPT_APPEND_NEWLINE))
+
+
+async def main() -> None:
+    n = args.inflight
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=2 * n)
+    url = chat_url(args.base_url)
+    with open(args.out, "wb", buffering=1 << 20) as out:
+        async with session(n) as http:
+            await asyncio.gather(reader(queue, n), *(consumer(http, url, queue, out) for _ in range(n)))
+
+
+run(main)
