@@ -107,6 +107,14 @@ def run_options(f: Any) -> Any:
                      help="Run tracemalloc in workers; one recycled for RSS writes leaks/worker-PID.txt."),
         click.option("--worker-plugin", default=None, hidden=True,
                      help="module:function called in the worker for each task (testing hooks)."),
+        click.option("--log-interval", type=float, default=10.0, show_default=True,
+                     help="Off a terminal, seconds between progress lines."),
+        click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                     help="json: one JSON object per log line, for log collectors."),
+        click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+                     help="Serve Prometheus metrics on this port (/metrics)."),
+        click.option("--metrics-host", default="127.0.0.1", show_default=True,
+                     help="Address for --metrics-port (0.0.0.0 to expose it, e.g. in a pod)."),
         click.option("--quiet", "-q", is_flag=True, help="Print only the final summary."),
         click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout."),
     ]
@@ -142,7 +150,9 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         max_tasks_jitter=kw.get("max_tasks_jitter") or 0, monitor_interval_s=kw.get("monitor_interval") or 0.5,
         max_requests_per_s=kw.get("max_requests_per_s"), max_tokens_per_min=kw.get("max_tokens_per_min"),
         arrivals=kw.get("arrivals") or "uniform", max_wait_down_s=kw.get("max_wait_down") or 600.0,
-        check=kw.get("check", True),
+        check=kw.get("check", True), log_interval_s=kw.get("log_interval") or 10.0,
+        log_format=kw.get("log_format") or "text", metrics_port=kw.get("metrics_port"),
+        metrics_host=kw.get("metrics_host") or "127.0.0.1",
     )
 
 

@@ -61,6 +61,10 @@ class RunConfig:
     max_restarts: int = 10
     quiet: bool = False
     json_summary: bool = False
+    log_interval_s: float = 10.0
+    log_format: Literal["text", "json"] = "text"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     shard: tuple[int, int] | None = None  # (K, N): only lines whose index is K mod N
     # the endpoint
     max_requests_per_s: float | None = None

@@ -17,8 +17,10 @@ from evalsup.ipc import Kind, decode_json, read_frame, split_meta
 from evalsup.ipc.frames import ProtocolError
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
+from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RestartIntensity
+from evalsup.supervisor.progress import LineCounter, LiveDisplay, fmt_snapshot_plain
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.workers import State, WorkerHandle
 from evalsup.tasks import TaskError, TaskReader, TaskRef, fingerprint, output_line, read_line_at
@@ -58,6 +60,10 @@ class Supervisor:
         self.memory: MemoryControl | None = None
         self.intensity = RestartIntensity(cfg.max_restarts, 60.0)
         self.breaker = EndpointBreaker(max_down_s=cfg.max_wait_down_s)
+        self.events: Any = lambda kind, **fields: None
+        self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
+        self._rate_samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=120)
+        self.metrics: Any = None
         self._bg: set[asyncio.Task[Any]] = set()
 
     # ----- set-up -----
@@ -168,6 +174,9 @@ class Supervisor:
             self.stats.errors[meta["ec"]] = self.stats.errors.get(meta["ec"], 0) + 1
         if meta.get("ttft") is not None:
             self.stats.ttft.add(float(meta["ttft"]))
+        if self.metrics is not None:
+            self.metrics.on_result(bool(meta["ok"]), float(meta["lat"]), meta.get("ttft"),
+                                   max(0, int(meta.get("att", 1)) - 1))
         self.stats.prompt_tokens += int(meta.get("pt") or 0)
         self.stats.completion_tokens += int(meta.get("ct") or 0)
         self.stats.response_bytes += int(meta.get("rb", 0))
@@ -199,6 +208,9 @@ class Supervisor:
         if self.stopping is not None or planned:
             return
         self.stats.restarts["hung" if cause == "hung" else "crashed"] += 1
+        self.events("restart", cause="hung" if cause == "hung" else "crashed", pid=w.pid, exit=rc)
+        if self.metrics is not None:
+            self.metrics.restarts.labels("hung" if cause == "hung" else "crashed").inc()
         if self.intensity.record(time.monotonic()):
             self._stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
                        f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", 1, "now")
@@ -243,6 +255,7 @@ class Supervisor:
         if self.breaker.trip(time.monotonic(), reason):
             self.log(f"endpoint looks down ({reason}); pausing dispatch and probing it, no task is failed meanwhile "
                      f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
+            self.events("breaker_open", reason=reason)
             for x in self.workers:
                 x.send(Kind.BREAKER_OPEN)
         elif self.breaker.open:
@@ -252,6 +265,7 @@ class Supervisor:
         now = time.monotonic()
         if self.breaker.probe_result(ok, now):
             self.log(f"endpoint is back after {now - self.breaker.opened_at:.1f}s; resuming")
+            self.events("breaker_close", down_s=round(now - self.breaker.opened_at, 3))
             for w in self.workers:
                 w.send(Kind.BREAKER_CLOSE)
             self.credit.set()
@@ -279,24 +293,42 @@ class Supervisor:
         assert self.memory is not None
         return max(1, self.memory.cap * w.concurrency // self.cfg.concurrency)
 
+    def _update_gauges(self) -> None:
+        m, mem = self.metrics, self.memory
+        assert m is not None and mem is not None
+        m.inflight.set(self._outstanding())
+        m.throttled.set(1 if self.paused else 0)
+        m.endpoint_down.set(1 if self.breaker.open else 0)
+        m.worker_rss.clear()
+        for w in self.workers:
+            if w.alive:
+                m.worker_rss.labels(str(w.slot)).set(w.rss)
+        m.supervisor_rss.set(mem.last_supervisor_rss)
+        m.cgroup_usage.set(mem.last_ws)
+        m.cgroup_limit.set(mem.limit or 0)
+
     async def _monitor(self) -> None:
         assert self.memory is not None
         mem = self.memory
         while True:
             await asyncio.sleep(self.cfg.monitor_interval_s)
-            dec = mem.tick(self.workers, self.paused, self.log)
+            dec = mem.tick(self.workers, self.paused, self.log, self.stats.done)
             for w in self.workers:
                 self.stats.peak_rss["worker_max"] = max(self.stats.peak_rss["worker_max"], w.rss)
+            if self.metrics is not None:
+                self._update_gauges()
             sup = mem.last_supervisor_rss
             self.stats.peak_rss["supervisor"] = max(self.stats.peak_rss["supervisor"], sup)
             self.stats.peak_rss["total"] = max(self.stats.peak_rss["total"], sup + sum(w.rss for w in self.workers))
             if dec.throttle == "pause":
                 self.paused = True
+                self.events("pause", working_set=mem.last_ws)
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, above the high mark; pausing dispatch")
                 for w in self.workers:
                     w.send(Kind.PAUSE)
             elif dec.throttle == "resume":
                 self.paused = False
+                self.events("resume", working_set=mem.last_ws)
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, below the low mark; resuming")
                 for w in self.workers:
                     w.send(Kind.RESUME)
@@ -308,6 +340,9 @@ class Supervisor:
                 if self.stopping is not None or not w.alive:
                     continue
                 self.stats.recycles[cause] += 1
+                self.events("recycle", cause=cause, pid=w.pid, rss=w.rss, done=w.done)
+                if self.metrics is not None:
+                    self.metrics.recycles.labels(cause).inc()
                 if cause == "hard_kill":
                     self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; "
                              "killing and replacing it")
@@ -443,6 +478,66 @@ class Supervisor:
                 elif w.state is State.STARTING and now - w.started > max(30.0, cfg.hang_timeout_s):
                     w.kill("hung")
 
+    # ----- what a person sees -----
+
+    def state(self) -> str:
+        if self.stopping is not None:
+            return "draining" if self.stopping == "drain" else "stopping"
+        if self.breaker.open:
+            return "waiting for endpoint"
+        if self.paused:
+            return "throttled"
+        return "running"
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        st = self.stats
+        self._rate_samples.append((now, st.session_done))
+        t0, d0 = self._rate_samples[0]
+        for t, d in self._rate_samples:  # rate over the last ~30 s
+            if now - t <= 30:
+                t0, d0 = t, d
+                break
+        rate = (st.session_done - d0) / (now - t0) if now - t0 > 0.5 else 0.0
+        total = self.counter.total
+        mem = self.memory
+        return {
+            "state": self.state(), "done": st.done, "total": total, "failed": st.failed, "retries": st.retries,
+            "rate": rate, "eta_s": (max(0, total - st.done) / rate) if total is not None and rate > 0 else None,
+            "inflight": self._outstanding(), "workers_mb": [w.rss / MIB for w in self.workers if w.alive],
+            "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
+            "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
+        }
+
+    async def _progress(self) -> None:
+        import sys
+
+        from rich.console import Console
+
+        if self.cfg.quiet:
+            return
+        console = Console(stderr=True)
+        if console.is_terminal and self.cfg.log_format == "text":
+            display = LiveDisplay(console)
+            display.start()
+            try:
+                while True:
+                    display.update(self.snapshot())
+                    await asyncio.sleep(0.5)
+            finally:
+                display.update(self.snapshot())
+                display.stop()
+        else:
+            while True:
+                await asyncio.sleep(self.cfg.log_interval_s)
+                s = self.snapshot()
+                if self.cfg.log_format == "json":
+                    sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": "info", "progress": s})
+                                     .decode() + "\n")
+                    sys.stderr.flush()
+                else:
+                    self.log(fmt_snapshot_plain(s))
+
     # ----- stopping -----
 
     def _stop(self, message: str, code: int, mode: str) -> None:
@@ -484,6 +579,20 @@ class Supervisor:
     async def run(self) -> int:
         self._open()
         self.memory = MemoryControl(self.cfg, self.cfg.run_dir / "memory.jsonl")
+        self.events = EventLog(self.cfg.run_dir / "events.jsonl")
+        self.counter.start()
+        if self.cfg.metrics_port is not None:
+            from evalsup.supervisor.metrics import Metrics
+
+            self.metrics = Metrics()
+            try:
+                self.metrics.serve(self.cfg.metrics_host, self.cfg.metrics_port)
+            except OSError as e:
+                raise RunStopped(f"cannot serve metrics on {self.cfg.metrics_host}:{self.cfg.metrics_port}: "
+                                 f"{e.strerror}", 2) from None
+            self.log(f"metrics on http://{self.cfg.metrics_host}:{self.cfg.metrics_port}/metrics")
+        self.events("start", workers=self.cfg.workers, concurrency=self.cfg.concurrency,
+                    resumed=self.resumed_from is not None)
         if not self.cfg.quiet:
             self.log(self.memory.describe())
         loop = asyncio.get_running_loop()
@@ -499,6 +608,7 @@ class Supervisor:
                 await self._start_worker(slot)
             ticker = asyncio.create_task(self._ticker())
             monitor = asyncio.create_task(self._monitor())
+            progress = asyncio.create_task(self._progress())
             await self._dispatch()
             if self.stopping == "drain":
                 try:
@@ -506,7 +616,7 @@ class Supervisor:
                 except TimeoutError:
                     self.log(f"grace of {self.cfg.grace_s:g}s over; {self._outstanding()} task(s) left for the rerun")
                     self.stopping = "now"
-            for t in (ticker, monitor):
+            for t in (ticker, monitor, progress):
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
@@ -519,8 +629,10 @@ class Supervisor:
             self.checkpoint(finished=self.finished)
         except JournalError as e:
             self.stop_message, self.stop_code = str(e), 1
+        self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code)
         self.journal.close()
         self.memory.close()
+        self.events.close()
         if self.reader is not None:
             self.reader.close()
         return self.stop_code

@@ -74,7 +74,7 @@ class MemoryControl:
         return (f"memory: limit {lim}{marks}; recycle a worker past {soft / MIB:,.0f} MiB RSS "
                 f"(kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
 
-    def tick(self, workers: list[Any], paused: bool, log: Any) -> MemoryDecision:
+    def tick(self, workers: list[Any], paused: bool, log: Any, done: int = 0) -> MemoryDecision:
         now = time.time()
         dec = MemoryDecision()
         sample = self.probe.sample()
@@ -121,7 +121,7 @@ class MemoryControl:
                         f"{self.cfg.high_frac:.0%} of the {self.limit / MIB:,.0f} MiB limit")
                 self.cap = cap
                 dec.inflight_cap = cap
-        self._record(now, sample, ws, sup_rss, per_worker, paused or dec.throttle == "pause")
+        self._record(now, sample, ws, sup_rss, per_worker, paused or dec.throttle == "pause", done)
         return dec
 
     def _baseline(self, sup_rss: int, per_worker: dict[int, int]) -> int:
@@ -129,12 +129,14 @@ class MemoryControl:
         return max(sup_rss, 80 * MIB) + len(per_worker) * 60 * MIB
 
     def _record(self, now: float, s: CgroupSample, ws: int, sup_rss: int, per_worker: dict[int, int],
-                paused: bool) -> None:
+                paused: bool, done: int) -> None:
         if self._file is None:
             return
         rec = {"t": round(now, 3), "supervisor_rss": sup_rss, "workers_rss": {str(k): v for k, v in per_worker.items()},
                "cgroup_usage": s.usage_bytes, "working_set": ws, "limit": self.limit, "paused": paused,
-               "inflight_cap": self.cap, "psi_some_avg10": s.psi_some_avg10}
+               "inflight_cap": self.cap, "psi_some_avg10": s.psi_some_avg10, "done": done,
+               "high": self.watermark.high_bytes if self.watermark else None,
+               "low": self.watermark.low_bytes if self.watermark else None}
         try:
             self._file.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
             self._file.flush()

@@ -17,6 +17,13 @@ from evalsup.supervisor.summary import build_summary, print_summary
 
 
 def _logger(cfg: RunConfig) -> Any:
+    if cfg.log_format == "json":
+        def log_json(msg: str) -> None:
+            sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": "info", "msg": msg}).decode() + "\n")
+            sys.stderr.flush()
+
+        return log_json
+
     def log(msg: str) -> None:
         print(f"evalsup: {msg}", file=sys.stderr, flush=True)
 

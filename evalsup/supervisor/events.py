@@ -1,0 +1,31 @@
+"""events.jsonl: what happened to the run and when (throttle, recycle, restart, breaker), for the report."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+
+class EventLog:
+    def __init__(self, path: Path) -> None:
+        self._f: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed in close()
+
+    def __call__(self, kind: str, **fields: Any) -> None:
+        if self._f is None:
+            return
+        try:
+            self._f.write(orjson.dumps({"t": round(time.time(), 3), "event": kind, **fields},
+                                       option=orjson.OPT_APPEND_NEWLINE))
+            self._f.flush()
+        except OSError:
+            self._f = None
+
+    def close(self) -> None:
+        if self._f is not None:
+            with contextlib.suppress(OSError):
+                self._f.close()
+            self._f = None

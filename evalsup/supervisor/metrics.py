@@ -1,0 +1,49 @@
+"""Prometheus metrics (--metrics-port): served from a thread by prometheus-client, fed by the supervisor loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.tasks = Counter("evalsup_tasks_total", "Tasks written to results.jsonl, by outcome", ["outcome"],
+                             registry=r)
+        self.inflight = Gauge("evalsup_tasks_in_flight", "Tasks handed to workers and not yet done", registry=r)
+        self.latency = Histogram("evalsup_request_latency_seconds", "Task latency, first attempt to last byte",
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("evalsup_ttft_seconds", "Time to first token of streamed responses",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("evalsup_retries_total", "Retried attempts", registry=r)
+        self.restarts = Counter("evalsup_worker_restarts_total", "Unplanned worker restarts, by cause", ["cause"],
+                                registry=r)
+        self.recycles = Counter("evalsup_worker_recycles_total", "Planned worker recycles, by cause", ["cause"],
+                                registry=r)
+        self.throttled = Gauge("evalsup_throttled", "1 while dispatch is paused for memory", registry=r)
+        self.endpoint_down = Gauge("evalsup_endpoint_down", "1 while the circuit breaker is open", registry=r)
+        self.worker_rss = Gauge("evalsup_worker_rss_bytes", "Resident memory of each worker", ["slot"], registry=r)
+        self.supervisor_rss = Gauge("evalsup_supervisor_rss_bytes", "Resident memory of the supervisor", registry=r)
+        self.cgroup_usage = Gauge("evalsup_cgroup_working_set_bytes", "Container working set", registry=r)
+        self.cgroup_limit = Gauge("evalsup_cgroup_limit_bytes", "Effective memory limit (0: none)", registry=r)
+        for outcome in ("succeeded", "failed"):
+            self.tasks.labels(outcome)
+        for cause in ("crashed", "hung"):
+            self.restarts.labels(cause)
+        for cause in ("rss", "tasks", "hard_kill"):
+            self.recycles.labels(cause)
+
+    def serve(self, host: str, port: int) -> Any:
+        return start_http_server(port, addr=host, registry=self.registry)
+
+    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int) -> None:
+        self.tasks.labels("succeeded" if ok else "failed").inc()
+        self.latency.observe(latency)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if retries:
+            self.retries.inc(retries)
