@@ -107,6 +107,18 @@ def run_options(f: Any) -> Any:
                      help="Run tracemalloc in workers; one recycled for RSS writes leaks/worker-PID.txt."),
         click.option("--worker-plugin", default=None, hidden=True,
                      help="module:function called in the worker for each task (testing hooks)."),
+        click.option("--scorer", "scorers", multiple=True, metavar="NAME|module:fn|file.py:fn",
+                     help="Score each successful response in the workers (repeatable): exact_match, contains, "
+                          "regex, json_valid, choice, or your own function fn(task, response) -> number|bool|dict."),
+        click.option("--scorer-timeout", type=float, default=30.0, show_default=True,
+                     help="Seconds one scorer call may take; past it the task gets an error score."),
+        click.option("--ignore-case", "score_ignore_case", is_flag=True,
+                     help="exact_match/contains/regex/choice: compare case-insensitively."),
+        click.option("--no-strip", "score_no_strip", is_flag=True,
+                     help="exact_match/contains/regex: do not strip surrounding white space."),
+        click.option("--regex", "score_pattern", default=None,
+                     help="Pattern for the regex scorer when a task has no 'pattern' (its first group is compared "
+                          "to 'expected')."),
         click.option("--log-interval", type=float, default=10.0, show_default=True,
                      help="Off a terminal, seconds between progress lines."),
         click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -131,6 +143,9 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         read_timeout_s=kw["read_timeout"], total_timeout_s=kw["total_timeout"],
         max_response_mb=kw["max_response_mb"], insecure=kw["insecure"], plugin=kw["worker_plugin"],
         trace_memory=kw.get("trace_memory", False), stream=kw.get("stream", False),
+        scorers=tuple(kw.get("scorers") or ()), scorer_timeout_s=kw.get("scorer_timeout") or 30.0,
+        score_strip=not kw.get("score_no_strip"), score_ignore_case=bool(kw.get("score_ignore_case")),
+        score_pattern=kw.get("score_pattern"),
     )
     mib = 1 << 20
 
@@ -258,6 +273,37 @@ def mock(host: str, port: int, latency_ms: float, jitter_ms: float, response_kb:
     cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed)
     serve_forever(cfg, host, port)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("--scorer", "scorers", multiple=True, required=True, metavar="NAME|module:fn|file.py:fn",
+              help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
+@click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Processes scoring in parallel.")
+@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively.")
+@click.option("--no-strip", is_flag=True, help="Do not strip surrounding white space.")
+@click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Where to write (default: RUN_DIR/results.scored.jsonl).")
+def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
+          pattern: str | None, output: Path | None) -> None:
+    """Score an existing run's results again, without sending any request.
+
+    Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
+    to a new file beside it; prints the per-scorer summary (also written to scores.json).
+    """
+    from evalsup.rescore import rescore
+
+    try:
+        summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    from rich.console import Console
+
+    from evalsup.supervisor.summary import print_scores
+
+    print_scores(summary, Console())
 
 
 @main.command()

@@ -37,6 +37,12 @@ class WorkerConfig:
     insecure: bool = False
     trace_memory: bool = False
     plugin: str | None = None  # module:function called on each finished task (tests, hooks)
+    scorers: tuple[str, ...] = ()
+    scorer_timeout_s: float = 30.0
+    scorer_threads: int = 4
+    score_strip: bool = True
+    score_ignore_case: bool = False
+    score_pattern: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

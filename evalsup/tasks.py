@@ -228,7 +228,8 @@ def to_request(obj: dict[str, Any], defaults: RequestDefaults) -> tuple[str, dic
 # ----- output records -----
 
 def output_line(task_id: str, *, status: int | None, request_id: str | None, body: Any,
-                error: dict[str, str] | None, metrics: dict[str, Any], metadata: dict[str, Any] | None) -> bytes:
+                error: dict[str, str] | None, metrics: dict[str, Any], metadata: dict[str, Any] | None,
+                scores: dict[str, float | None] | None = None, score_errors: dict[str, str] | None = None) -> bytes:
     """One line of results.jsonl (OpenAI Batch output format plus metrics and metadata), newline included.
 
     ``body`` may be an ``orjson.Fragment`` holding the endpoint's raw JSON, so it is not encoded twice.
@@ -243,4 +244,8 @@ def output_line(task_id: str, *, status: int | None, request_id: str | None, bod
     }
     if metadata:
         rec["metadata"] = metadata
+    if scores is not None:
+        rec["scores"] = scores
+    if score_errors:
+        rec["score_errors"] = score_errors
     return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)

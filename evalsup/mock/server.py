@@ -428,12 +428,8 @@ class _Shape:
 
     def choice(self, i: int, a: C.Answer) -> dict[str, Any]:
         if self.chat:
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": a.json_value(i),
-                "refusal": None,
-                "annotations": [],
-            }
+            # only what a stream carries, so that reassembled streams can equal this exactly
+            message = {"role": "assistant", "content": a.json_value(i)}
             return {"index": i, "message": message, "logprobs": None, "finish_reason": a.finish}
         return {"text": a.json_value(i), "index": i, "logprobs": None, "finish_reason": a.finish}
 
@@ -482,7 +478,7 @@ class _Shape:
 
         for i, a in enumerate(answers):
             if self.chat:
-                role = {"role": "assistant", "content": "", "refusal": None}
+                role = {"role": "assistant", "content": ""}
                 yield _sse(chunk([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}]))
             if a.pad:  # JSON-safe byte slices spliced into a pre-encoded chunk
                 head, tail = C.split_at_marker(chunk([self.delta(i, C.pad_marker(i))]), i)

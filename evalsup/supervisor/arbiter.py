@@ -177,6 +177,8 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.on_result(bool(meta["ok"]), float(meta["lat"]), meta.get("ttft"),
                                    max(0, int(meta.get("att", 1)) - 1))
+        if meta.get("sc"):
+            self.stats.scores.add(meta["sc"])
         self.stats.prompt_tokens += int(meta.get("pt") or 0)
         self.stats.completion_tokens += int(meta.get("ct") or 0)
         self.stats.response_bytes += int(meta.get("rb", 0))

@@ -7,6 +7,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalsup.scorers import ScoreStats
+
 _RATIO = 1.02  # 2 % bucket width
 _LOW = 1e-4  # seconds
 _BUCKETS = int(math.log(1e5 / _LOW, _RATIO)) + 2
@@ -59,6 +61,7 @@ class RunStats:
     retries: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    scores: ScoreStats = field(default_factory=ScoreStats)
 
     @property
     def done(self) -> int:

@@ -29,6 +29,7 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
+        **({"scores": st.scores.summary()} if st.scores.n or st.scores.errors else {}),
         "retries": st.retries,
         "breaker": {"opened": sup.breaker.opened, "down_s": round(sup.breaker.total_down_s(time.monotonic()), 2)},
         "worker_restarts": sum(st.restarts.values()),
@@ -62,8 +63,33 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
                      f"all {rss['total']:.0f} MB"),
         ("results", summary["run_dir"] + "/results.jsonl"),
     ]
+    rows.extend(score_rows(summary.get("scores", {})))
     if summary["poisoned"]:
         rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))
     for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+
+
+def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for name, sc in scores.items():
+        errs = f", {sc['errors']} errors" if sc["errors"] else ""
+        if sc.get("accuracy") is not None:
+            lo, hi = sc["ci95"]
+            rows.append((f"score {name}", f"accuracy {sc['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
+                                          f"n={sc['count']:,}{errs}"))
+        elif sc.get("mean") is not None:
+            rows.append((f"score {name}", f"mean {sc['mean']:.4f}, n={sc['count']:,}{errs}"))
+        else:
+            rows.append((f"score {name}", f"{sc['errors']} errors, no score"))
+    return rows
+
+
+def print_scores(scores: dict[str, Any], console: Console) -> None:
+    t = Table(title="scores", show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    for k, v in score_rows(scores):
         t.add_row(k, v)
     console.print(t)

@@ -22,12 +22,14 @@ import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import encode_meta
+from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, to_request
 from evalsup.worker.breaker import LocalBreaker
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.plugin import load_callable
 from evalsup.worker.retry import RetryPolicy
+from evalsup.worker.scoring import Scoring
 
 
 def _api_key(cfg: dict[str, Any]) -> str | None:
@@ -54,6 +56,12 @@ class Worker:
         self.defaults = RequestDefaults(cfg.get("model"), cfg.get("max_tokens"), cfg.get("temperature"),
                                         bool(cfg.get("stream")))
         self.plugin = load_callable(cfg["plugin"]) if cfg.get("plugin") else None
+        self.scoring: Scoring | None = None
+        if cfg.get("scorers"):
+            opts = ScorerOptions(bool(cfg.get("score_strip", True)), bool(cfg.get("score_ignore_case")),
+                                 cfg.get("score_pattern"))
+            self.scoring = Scoring(list(cfg["scorers"]), opts, float(cfg.get("scorer_timeout_s", 30.0)),
+                                   int(cfg.get("scorer_threads", 4)))
         self.pid = os.getpid()
         self.breaker = LocalBreaker(run=max(1, min(5, int(cfg["max_attempts"]))))
         self.pacer = Pacer(random.Random(self.pid))
@@ -96,13 +104,17 @@ class Worker:
             metrics["ttft_s"] = round(oc.ttft_s, 6)
         if oc.itl_s is not None:
             metrics["itl_s"] = round(oc.itl_s, 6)
+        scores: dict[str, float | None] | None = None
+        score_errors: dict[str, str] | None = None
+        if self.scoring is not None and oc.error is None:
+            scores, score_errors = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         out = output_line(tid, status=oc.status, request_id=oc.request_id, body=oc.body, error=oc.error,
-                          metrics=metrics, metadata=metadata or None)
+                          metrics=metrics, metadata=metadata or None, scores=scores, score_errors=score_errors)
         usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
         info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len,
                 "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s,
                 "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
-                "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0}
+                "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores}
         return out, info
 
     def send_leak_report(self) -> None:

@@ -1,0 +1,30 @@
+"""User scorers for tests/test_scorers.py."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def length_and_hit(task: dict[str, Any], response: Any) -> dict[str, float]:
+    text = response["choices"][0]["message"]["content"]
+    return {"length": float(len(text)), "hit": float(task.get("expected", "") in text)}
+
+
+def boom(task: dict[str, Any], response: Any) -> float:
+    if task["id"].endswith("3"):
+        raise ValueError("cannot score this one")
+    return 1.0
+
+
+def slow(task: dict[str, Any], response: Any) -> bool:
+    if task["id"] == "t0":
+        time.sleep(3)
+    return True
+
+
+def cpu_heavy(task: dict[str, Any], response: Any) -> float:
+    x = 0
+    for i in range(300_000):
+        x = (x * 31 + i) % 1_000_003
+    return float(x % 2)
