@@ -33,8 +33,9 @@ def main() -> None:
 
 def run_options(f: Any) -> Any:
     opts = [
-        click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
-                     help="Worker processes (each an asyncio event loop with its own HTTP connections)."),
+        click.option("--workers", "-w", type=click.IntRange(1, 256), default=None,
+                     help="Worker processes (each an asyncio event loop with its own HTTP connections). "
+                          "Default 4, fewer under a small container memory limit or few CPUs."),
         click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=64, show_default=True,
                      help="Requests in flight in total, split evenly among the workers."),
         click.option("--window", type=click.IntRange(0, 100_000), default=0,
@@ -153,6 +154,11 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         v = kw.get(name)
         return None if v is None else int(v * mib)
     workers = kw["workers"]
+    if workers is None:
+        from evalsup.config import container_limit, default_workers
+
+        limit = mb("memory_limit_mb") or container_limit()[0]
+        workers = default_workers(limit)
     concurrency = max(kw["concurrency"], workers)
     shard = parse_shard(kw.get("shard"))
     return RunConfig(
@@ -349,6 +355,20 @@ def status(run_dir: Path) -> None:
     from evalsup.status import status_text
 
     click.echo(status_text(run_dir))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Where to write the page (default: RUN_DIR/report.html).")
+def report(run_dir: Path, output: Path | None) -> None:
+    """Write one self-contained HTML page (opens offline) of a run: figures, memory, request rate, latency."""
+    from evalsup.report import ReportError, write_report
+
+    try:
+        click.echo(f"report written to {write_report(run_dir, output)}")
+    except ReportError as e:
+        _fail(str(e), 1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -155,3 +155,24 @@ def parse_shard(value: str | None, env: dict[str, str] | None = None) -> tuple[i
     if not sep or n < 1 or not 0 <= k < n:
         raise ConfigError(f"--shard {value}: need 0 <= K < N")
     return k, n
+
+
+WORKER_BASELINE = 100 * MIB  # what one idle worker costs (interpreter, aiohttp, uvloop), with headroom
+
+
+def container_limit() -> tuple[int | None, str]:
+    """The effective memory limit of this process's cgroup and where it came from."""
+    from evalsup.supervisor.cgroup import CgroupProbe
+
+    s = CgroupProbe.detect().sample()
+    return s.limit_bytes, s.source
+
+
+def default_workers(limit: int | None, cpus: int | None = None) -> int:
+    """4 workers, fewer when the CPUs or the memory limit cannot carry them (half the limit for baselines)."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(4, max(1, 2 * cpus))
+    if limit:
+        n = min(n, max(1, int(limit * 0.5 // WORKER_BASELINE)))
+    return n

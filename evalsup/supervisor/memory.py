@@ -71,8 +71,11 @@ class MemoryControl:
         marks = (f", pause above {wm.high_bytes / MIB:,.0f} MiB, resume below {wm.low_bytes / MIB:,.0f} MiB"
                  if wm else "")
         soft = self.recycle.soft_rss or 0
-        return (f"memory: limit {lim}{marks}; recycle a worker past {soft / MIB:,.0f} MiB RSS "
-                f"(kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
+        c = self.cfg
+        shares = c.per_worker_concurrency()
+        return (f"sizing: memory limit {lim}{marks}; {c.workers} workers x {shares[0]} requests "
+                f"({c.concurrency} in flight), window {c.window_for(shares[0])} tasks a worker; recycle a worker "
+                f"past {soft / MIB:,.0f} MiB RSS (kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
 
     def tick(self, workers: list[Any], paused: bool, log: Any, done: int = 0) -> MemoryDecision:
         now = time.time()
