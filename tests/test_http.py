@@ -46,17 +46,18 @@ def test_429_retry_after_is_honoured(tmp_path: Path, mock: MockThread) -> None:
     assert _summary(tmp_path / "t.run")["retries"] == 20
 
 
-def test_500_burst_and_resets_are_retried_400_is_final(tmp_path: Path, mock: MockThread) -> None:
+def test_failed_attempts_are_retried_400_is_final(tmp_path: Path, mock: MockThread) -> None:
+    # one request in flight, so the failures below never form an outage-like run that trips the breaker
     objs: list[dict[str, Any]] = [{"id": f"a{i}", "prompt": f"q{i}", "mock": {"status": 500, "times": 2}}
-                                  for i in range(30)]
-    objs += [{"id": f"b{i}", "prompt": f"q{i}", "mock": {"reset": True, "times": 1}} for i in range(30)]
+                                  for i in range(10)]
+    objs += [{"id": f"b{i}", "prompt": f"q{i}", "mock": {"reset": True, "times": 1}} for i in range(10)]
     objs += [{"id": "bad", "prompt": "x", "mock": {"status": 400}}]
     tasks = _lines(tmp_path / "t.jsonl", objs)
-    r = run_cli("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    r = run_cli("run", "-w", "1", "-c", "1", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     assert r.returncode == 0, r.stderr
     recs = {x["custom_id"]: x for x in read_results(tmp_path / "t.run")}
-    assert len(recs) == 61
-    for i in range(30):
+    assert len(recs) == 21
+    for i in range(10):
         assert recs[f"a{i}"]["error"] is None and recs[f"a{i}"]["metrics"]["attempts"] == 3
         assert recs[f"b{i}"]["error"] is None and recs[f"b{i}"]["metrics"]["attempts"] == 2
     bad = recs["bad"]
@@ -64,7 +65,28 @@ def test_500_burst_and_resets_are_retried_400_is_final(tmp_path: Path, mock: Moc
     assert bad["error"]["code"] == "http_400"
     assert bad["response"]["status_code"] == 400 and "error" in bad["response"]["body"]
     s = _summary(tmp_path / "t.run")
-    assert s["failed"] == 1 and s["errors"] == {"http_400": 1}
+    assert s["failed"] == 1 and s["errors"] == {"http_400": 1} and s["retries"] == 30
+
+
+@pytest.mark.parametrize("fault", ["fail_500", "reset"])
+def test_burst_of_500s_or_resets_is_ridden_out(tmp_path: Path, mock: MockThread, fault: str) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", 400, extra={"mock": {"delay_s": 0.02}})
+    p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url,
+                                     str(tasks)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for())
+    results = tmp_path / "t.run" / "results.jsonl"
+    deadline = time.monotonic() + 30
+    while not results.exists() or results.stat().st_size < 10_000:
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.05)
+    mock.configure(**{fault: 1.0})  # every request fails for a second and a half
+    time.sleep(1.5)
+    mock.configure(**{fault: 0.0})
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    recs = read_results(tmp_path / "t.run")
+    assert len(recs) == 400 and all(x["error"] is None for x in recs)
+    assert _summary(tmp_path / "t.run")["retries"] > 0
 
 
 def test_random_faults_all_recover(tmp_path: Path) -> None:
