@@ -100,8 +100,9 @@ def run_options(f: Any) -> Any:
                           "kill it past 1.5x."),
         click.option("--max-tasks-per-worker", type=click.IntRange(1, None), default=None,
                      help="Recycle a worker after this many tasks (bounds slow leaks)."),
-        click.option("--max-tasks-jitter", type=click.IntRange(0, None), default=0,
-                     help="Add up to this many to --max-tasks-per-worker, per worker, so they do not recycle at once."),
+        click.option("--max-tasks-jitter", type=click.IntRange(0, None), default=None,
+                     help="Add up to this many to --max-tasks-per-worker, per worker, so they do not recycle at once "
+                          "(default: a tenth of it)."),
         click.option("--monitor-interval", type=float, default=0.5, show_default=True,
                      help="Seconds between memory samples (written to memory.jsonl)."),
         click.option("--trace-memory", is_flag=True,
@@ -168,7 +169,8 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=kw.get("max_tasks_per_worker"),
-        max_tasks_jitter=kw.get("max_tasks_jitter") or 0, monitor_interval_s=kw.get("monitor_interval") or 0.5,
+        max_tasks_jitter=int(kw["max_tasks_jitter"]) if kw.get("max_tasks_jitter") is not None
+        else int(kw.get("max_tasks_per_worker") or 0) // 10, monitor_interval_s=kw.get("monitor_interval") or 0.5,
         max_requests_per_s=kw.get("max_requests_per_s"), max_tokens_per_min=kw.get("max_tokens_per_min"),
         arrivals=kw.get("arrivals") or "uniform", max_wait_down_s=kw.get("max_wait_down") or 600.0,
         check=kw.get("check", True), log_interval_s=kw.get("log_interval") or 10.0,

@@ -181,7 +181,7 @@ def test_killing_supervisor_leaves_no_worker(tmp_path: Path, mock: MockThread) -
 def test_ctrl_c_stops_cleanly(tmp_path: Path, mock: MockThread) -> None:
     p, workers = _start_slow_run(tmp_path, mock)
     os.kill(p.pid, signal.SIGINT)
-    out, err = p.communicate(timeout=30)
+    _, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
     assert "Traceback" not in err
     assert "resume" in err

@@ -186,6 +186,8 @@ class Supervisor:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
         self.credit.set()
+        if w.task_limit is not None and w.done >= w.task_limit and not w.recycling:
+            self._begin_recycle(w, "tasks")
 
     def _on_exit(self, w: WorkerHandle, rc: int) -> None:
         planned = w.state is State.DRAINING or (w.state is State.KILLED and w.kill_cause in ("stop", "hard_kill"))
@@ -339,22 +341,41 @@ class Supervisor:
                 for w in self.workers:
                     w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
             for w, cause in dec.recycle:
-                if self.stopping is not None or not w.alive:
-                    continue
-                self.stats.recycles[cause] += 1
-                self.events("recycle", cause=cause, pid=w.pid, rss=w.rss, done=w.done)
-                if self.metrics is not None:
-                    self.metrics.recycles.labels(cause).inc()
-                if cause == "hard_kill":
-                    self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; "
-                             "killing and replacing it")
-                    w.kill("hard_kill")
-                else:
-                    why = f"RSS {w.rss / MIB:,.0f} MiB" if cause == "rss" else f"{w.done} tasks done"
-                    self.log(f"worker {w.pid}: {why}; recycling it (drain, and a fresh one takes its place)")
-                    w.drain(cause, report=cause == "rss" and self.cfg.worker.trace_memory)
-                await self._start_worker(w.slot)
-                self.credit.set()
+                self._begin_recycle(w, cause)
+
+    def _begin_recycle(self, w: WorkerHandle, cause: str) -> None:
+        """Replace a worker: killed at once past the hard RSS limit; drained at once past the soft one (its
+        replacement starting meanwhile); on a task count, drained only once its replacement is ready, so
+        throughput does not dip while the new interpreter starts."""
+        if self.stopping is not None or not w.alive or (w.recycling and cause != "hard_kill"):
+            return
+        w.recycling = True
+        self.stats.recycles[cause] += 1
+        self.events("recycle", cause=cause, pid=w.pid, rss=w.rss, done=w.done)
+        if self.metrics is not None:
+            self.metrics.recycles.labels(cause).inc()
+        if cause == "hard_kill":
+            self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; killing and replacing it")
+            w.kill("hard_kill")
+        elif cause == "rss":
+            self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB; recycling it (drain, a fresh one takes its place)")
+            w.drain(cause, report=self.cfg.worker.trace_memory)
+        else:
+            self.log(f"worker {w.pid}: {w.done} tasks done; recycling it once its replacement is ready")
+        t = asyncio.create_task(self._replace_for_recycle(w, cause))
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    async def _replace_for_recycle(self, old: WorkerHandle, cause: str) -> None:
+        if self.stopping is not None:
+            return
+        new = await self._start_worker(old.slot)
+        self.credit.set()
+        if cause == "tasks":
+            deadline = time.monotonic() + 60
+            while new.state is State.STARTING and time.monotonic() < deadline and self.stopping is None:
+                await asyncio.sleep(0.05)
+            old.drain(cause)
 
     def _poison(self, ref: TaskRef) -> None:
         msg = f"the worker died {ref.crashes} times while holding this task (line {ref.line_no})"
@@ -593,6 +614,7 @@ class Supervisor:
                 raise RunStopped(f"cannot serve metrics on {self.cfg.metrics_host}:{self.cfg.metrics_port}: "
                                  f"{e.strerror}", 2) from None
             self.log(f"metrics on http://{self.cfg.metrics_host}:{self.cfg.metrics_port}/metrics")
+            self._update_gauges()
         self.events("start", workers=self.cfg.workers, concurrency=self.cfg.concurrency,
                     resumed=self.resumed_from is not None)
         if not self.cfg.quiet:

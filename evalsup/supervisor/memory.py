@@ -93,7 +93,7 @@ class MemoryControl:
             per_worker[w.pid] = r
             if w.alive and w.state.value in ("ready", "draining"):
                 d = self.recycle.decide(r, w.done, w.task_limit)
-                if d == "hard_kill" or (d is not None and w.state.value == "ready"):
+                if d == "hard_kill" or (d is not None and w.state.value == "ready" and not w.recycling):
                     dec.recycle.append((w, d))
         total = sup_rss + sum(per_worker.values())
         ws = sample.working_set_bytes

@@ -18,13 +18,13 @@ from evalsup.supervisor.summary import build_summary, print_summary
 
 def _logger(cfg: RunConfig) -> Any:
     if cfg.log_format == "json":
-        def log_json(msg: str) -> None:
-            sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": "info", "msg": msg}).decode() + "\n")
+        def log_json(msg: str, level: str = "info") -> None:
+            sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": level, "msg": msg}).decode() + "\n")
             sys.stderr.flush()
 
         return log_json
 
-    def log(msg: str) -> None:
+    def log(msg: str, level: str = "info") -> None:
         print(f"evalsup: {msg}", file=sys.stderr, flush=True)
 
     return log
@@ -41,14 +41,14 @@ def run(cfg: RunConfig) -> int:
         try:
             found = uvloop.run(check_endpoint(cfg))
         except CheckFailed as e:
-            print(f"evalsup: {e}", file=sys.stderr)
+            log(str(e), "error")
             return 2
         if not cfg.quiet:
             log(found)
     try:
         code = uvloop.run(sup.run())
     except RunStopped as e:
-        print(f"evalsup: {e}", file=sys.stderr)
+        log(str(e), "error")
         return e.code
     wall = time.monotonic() - start
     summary = build_summary(sup, wall)
@@ -62,5 +62,5 @@ def run(cfg: RunConfig) -> int:
         print_summary(summary, Console())
     if sup.stop_message:
         how = "" if code == 2 else f"; rerun the same command to resume ({summary['total']:,} done so far)"
-        log(f"{sup.stop_message}{how}")
+        log(f"{sup.stop_message}{how}", "error" if code not in (0, 130, 143) else "info")
     return code

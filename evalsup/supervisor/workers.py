@@ -43,6 +43,7 @@ class WorkerHandle:
         self.fatal: str | None = None
         self.rss = 0
         self.parked = 0  # requests parked by the breaker (from heartbeats)
+        self.recycling = False  # a replacement is on its way
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
 
