@@ -177,6 +177,9 @@ class Journal:
         self._invalid: IO[bytes] | None = None
         self.written = 0  # bytes of results.jsonl handed to the OS (flushed)
         self.last_checkpoint = 0.0
+        # After a failed write the file may hold part of what was lost; no checkpoint may be written after
+        # that (it would drop the lost tasks from O), so the last good one stands and a rerun redoes them.
+        self.broken: str | None = None
 
     # ----- opening -----
 
@@ -256,13 +259,16 @@ class Journal:
             data = b"".join(self._buf)
             self._buf.clear()
             self._buf_bytes = 0
+            if self.broken:
+                raise JournalError(self.broken)
             try:
                 self._results.write(data)
                 self._results.flush()
             except OSError as e:
-                # Whatever part of data reached the file is at most a torn tail past the last checkpoint:
-                # a rerun cuts it, and those tasks are redone (they are in O or past F).
-                raise JournalError(f"cannot write {self.results_path}: {e.strerror}") from None
+                # Whatever part of data reached the file lies past the last checkpoint: a rerun keeps its
+                # complete lines (as finished since) and cuts a torn tail; the rest is redone (in O or past F).
+                self.broken = f"cannot write {self.results_path}: {e.strerror}"
+                raise JournalError(self.broken) from None
             self.written += len(data)
         return self.written
 
@@ -275,7 +281,8 @@ class Journal:
                     f.flush()
                     os.fsync(f.fileno())
         except OSError as e:
-            raise JournalError(f"cannot sync {self.run_dir}: {e.strerror}") from None
+            self.broken = f"cannot sync {self.run_dir}: {e.strerror}"
+            raise JournalError(self.broken) from None
         return n
 
     def ids_length(self) -> int:
@@ -288,6 +295,8 @@ class Journal:
 
     def write_checkpoint(self, cp: Checkpoint) -> None:
         """Write cp atomically. Its lengths must already be durable (sync() first)."""
+        if self.broken:
+            raise JournalError(self.broken)
         cp.time = time.time()
         try:
             write_atomic(self.checkpoint_path, cp.to_json())

@@ -107,6 +107,13 @@ class TaskReader:
         self.index = start_index  # non-blank lines read, counting from 0 (for sharding)
         self.ids = ids if ids is not None else IdSet()
         self.exhausted = False
+        self._last = (start_offset, start_line, start_index)
+
+    def unread(self) -> None:
+        """Step back over the line last read (the bad one), so the frontier stays before it."""
+        self.offset, self.line_no, self.index = self._last
+        self._f.seek(self.offset)
+        self.exhausted = False
 
     def close(self) -> None:
         self._f.close()
@@ -135,6 +142,7 @@ class TaskReader:
         f = self._f
         while True:
             start = self.offset
+            self._last = (start, self.line_no, self.index)
             line = f.readline(self.max_line_bytes + 1)
             if not line:
                 self.exhausted = True

@@ -120,6 +120,10 @@ def test_bad_line_stops_with_file_and_line(tmp_path: Path, mock: MockThread, bad
     ids = [x["custom_id"] for x in recs]
     assert len(ids) == len(set(ids)) and len(ids) > 0
     assert set(ids) <= {f"t{i}" for i in range(250)}
+    # a rerun meets the same line again instead of reading on past it
+    again = run_cli("run", "--max-line-mb", "0.25", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    assert again.returncode == 2 and f"{tasks}:251:" in again.stderr, again.stderr
+    assert len(read_results(tmp_path / "t.run")) >= len(ids)
 
 
 def test_on_invalid_skip_records_bad_lines(tmp_path: Path, mock: MockThread) -> None:

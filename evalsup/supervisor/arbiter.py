@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import random
 import signal
 import time
 from typing import Any
 
 import orjson
 
+from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, read_frame, split_meta
 from evalsup.ipc.frames import ProtocolError
@@ -112,6 +114,8 @@ class Supervisor:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
             if self.memory.cap < self.cfg.concurrency:
                 w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+        elif self.cfg.max_tasks_per_worker:  # the first workers start before the memory control exists
+            w.task_limit = self.cfg.max_tasks_per_worker + random.randint(0, self.cfg.max_tasks_jitter)
         if self.paused:
             w.send(Kind.PAUSE)
         if self.breaker.open:
@@ -162,7 +166,11 @@ class Supervisor:
         ref = w.outstanding.pop(meta["k"], None)
         if ref is None:
             return  # not ours any more (cannot happen while one worker owns each task)
-        self.journal.append(line)
+        try:
+            self.journal.append(line)
+        except JournalError as e:
+            self._stop(f"{e}; the run directory still describes what is safely on disk", 1, "now")
+            return
         if meta["ok"]:
             self.stats.succeeded += 1
         else:
@@ -305,7 +313,7 @@ class Supervisor:
         m.endpoint_down.set(1 if self.breaker.open else 0)
         m.worker_rss.clear()
         for w in self.workers:
-            if w.alive:
+            if w.alive and w.rss:  # 0 until the first sample
                 m.worker_rss.labels(str(w.slot)).set(w.rss)
         m.supervisor_rss.set(mem.last_supervisor_rss)
         m.cgroup_usage.set(mem.last_ws)
@@ -410,6 +418,7 @@ class Supervisor:
                         {"line": e.line_no, "offset": e.offset, "error": e.reason},
                         option=orjson.OPT_APPEND_NEWLINE))
                     continue
+                self.reader.unread()  # a rerun must meet this line again, not read on past it
                 self._stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", 2,
                            "drain")
                 return None
@@ -599,8 +608,30 @@ class Supervisor:
 
     # ----- the run -----
 
+    async def _prepare(self) -> None:
+        """Start the workers while the endpoint is checked (their interpreters take a moment to start); open
+        the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
+        check = asyncio.create_task(check_endpoint(self.cfg)) if self.cfg.check else None
+        try:
+            for slot in range(self.cfg.workers):
+                await self._start_worker(slot)
+            if check is not None:
+                try:
+                    found = await check
+                except CheckFailed as e:
+                    raise RunStopped(str(e), 2) from None
+                if not self.cfg.quiet:
+                    self.log(found)
+            self._open()
+        except BaseException:
+            if check is not None:
+                check.cancel()
+            for w in self.workers:
+                w.kill("stop")
+            raise
+
     async def run(self) -> int:
-        self._open()
+        await self._prepare()
         self.memory = MemoryControl(self.cfg, self.cfg.run_dir / "memory.jsonl")
         self.events = EventLog(self.cfg.run_dir / "events.jsonl")
         self.counter.start()
@@ -628,8 +659,6 @@ class Supervisor:
             self.log(f"resuming: {rs.done:,} done, {len(self.redo):,} to redo, reading on from line "
                      f"{rs.checkpoint.line_no + 1:,}{extra}")
         try:
-            for slot in range(self.cfg.workers):
-                await self._start_worker(slot)
             ticker = asyncio.create_task(self._ticker())
             monitor = asyncio.create_task(self._monitor())
             progress = asyncio.create_task(self._progress())

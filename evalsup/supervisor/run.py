@@ -35,16 +35,6 @@ def run(cfg: RunConfig) -> int:
     log = _logger(cfg)
     sup = Supervisor(cfg, log)
     start = time.monotonic()
-    if cfg.check:
-        from evalsup.check import CheckFailed, check_endpoint
-
-        try:
-            found = uvloop.run(check_endpoint(cfg))
-        except CheckFailed as e:
-            log(str(e), "error")
-            return 2
-        if not cfg.quiet:
-            log(found)
     try:
         code = uvloop.run(sup.run())
     except RunStopped as e:

@@ -226,6 +226,9 @@ async def _open_pipes() -> tuple[asyncio.StreamReader, FrameWriter]:
     reader = asyncio.StreamReader(limit=1 << 24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", 0))
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(fd_out, "wb", 0))
+    # Results are often larger than the default 64 KiB mark; a request slot must not wait for the pipe to
+    # empty after every result, or requests go out in waves. The credit window bounds what can queue here.
+    transport.set_write_buffer_limits(high=8 << 20)
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     return reader, FrameWriter(writer)
 
