@@ -13,7 +13,10 @@ TCPConnector(limit=in-flight)). For each run it measures, from outside:
 * peak RSS of the whole tree (sum over its processes, sampled every --sample-ms) and of its largest
   process (the kernel's high-water mark, ru_maxrss);
 * whether every task's result is in the output exactly once (distinct ids against the task file), and
-  how many requests the mock served (a figure above N means retries).
+  how many requests the mock served (a figure above N means retries);
+* from the mock's side: time to the first request (start-up), most requests held at once, its own CPU,
+  requests per half second (in --json: stalls that a mean hides); and the CPU that unrelated processes
+  took on the machine meanwhile, since a busy machine makes every figure noisy.
 
     scripts/bench --quick                                     # smoke test, < 1 minute
     scripts/bench --n 10000 --kb 100 --latency-ms 200 --inflight 128 --json bench.json
@@ -99,7 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=0.0, help="seconds before a run is killed (default: generous)")
     ap.add_argument("--workdir", type=Path, help="where task files and outputs go (default: a new temp directory)")
     ap.add_argument("--keep", action="store_true", help="keep outputs and the work directory")
+    ap.add_argument("--evalsup-src", type=Path,
+                    help="run evalsup from this source tree (a folder holding evalsup/) instead of this checkout's")
     args = ap.parse_args(argv)
+    if args.evalsup_src is not None:
+        args.evalsup_src = args.evalsup_src.resolve()
+        if not (args.evalsup_src / "evalsup" / "__init__.py").is_file():
+            ap.error(f"--evalsup-src {args.evalsup_src}: no evalsup/__init__.py there")
     base = QUICK if args.quick else DEFAULTS
     for k, v in base.items():
         if getattr(args, k) is None:
@@ -161,9 +170,7 @@ class Mock:
         self._req("POST", "/_mock/reset")
 
     def stats(self) -> dict[str, Any]:
-        s = self._req("GET", "/_mock/stats")
-        s.pop("arrivals", None)
-        return dict(s)
+        return dict(self._req("GET", "/_mock/stats"))
 
     def warm_up(self, model: str) -> None:
         body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "warm-up"}]})
@@ -214,6 +221,9 @@ class Measured:
     leftover_pids: list[int]  # processes of the tree still alive after the top one exited (killed)
     samples: int
     timeline: list[tuple[float, float, int]]  # (t s, tree RSS MB, processes)
+    start_epoch: float  # time.time() at the start, to line up the mock's arrival times
+    host_busy_s: float  # CPU seconds the whole machine was busy during the run (every process)
+    bench_cpu_s: float  # CPU seconds of this script (the sampler) during the run
 
 
 def _waiter(pid: int, done: threading.Event, box: list[float]) -> None:
@@ -224,51 +234,67 @@ def _waiter(pid: int, done: threading.Event, box: list[float]) -> None:
     done.set()
 
 
+def host_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all CPUs), for the load of unrelated processes."""
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+
 def measure(cmd: list[str], stdout: Path, stderr: Path, timeout: float, interval: float,
-            env: dict[str, str] | None = None) -> Measured:
+            env: dict[str, str] | None = None, cwd: Path = ROOT) -> Measured:
     cpu_last: dict[int, float] = {}
     procs: dict[int, psutil.Process] = {}
     peak_tree = peak_proc = 0
     timeline: list[tuple[float, float, int]] = []
     timed_out = False
     with open(stdout, "wb") as so, open(stderr, "wb") as se:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=so, stderr=se, cwd=ROOT, env=env, start_new_session=True)
+        me = psutil.Process()
+        host0, me0 = host_busy_s(), sum(me.cpu_times()[:2])
+        t0, epoch0 = time.perf_counter(), time.time()
+        p = subprocess.Popen(cmd, stdout=so, stderr=se, cwd=cwd, env=env, start_new_session=True)
     done = threading.Event()
     box: list[float] = []
     threading.Thread(target=_waiter, args=(p.pid, done, box), daemon=True).start()
     root = psutil.Process(p.pid)
     procs[p.pid] = root
     samples = 0
-    while not done.is_set():
-        now = time.perf_counter()
-        if now - t0 > timeout:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)  # its own session: the group is the tree we started
-            done.wait(30)
-            break
-        try:
-            kids = root.children(recursive=True)
-        except psutil.Error:
-            kids = []
-        tree = 0
-        for pr in [root, *kids]:
-            pr = procs.setdefault(pr.pid, pr)
+    try:
+        while not done.is_set():
+            now = time.perf_counter()
+            if now - t0 > timeout:
+                timed_out = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)  # its own session: the group is the tree we started
+                done.wait(30)
+                break
             try:
-                with pr.oneshot():
-                    rss = pr.memory_info().rss
-                    ct = pr.cpu_times()
+                kids = root.children(recursive=True)
             except psutil.Error:
-                continue
-            tree += rss
-            peak_proc = max(peak_proc, rss)
-            cpu_last[pr.pid] = ct.user + ct.system
-        peak_tree = max(peak_tree, tree)
-        samples += 1
-        timeline.append((round(now - t0, 3), round(tree / MB, 1), 1 + len(kids)))
-        done.wait(interval)
+                kids = []
+            tree = 0
+            for pr in [root, *kids]:
+                pr = procs.setdefault(pr.pid, pr)
+                try:
+                    with pr.oneshot():
+                        rss = pr.memory_info().rss
+                        ct = pr.cpu_times()
+                except psutil.Error:
+                    continue
+                tree += rss
+                peak_proc = max(peak_proc, rss)
+                cpu_last[pr.pid] = ct.user + ct.system
+            peak_tree = max(peak_tree, tree)
+            samples += 1
+            timeline.append((round(now - t0, 3), round(tree / MB, 1), 1 + len(kids)))
+            done.wait(interval)
+    except BaseException:  # Ctrl-C: take the run's process group down with us, and reap it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(p.pid, 0)
+        raise
     end = box[0] if box else time.perf_counter()
+    host, bench_cpu = host_busy_s() - host0, sum(me.cpu_times()[:2]) - me0
     cpu_main = cpu_children = 0.0
     with contextlib.suppress(psutil.Error):
         ct = root.cpu_times()  # a zombie now: its final figures
@@ -289,8 +315,19 @@ def measure(cmd: list[str], stdout: Path, stderr: Path, timeout: float, interval
         cpu_s=ru.ru_utime + ru.ru_stime, cpu_user_s=ru.ru_utime, cpu_sys_s=ru.ru_stime,
         cpu_main_s=cpu_main, cpu_children_s=cpu_children, cpu_sampled_s=sum(cpu_last.values()),
         peak_tree_rss_mb=peak_tree / MB, peak_proc_rss_mb=peak_proc / MB, maxrss_mb=ru.ru_maxrss / 1024,
-        processes_seen=len(procs), leftover_pids=leftovers, samples=samples, timeline=timeline,
+        processes_seen=len(procs), leftover_pids=leftovers, samples=samples, timeline=timeline, start_epoch=epoch0,
+        host_busy_s=host, bench_cpu_s=bench_cpu,
     )
+
+
+def arrival_bins(arrivals: list[float], start: float, wall: float, width: float = 0.5) -> list[int]:
+    """Requests the mock received per `width` seconds of the run: shows stalls that a mean hides."""
+    bins = [0] * (int(wall / width) + 1)
+    for t in arrivals:
+        i = int((t - start) / width)
+        if 0 <= i < len(bins):
+            bins[i] += 1
+    return bins
 
 
 def check_output(path: Path, n: int) -> dict[str, Any]:
@@ -349,23 +386,42 @@ def run_one(c: Contender, args: argparse.Namespace, mock: Mock, tasks: Path, run
     out = rundir / ("evalsup.run" if c.is_evalsup else "results.jsonl")
     results = out / "results.jsonl" if c.is_evalsup else out
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    cwd = ROOT
+    if c.is_evalsup and args.evalsup_src:
+        cwd = args.evalsup_src  # `python -m evalsup` (and its workers) import the package from the cwd first
+        env["PYTHONPATH"] = str(args.evalsup_src)
+    loadavg = os.getloadavg()[0]
     mock.reset()
     mock_cpu0 = mock.cpu_s()
     m = measure(command(c, args, mock.url, tasks, out), rundir / "stdout", rundir / "stderr", args.run_timeout,
-                args.sample_ms / 1000, env)
+                args.sample_ms / 1000, env, cwd)
     mock_cpu = mock.cpu_s() - mock_cpu0
     ms = mock.stats()
+    arrivals = sorted(ms.get("arrivals") or [])
+    chat = (ms.get("by_path") or {}).get("/v1/chat/completions", 0)
+    # evalsup's connection check (GET /v1/models) comes before any chat request: leave it out of the start-up
+    complete = len(arrivals) == ms.get("requests")  # the mock keeps the last 200,000 arrival times only
+    first = arrivals[len(arrivals) - chat] if complete and 0 < chat <= len(arrivals) else None
+    others = max(0.0, m.host_busy_s - m.cpu_s - mock_cpu - m.bench_cpu_s)
     res = check_output(results, args.n)
     rps = args.n / m.wall_s if m.wall_s > 0 else 0.0
     rec: dict[str, Any] = {
         "contender": c.name, "workers": c.workers or None, **vars(m),
         "requests_per_s": rps,
+        # from the launch to the mock's first request, and from its last request to the exit
+        "first_request_s": first - m.start_epoch if first is not None else None,
+        "first_any_request_s": arrivals[0] - m.start_epoch if arrivals else None,
+        "after_last_request_s": m.start_epoch + m.wall_s - arrivals[-1] if arrivals else None,
+        "other_cpu_s": others,  # CPU of unrelated processes on the machine during the run (noise)
+        "other_cores": others / m.wall_s if m.wall_s > 0 else None,
+        "loadavg_1m_before": loadavg,
         "ideal_ratio": rps / args.ideal_rps if args.ideal_rps else None,
         "mock": {"requests": ms.get("requests"), "by_path": ms.get("by_path"),
-                 "chat_requests": (ms.get("by_path") or {}).get("/v1/chat/completions", 0),
+                 "chat_requests": chat,
                  "statuses": ms.get("statuses"),
                  "max_in_flight": ms.get("max_in_flight"), "bytes_out": ms.get("bytes_out"), "cpu_s": mock_cpu,
-                 "busy": mock_cpu / m.wall_s if m.wall_s > 0 else None},
+                 "busy": mock_cpu / m.wall_s if m.wall_s > 0 else None,
+                 "arrivals_per_half_s": arrival_bins(arrivals, m.start_epoch, m.wall_s)},
         "results": res,
     }
     if c.is_evalsup:
@@ -385,7 +441,8 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
 
 def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("wall_s", "requests_per_s", "ideal_ratio", "cpu_s", "cpu_main_s", "cpu_children_s", "cpu_sampled_s",
-            "peak_tree_rss_mb", "peak_proc_rss_mb", "maxrss_mb")
+            "peak_tree_rss_mb", "peak_proc_rss_mb", "maxrss_mb", "first_request_s", "after_last_request_s",
+            "other_cores")
     s: dict[str, Any] = {"contender": name, "runs": len(runs), **{k: median_of(runs, k) for k in keys}}
     s["mock_busy"] = statistics.median([r["mock"]["busy"] or 0.0 for r in runs])
     s["mock_max_in_flight"] = max(r["mock"]["max_in_flight"] or 0 for r in runs)
@@ -416,8 +473,8 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
              f"in-flight {args.inflight}  repeat {args.repeat} (medians)  Little's-law ideal {ideal}  "
              f"[{os.cpu_count()} CPUs, Python {platform.python_version()}]")
     t = Table(title=title, title_justify="left")
-    cols = ["contender", "wall s", "req/s", "of ideal", "CPU s", "sup/wrk CPU", "RSS tree MB", "max proc MB",
-            "results", "mock infl", "mock CPU", "x wall", "x CPU", "x RSS"]
+    cols = ["contender", "wall s", "1st req s", "req/s", "of ideal", "CPU s", "sup/wrk CPU", "RSS tree MB",
+            "max proc MB", "results", "mock infl", "mock CPU", "others", "x wall", "x CPU", "x RSS"]
     for i, col in enumerate(cols):
         t.add_column(col, justify="left" if col in ("contender", "results") else "right", no_wrap=i == 0)
     for s in summaries:
@@ -427,10 +484,11 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
         res = (f"[green]{s['distinct_ids']:,} once[/]" if s["all_ok"]
                else f"[red]{s['distinct_ids']:,} ids, {s['lines']:,} lines, {s['ok_records']:,} ok[/]")
         t.add_row(
-            s["contender"], _f(s["wall_s"], ".2f"), _f(s["requests_per_s"], ",.0f"),
+            s["contender"], _f(s["wall_s"], ".2f"), _f(s["first_request_s"], ".2f"), _f(s["requests_per_s"], ",.0f"),
             _f(None if s["ideal_ratio"] is None else 100 * s["ideal_ratio"], ".0f") + "%",
             _f(s["cpu_s"], ".2f"), split, _f(s["peak_tree_rss_mb"], ",.0f"), _f(s["maxrss_mb"], ",.0f"),
             res + extra, str(s["mock_max_in_flight"]), _f(100 * s["mock_busy"], ".0f") + "%",
+            _f(s["other_cores"], ".2f"),
             _ratio(s["wall_s"], ref and ref["wall_s"]), _ratio(s["cpu_s"], ref and ref["cpu_s"]),
             _ratio(s["peak_tree_rss_mb"], ref and ref["peak_tree_rss_mb"]),
         )
@@ -442,11 +500,17 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
         "sup/wrk CPU: evalsup's supervisor alone / its worker processes.",
         f"RSS tree: peak of the sum over the tree's processes, sampled every {args.sample_ms:g} ms; max proc: the "
         "kernel's high-water mark (ru_maxrss) of the largest single process. The mock is not in the tree.",
+        "1st req s: from the launch to the mock's first chat request (start-up). others: CPU cores busy with unrelated "
+        "processes on the machine during the run (noise; should be near 0 for a fair comparison).",
         "mock infl: most requests the mock held at once; mock CPU: the mock's CPU time / the run's wall time "
         "(near 100% means the endpoint, not the client, set the pace).",
     ]
     if ref is None:
         notes.append(f"{REFERENCE} was not run: no ratios.")
+    busy = max((s["other_cores"] or 0.0 for s in summaries), default=0.0)
+    if busy > 0.25:
+        notes.append(f"[yellow]warning: other processes kept up to {busy:.2f} of {os.cpu_count()} CPUs busy during "
+                     "these runs: the figures are noisy (use --repeat, or a quiet machine).[/]")
     for n in notes:
         console.print(f"[dim]{n}[/]")
 
@@ -454,8 +518,13 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
 # ---------------------------------------------------------------------------------------------- main
 
 
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # same clean-up as Ctrl-C: the run in progress and the mock are stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
     args.ideal_rps = args.inflight / (args.latency_ms / 1000) if args.latency_ms > 0 else None
@@ -487,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"[red]exit {rec['exit_code']}{' TIMEOUT' if rec['timed_out'] else ''}, "
                     f"{res['distinct_ids']}/{args.n} ids, {res['lines']} lines[/]")
                 err.print(f"  [{k}/{total}] {c.name:<18} {rec['wall_s']:7.2f} s  {rec['requests_per_s']:8,.0f} req/s"
-                          f"  CPU {rec['cpu_s']:6.2f} s  RSS {rec['peak_tree_rss_mb']:7,.0f} MB  {status}")
+                          f"  CPU {rec['cpu_s']:6.2f} s  RSS {rec['peak_tree_rss_mb']:7,.0f} MB"
+                          f"  others {rec['other_cores'] or 0:4.2f} cores  {status}")
                 if rec.get("stderr_tail") and rec["exit_code"] != 0:
                     err.print(f"[dim]{rec['stderr_tail'][-1500:]}[/]")
                 if rec["leftover_pids"]:
