@@ -61,6 +61,8 @@ class Checkpoint:
     failed: int = 0  # records in results[:L] with an error
     invalid: int = 0  # lines skipped as invalid before F
     counters: dict[str, Any] = field(default_factory=dict)  # restarts, recycles...: carried across resumes
+    done_ahead: list[str] = field(default_factory=list)  # ids at or past F already in results[:L] (an earlier D)
+    pid: int = 0  # the supervisor that wrote it (for `evalsup status`)
     finished: bool = False
     time: float = 0.0
 
@@ -79,6 +81,8 @@ class Checkpoint:
             "failed": self.failed,
             "invalid": self.invalid,
             "counters": self.counters,
+            "done_ahead": self.done_ahead,
+            "pid": self.pid,
             "finished": self.finished,
             "time": self.time,
         }
@@ -94,6 +98,7 @@ class Checkpoint:
             outstanding=[TaskRef(o, n, i, c) for o, n, i, c in d["outstanding"]],
             results_len=d["results_len"], ids_len=d["ids_len"], invalid_len=d["invalid_len"],
             succeeded=d["succeeded"], failed=d["failed"], invalid=d["invalid"], counters=d.get("counters", {}),
+            done_ahead=list(d.get("done_ahead", [])), pid=int(d.get("pid", 0)),
             finished=d.get("finished", False), time=d.get("time", 0.0),
         )
 
@@ -208,10 +213,15 @@ class Journal:
                                f"{cp.results_len} bytes): it was edited or truncated; rerun with --fresh")
         torn = size - keep
         if torn:
-            with open(self.results_path, "r+b") as f:
-                f.truncate(keep)
-                os.fsync(f.fileno())
+            try:
+                with open(self.results_path, "r+b") as f:
+                    f.truncate(keep)
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise JournalError(f"cannot repair {self.results_path} (cut its torn last line): "
+                                   f"{e.strerror}") from None
         d, ok, bad = scan_results(self.results_path, cp.results_len) if keep else (set(), 0, 0)
+        d.update(cp.done_ahead)  # finished before an earlier resume, still ahead of F
         self._open(keep, cp.ids_len, cp.invalid_len)
         return ResumeState(cp, d, ok, bad, torn)
 

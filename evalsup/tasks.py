@@ -46,6 +46,7 @@ class TaskRef:
     line_no: int
     id: str
     crashes: int = 0
+    started: bool = False  # the worker holding it has begun it (not kept in the checkpoint)
 
 
 def task_id_of(obj: dict[str, Any]) -> str | None:

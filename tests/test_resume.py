@@ -216,7 +216,7 @@ def assert_clean_exit(proc: Proc | subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in err, err
 
 
-def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc], n: int = 3000,
+def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc], n: int = 2000,
                    at_least: int = 300) -> tuple[Path, Path, tuple[str, ...]]:
     """A run SIGKILLed (whole process group) while results were coming in; the mock is fast again after."""
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
@@ -239,8 +239,8 @@ def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc],
 
 def test_rerun_after_sigkill_resumes_exactly_once(tmp_path: Path, mock: MockThread,
                                                   start: Callable[..., Proc]) -> None:
-    n = 3000
-    tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
+    n = 2000
+    _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
     done_before = complete_lines(run_dir / "results.jsonl")
     prefix = (run_dir / "results.jsonl").read_bytes()
     prefix = prefix[: prefix.rfind(b"\n") + 1]
@@ -259,9 +259,53 @@ def test_rerun_after_sigkill_resumes_exactly_once(tmp_path: Path, mock: MockThre
     assert s["total"] == s["succeeded"] == n and s["failed"] == 0
 
 
+def _checkpoint(run_dir: Path) -> dict[str, Any]:
+    return orjson.loads((run_dir / "checkpoint.json").read_bytes())  # type: ignore[no-any-return]
+
+
+def test_second_crash_soon_after_a_resume_is_still_exactly_once(tmp_path: Path, mock: MockThread,
+                                                                start: Callable[..., Proc]) -> None:
+    """Crash; rerun; crash again after the rerun wrote its first checkpoint but before it got far; rerun.
+    The records written after the first run's last checkpoint must not be redone by the third run."""
+    n = 2000
+    tasks = write_tasks(tmp_path / "tasks.jsonl", n)
+    run_dir = tmp_path / "tasks.run"
+    results = run_dir / "results.jsonl"
+    args = run_args(mock, tasks, "-w", "2")
+    mock.configure(latency_ms=100, jitter_ms=20)
+    a = start(*args)
+    # kill just after a flush that came after the last checkpoint: records past the checkpoint's results_len
+    wait_until(lambda: ((run_dir / "checkpoint.json").exists() and results.exists()
+                        and results.stat().st_size > _checkpoint(run_dir)["results_len"] > 0) or not a.running(),
+               "records written after a checkpoint")
+    a.kill_group()
+    assert a.wait_workers_gone() == []
+    assert complete_lines(results) > 0 and results.stat().st_size > _checkpoint(run_dir)["results_len"]
+    done_a = complete_lines(results)
+
+    # the rerun: requests are slow now, so it checkpoints before it has read far
+    quiesce(mock)
+    mock.configure(latency_ms=5000, jitter_ms=0)
+    cp_mtime = (run_dir / "checkpoint.json").stat().st_mtime_ns
+    b = start(*args[:-1], "-w", "1", "-c", "1", args[-1])
+    wait_until(lambda: (run_dir / "checkpoint.json").stat().st_mtime_ns != cp_mtime or not b.running(),
+               "the rerun's first checkpoint")
+    b.kill_group()
+    assert b.wait_workers_gone() == []
+    assert resumed_done(resume_line(b.stderr)) == done_a
+
+    mock.configure(latency_ms=5, jitter_ms=2)
+    done_b = complete_lines(results)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert resumed_done(resume_line(r.stderr)) == done_b
+    recs = assert_exactly_once(run_dir, ids_of(n))
+    assert all(x["error"] is None for x in recs)
+
+
 def test_torn_final_line_is_cut_on_resume(tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
-    n = 3000
-    tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
+    n = 2000
+    _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
     results = run_dir / "results.jsonl"
     data = results.read_bytes()
     data = data[: data.rfind(b"\n") + 1]  # the kill may itself have torn it; keep the complete lines
@@ -281,8 +325,8 @@ def test_torn_final_line_is_cut_on_resume(tmp_path: Path, mock: MockThread, star
 
 def test_status_reads_a_stopped_run_without_touching_it(tmp_path: Path, mock: MockThread,
                                                        start: Callable[..., Proc]) -> None:
-    n = 3000
-    tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
+    n = 2000
+    _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
     results = run_dir / "results.jsonl"
     with open(results, "ab") as f:
         f.write(b'{"id": "t999999", "custom_id": "t9')  # a torn last line that status must leave alone
@@ -310,7 +354,7 @@ def test_status_reads_a_stopped_run_without_touching_it(tmp_path: Path, mock: Mo
 
 def test_sigterm_drains_exits_0_and_rerun_completes(tmp_path: Path, mock: MockThread,
                                                    start: Callable[..., Proc]) -> None:
-    n = 3000
+    n = 2000
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     run_dir = tmp_path / "tasks.run"
     args = run_args(mock, tasks, "-w", "3", "--grace", "60")
@@ -343,7 +387,7 @@ def test_sigterm_drains_exits_0_and_rerun_completes(tmp_path: Path, mock: MockTh
 def _hung_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc], grace: str
               ) -> tuple[Proc, Path, tuple[str, ...], int]:
     """A run whose requests in flight hang (the mock stops answering) after some results came in."""
-    n = 3000
+    n = 2000
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     run_dir = tmp_path / "tasks.run"
     args = run_args(mock, tasks, "-w", "2", "--grace", grace)
@@ -489,7 +533,7 @@ def test_full_disk_stops_clearly_and_rerun_after_growing_completes(tmp_path: Pat
 def test_read_only_run_dir_is_a_clear_error(tmp_path: Path, mock: MockThread, start: Callable[..., Proc],
                                             small_fs: Path) -> None:
     assert _mount("-o", "remount,size=64m", str(small_fs)).returncode == 0
-    n = 3000
+    n = 2000
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     run_dir = small_fs / "run"
     args = run_args(mock, tasks, "-w", "2", "--out", str(run_dir))
@@ -505,10 +549,9 @@ def test_read_only_run_dir_is_a_clear_error(tmp_path: Path, mock: MockThread, st
 
     r = _mount("-o", "remount,ro", str(small_fs))
     assert r.returncode == 0, r.stderr
-    r = run_cli(*args)
-    assert r.returncode != 0, r.stderr
-    assert_clean_exit(r)
-    assert "Read-only file system" in r.stderr, r.stderr
+    refused = run_cli(*args)
+    assert refused.returncode != 0, refused.stderr
+    assert "Read-only file system" in refused.stderr, refused.stderr
     assert snapshot(run_dir) == before
 
     assert _mount("-o", "remount,rw", str(small_fs)).returncode == 0
@@ -516,3 +559,4 @@ def test_read_only_run_dir_is_a_clear_error(tmp_path: Path, mock: MockThread, st
     assert r.returncode == 0, r.stderr
     resume_line(r.stderr)
     assert_exactly_once(run_dir, ids_of(n))
+    assert_clean_exit(refused)  # the read-only stop was a clear message, not a traceback

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 HEADER = struct.Struct(">IB")
+KEY = struct.Struct(">Q")  # a task key (its byte offset) in STARTED frames
 MAX_FRAME = 1 << 30  # a frame larger than this is a protocol error, not a big response
 
 
@@ -40,6 +41,7 @@ class Kind(enum.IntEnum):
     LEAKS = 15  # json {"text": str}: top allocation sites (tracemalloc), sent before a drain exit
     TRIP = 16  # json {"reason": str}: most recent attempts failed endpoint-side
     PROBE_RESULT = 17  # json {"ok": bool, "detail": str}
+    STARTED = 18  # 8-byte key: the worker began this task (a crash blames only started tasks)
 
 
 class ProtocolError(Exception):

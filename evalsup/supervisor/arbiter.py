@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import random
 import signal
 import time
@@ -16,7 +17,7 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, read_frame, split_meta
-from evalsup.ipc.frames import ProtocolError
+from evalsup.ipc.frames import KEY, ProtocolError
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -46,6 +47,9 @@ class Supervisor:
         self.stats = RunStats()
         self.workers: list[WorkerHandle] = []
         self.redo: collections.deque[TaskRef] = collections.deque()  # tasks to hand out before new ones
+        # tasks that were being worked on when a worker died: each goes to a worker holding no other suspect,
+        # so a poison task cannot take innocent tasks down with it again and again
+        self.suspects: collections.deque[TaskRef] = collections.deque()
         self.skip_ids: set[str] = set()  # D: finished after the last checkpoint of an earlier run
         self.reader: TaskReader | None = None
         self.fp: dict[str, Any] = {}
@@ -66,6 +70,7 @@ class Supervisor:
         self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
         self._rate_samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=120)
         self.metrics: Any = None
+        self._stuck_since: float | None = None
         self._bg: set[asyncio.Task[Any]] = set()
 
     # ----- set-up -----
@@ -97,6 +102,8 @@ class Supervisor:
         for ref in sorted(cp.outstanding, key=lambda r: r.offset):
             if ref.id in d:
                 d.discard(ref.id)
+            elif ref.crashes:
+                self.suspects.append(ref)
             else:
                 self.redo.append(ref)
         self.skip_ids = d
@@ -138,6 +145,10 @@ class Supervisor:
                 kind, payload = frame
                 if kind is Kind.RESULT:
                     self._on_result(w, payload)
+                elif kind is Kind.STARTED:
+                    ref = w.outstanding.get(KEY.unpack(payload)[0])
+                    if ref is not None:
+                        ref.started = True
                 elif kind is Kind.HEARTBEAT:
                     w.last_beat = time.monotonic()
                     w.parked = int(decode_json(payload).get("parked", 0))
@@ -156,7 +167,7 @@ class Supervisor:
                 elif kind is Kind.LEAKS:
                     self._write_leaks(w, str(decode_json(payload).get("text", "")))
         except (ProtocolError, ConnectionError) as e:
-            self.log(f"worker {w.pid}: broken pipe ({e}); replacing it")
+            self.log(f"worker {w.pid}: broken pipe ({e})")
             w.kill("crashed")
         rc = await w.proc.wait()
         self._on_exit(w, rc)
@@ -194,8 +205,11 @@ class Supervisor:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
         self.credit.set()
-        if w.task_limit is not None and w.done >= w.task_limit and not w.recycling:
-            self._begin_recycle(w, "tasks")
+        if w.task_limit is not None and not w.recycling:
+            if w.done >= w.task_limit:
+                self._begin_recycle(w, "tasks")
+            elif w.done >= w.task_limit - max(w.window, w.task_limit // 10):
+                self._ensure_replacement(w)  # warm up its successor, so the recycle costs no throughput
 
     def _on_exit(self, w: WorkerHandle, rc: int) -> None:
         planned = w.state is State.DRAINING or (w.state is State.KILLED and w.kill_cause in ("stop", "hard_kill"))
@@ -205,10 +219,13 @@ class Supervisor:
             self.workers.remove(w)
         died = cause in ("crashed", "hung", "hard_kill")
         for ref in sorted(w.outstanding.values(), key=lambda r: r.offset, reverse=True):
-            if died:
+            if died and ref.started:  # only what it was working on; queued tasks are not suspects
                 ref.crashes += 1
+            ref.started = False
             if ref.crashes >= self.cfg.max_task_crashes:
                 self._poison(ref)
+            elif ref.crashes:
+                self.suspects.appendleft(ref)
             else:
                 self.redo.appendleft(ref)
         w.outstanding.clear()
@@ -228,7 +245,7 @@ class Supervisor:
                        f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", 1, "now")
             return
         self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
-                 f"{len(self.redo)} task(s) handed on; starting a new one")
+                 f"{len(self.redo) + len(self.suspects)} task(s) handed on; starting a new one")
         t = asyncio.create_task(self._replace(w.slot))
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
@@ -335,7 +352,9 @@ class Supervisor:
             if dec.throttle == "pause":
                 self.paused = True
                 self.events("pause", working_set=mem.last_ws)
-                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, above the high mark; pausing dispatch")
+                why = "above the high mark" if mem.watermark and mem.last_ws >= mem.watermark.high_bytes else \
+                    f"kernel reports pressure ({', '.join(mem.pressure.reasons)})"
+                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, {why}; pausing dispatch")
                 for w in self.workers:
                     w.send(Kind.PAUSE)
             elif dec.throttle == "resume":
@@ -350,11 +369,31 @@ class Supervisor:
                     w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
             for w, cause in dec.recycle:
                 self._begin_recycle(w, cause)
+            self._unstick(mem)
+
+    def _unstick(self, mem: MemoryControl) -> None:
+        """Paused with nothing in flight and still above the low mark: idle workers' RSS (CPython keeps what it
+        freed) holds the pause forever. Recycle the largest worker to give memory back, one every 2 s."""
+        if not self.paused or self._outstanding() or self.stopping is not None:
+            self._stuck_since = None
+            return
+        now = time.monotonic()
+        if self._stuck_since is None:
+            self._stuck_since = now
+            return
+        if now - self._stuck_since < 2.0:
+            return
+        self._stuck_since = now
+        idle = [w for w in self.workers if w.state is State.READY and not w.recycling]
+        if idle:
+            w = max(idle, key=lambda x: x.rss)
+            self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use with nothing in flight (above the low mark); "
+                     f"recycling the largest worker ({w.rss / MIB:,.0f} MiB) to give memory back")
+            self._begin_recycle(w, "rss")
 
     def _begin_recycle(self, w: WorkerHandle, cause: str) -> None:
-        """Replace a worker: killed at once past the hard RSS limit; drained at once past the soft one (its
-        replacement starting meanwhile); on a task count, drained only once its replacement is ready, so
-        throughput does not dip while the new interpreter starts."""
+        """Replace a worker: past the hard RSS limit it is killed at once; otherwise it gets no new task and
+        is drained (finishes what it holds, then exits). Its replacement starts at once, if not already."""
         if self.stopping is not None or not w.alive or (w.recycling and cause != "hard_kill"):
             return
         w.recycling = True
@@ -365,25 +404,22 @@ class Supervisor:
         if cause == "hard_kill":
             self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; killing and replacing it")
             w.kill("hard_kill")
-        elif cause == "rss":
-            self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB; recycling it (drain, a fresh one takes its place)")
-            w.drain(cause, report=self.cfg.worker.trace_memory)
         else:
-            self.log(f"worker {w.pid}: {w.done} tasks done; recycling it once its replacement is ready")
-        t = asyncio.create_task(self._replace_for_recycle(w, cause))
+            why = f"RSS {w.rss / MIB:,.0f} MiB" if cause == "rss" else f"{w.done} tasks done"
+            self.log(f"worker {w.pid}: {why}; recycling it (drain, a fresh one takes its place)")
+            w.drain(cause, report=cause == "rss" and self.cfg.worker.trace_memory)
+        self._ensure_replacement(w)
+        self.credit.set()
+
+    def _ensure_replacement(self, w: WorkerHandle) -> None:
+        """Start the worker that will take w's place (once), e.g. ahead of a recycle on task count."""
+        if w.replaced or self.stopping is not None:
+            return
+        w.replaced = True
+        t = asyncio.create_task(self._start_worker(w.slot))
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
-
-    async def _replace_for_recycle(self, old: WorkerHandle, cause: str) -> None:
-        if self.stopping is not None:
-            return
-        new = await self._start_worker(old.slot)
-        self.credit.set()
-        if cause == "tasks":
-            deadline = time.monotonic() + 60
-            while new.state is State.STARTING and time.monotonic() < deadline and self.stopping is None:
-                await asyncio.sleep(0.05)
-            old.drain(cause)
+        t.add_done_callback(lambda _: self.credit.set())
 
     def _poison(self, ref: TaskRef) -> None:
         msg = f"the worker died {ref.crashes} times while holding this task (line {ref.line_no})"
@@ -434,10 +470,12 @@ class Supervisor:
             return ref, line
         return None
 
-    def _pick_worker(self) -> WorkerHandle | None:
+    def _pick_worker(self, suspect_free: bool = False) -> WorkerHandle | None:
         best: WorkerHandle | None = None
         for w in self.workers:
             if w.credits > 0 and (best is None or w.credits > best.credits):
+                if suspect_free and any(r.crashes for r in w.outstanding.values()):
+                    continue
                 best = w
         return best
 
@@ -448,13 +486,24 @@ class Supervisor:
     async def _dispatch(self) -> None:
         """Hand out tasks until the input is done and nothing is outstanding, or a stop is asked."""
         while self.stopping is None:
+            if self.paused or self.breaker.open:
+                await self._wait_credit()
+                continue
+            if self.suspects:
+                sw = self._pick_worker(suspect_free=True)
+                if sw is not None:
+                    ref = self.suspects.popleft()
+                    sw.send_task(ref, read_line_at(self.cfg.tasks_path, ref.offset, self.cfg.max_line_bytes))
+                    assert sw.out is not None
+                    await sw.out.drain()
+                    continue
             if self.exhausted and not self.redo:
-                if self._outstanding() == 0:
+                if self._outstanding() == 0 and not self.suspects:
                     return
                 await self._wait_credit()  # a result or a dead worker's tasks coming back
                 continue
             w = self._pick_worker()
-            if w is None or self.paused or self.breaker.open:
+            if w is None:
                 await self._wait_credit()
                 continue
             task = self._next_task()
@@ -476,12 +525,13 @@ class Supervisor:
         j = self.journal
         results_len = j.flush()
         j.append_ids(self.reader.ids.take_log())
-        outstanding = [r for w in self.workers for r in w.outstanding.values()] + list(self.redo)
+        outstanding = [r for w in self.workers for r in w.outstanding.values()] + list(self.redo) + list(self.suspects)
         cp = Checkpoint(
             fingerprint=self.fp, frontier=self.reader.offset, line_no=self.reader.line_no, index=self.reader.index,
             outstanding=outstanding, results_len=results_len, ids_len=j.ids_length(),
             invalid_len=j.invalid_length(), succeeded=self.stats.succeeded, failed=self.stats.failed,
             invalid=self.stats.invalid, counters=self.stats.counters(), finished=finished,
+            done_ahead=sorted(self.skip_ids), pid=os.getpid(),
         )
         j.sync()
         j.write_checkpoint(cp)
@@ -587,6 +637,7 @@ class Supervisor:
             self._stop("stopped by SIGTERM", 0, "drain")
         else:
             self._stop("interrupted", 130 if signum == signal.SIGINT else 143, "now")
+            self.stop_message, self.stop_code = "interrupted", 130 if signum == signal.SIGINT else 143
 
     async def _shutdown_workers(self) -> None:
         for w in self.workers:
@@ -650,6 +701,11 @@ class Supervisor:
                     resumed=self.resumed_from is not None)
         if not self.cfg.quiet:
             self.log(self.memory.describe())
+        if self.memory.cap < self.cfg.concurrency:
+            self.log(f"memory: capping requests in flight at {self.memory.cap} of --concurrency {self.cfg.concurrency} "
+                     "until response sizes are known (1 MiB each assumed); the cap follows what they turn out to be")
+            for w in self.workers:
+                w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -677,7 +733,8 @@ class Supervisor:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-        self.finished = self.stopping is None and self.exhausted and not self.redo and self._outstanding() == 0
+        self.finished = (self.stopping is None and self.exhausted and not self.redo and not self.suspects
+                         and self._outstanding() == 0)
         try:
             self.checkpoint(finished=self.finished)
         except JournalError as e:

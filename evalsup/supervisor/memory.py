@@ -45,14 +45,21 @@ class MemoryControl:
         if high is not None:
             low = int(high * cfg.low_frac / cfg.high_frac) if cfg.memory_high else int((self.limit or 0) * cfg.low_frac)
             self.watermark = Watermark(high, min(low, high - 1))
-        self.pressure = PressureSignal(cfg.psi_threshold)
+        # memory.events "max" (v1 failcnt) also rises when the kernel merely drops clean page cache (of the
+        # results file, say) at the limit: not a sign of trouble. Throttling above memory.high, OOM and PSI are.
+        self.pressure = PressureSignal(cfg.psi_threshold, keys=("high", "oom", "oom_kill"))
         self.budget = InflightBudget(self.limit, cfg.high_frac)
+        if self.limit:
+            # before any response is seen, assume 1 MiB ones: requests are let out as room is shown to exist
+            self.budget.avg_bytes = float(MIB) * self.budget.parse_factor
         soft = cfg.max_worker_rss
         if soft is None:
             soft = int(self.limit * cfg.high_frac / (cfg.workers + 1)) if self.limit else GIB
         self.recycle = RecyclePolicy(soft, int(soft * cfg.hard_rss_factor), cfg.max_tasks_per_worker,
                                      cfg.max_tasks_jitter)
         self.cap = cfg.concurrency
+        if self.limit:
+            self.cap = self.budget.cap(max(80 * MIB, 0) + cfg.workers * 60 * MIB, cfg.concurrency)
         self.cap_announced = False
         self.peak_working_set = 0
         self.oom_kills_start = first.events.get("oom_kill", 0)
@@ -117,7 +124,7 @@ class MemoryControl:
         if self.limit and self.budget.avg_bytes is not None:
             cap = self.budget.cap(self._baseline(sup_rss, per_worker), self.cfg.concurrency)
             if cap != self.cap:
-                if cap < self.cfg.concurrency and not self.cap_announced:
+                if cap < self.cfg.concurrency and not self.cap_announced and self.budget.observations:
                     self.cap_announced = True
                     log(f"memory: responses average {self.budget.avg_bytes / 3 / MIB:,.2f} MiB; capping requests in "
                         f"flight at {cap} of --concurrency {self.cfg.concurrency} to stay under "

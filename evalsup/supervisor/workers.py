@@ -43,7 +43,8 @@ class WorkerHandle:
         self.fatal: str | None = None
         self.rss = 0
         self.parked = 0  # requests parked by the breaker (from heartbeats)
-        self.recycling = False  # a replacement is on its way
+        self.recycling = False  # being replaced: gets no new task
+        self.replaced = False  # its replacement has been started
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
 
@@ -60,7 +61,7 @@ class WorkerHandle:
 
     @property
     def credits(self) -> int:
-        if self.state is not State.READY:
+        if self.state is not State.READY or self.recycling:
             return 0
         return self.window - len(self.outstanding)
 

@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
-from evalsup.ipc.frames import encode_meta
+from evalsup.ipc.frames import KEY, encode_frame, encode_meta
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, to_request
 from evalsup.worker.breaker import LocalBreaker
@@ -77,6 +77,7 @@ class Worker:
                 await self.cond.wait_for(self._can_start)
                 meta, line = self.queue.popleft()
                 self.inflight += 1
+            self.out.send(encode_frame(Kind.STARTED, KEY.pack(meta["k"])))
             try:
                 out_line, info = await self.process(client, meta, line)
             finally:
