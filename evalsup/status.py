@@ -10,6 +10,17 @@ import orjson
 from evalsup.journal import JournalError, load_checkpoint
 
 
+def _alive(pid: int) -> bool:
+    """Is the supervisor that wrote the checkpoint still running (and still evalsup)?"""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"evalsup" in f.read()
+    except OSError:
+        return False
+
+
 def status_text(run_dir: Path) -> str:
     try:
         cp = load_checkpoint(run_dir)
@@ -28,7 +39,7 @@ def status_text(run_dir: Path) -> str:
             after = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
     done = cp.succeeded + cp.failed + after
     age = time.time() - cp.time
-    state = "finished" if cp.finished else ("running" if age < 10 else "stopped (rerun to resume)")
+    state = "finished" if cp.finished else ("running" if _alive(cp.pid) else "stopped (rerun to resume)")
     lines.append(f"{run_dir}: {state}")
     lines.append(f"  done        {done:,} ({cp.succeeded:,} ok, {cp.failed:,} failed as of the checkpoint)")
     lines.append(f"  outstanding {len(cp.outstanding):,}   input read to line {cp.line_no:,}")

@@ -225,8 +225,9 @@ def scrape(url: str) -> Scrape | None:
             text = resp.read().decode()
     except OSError:
         return None
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return samples or None  # a reply cut short as the process exits is not a scrape
 
 
 def value(sc: Scrape, name: str, **labels: str) -> float:
