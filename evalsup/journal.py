@@ -175,7 +175,7 @@ class Journal:
         self.checkpoint_path = run_dir / "checkpoint.json"
         self.ids_path = run_dir / "ids.bin"
         self.invalid_path = run_dir / "invalid.jsonl"
-        self._buf: list[bytes] = []
+        self._buf: list[bytes | memoryview] = []
         self._buf_bytes = 0
         self._results: IO[bytes] | None = None
         self._ids: IO[bytes] | None = None
@@ -247,7 +247,7 @@ class Journal:
 
     # ----- writing -----
 
-    def append(self, line: bytes) -> None:
+    def append(self, line: bytes | memoryview) -> None:
         """Queue one output line (newline included); written by flush(), at the latest within a second."""
         self._buf.append(line)
         self._buf_bytes += len(line)

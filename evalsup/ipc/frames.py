@@ -65,10 +65,43 @@ def decode_json(payload: bytes) -> Any:
     return orjson.loads(payload)
 
 
-def split_meta(payload: bytes) -> tuple[Any, bytes]:
-    """Split a meta+body payload into (parsed meta, raw body)."""
+def split_meta(payload: bytes) -> tuple[Any, memoryview]:
+    """Split a meta+body payload into (parsed meta, raw body), without copying the body."""
     i = payload.index(b"\n")
-    return orjson.loads(payload[:i]), payload[i + 1 :]
+    return orjson.loads(payload[:i]), memoryview(payload)[i + 1 :]
+
+
+class FrameParser:
+    """Frames out of a byte stream read in large chunks: one await per chunk, not two per frame."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[Kind, bytes]]:
+        buf = self._buf
+        buf += data
+        out: list[tuple[Kind, bytes]] = []
+        pos, n = 0, len(buf)
+        while n - pos >= HEADER.size:
+            length, kind = HEADER.unpack_from(buf, pos)
+            if length > MAX_FRAME:
+                raise ProtocolError(f"frame of {length} bytes is larger than the limit")
+            end = pos + HEADER.size + length
+            if end > n:
+                break
+            try:
+                k = Kind(kind)
+            except ValueError as e:
+                raise ProtocolError(f"unknown frame kind {kind}") from e
+            out.append((k, bytes(buf[pos + HEADER.size : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, bytes] | None:

@@ -16,8 +16,8 @@ import orjson
 
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
-from evalsup.ipc import Kind, decode_json, read_frame, split_meta
-from evalsup.ipc.frames import KEY, ProtocolError
+from evalsup.ipc import Kind, decode_json, split_meta
+from evalsup.ipc.frames import KEY, FrameParser, ProtocolError
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -137,40 +137,46 @@ class Supervisor:
     async def _read_worker(self, w: WorkerHandle) -> None:
         assert w.proc is not None and w.proc.stdout is not None
         stdout = w.proc.stdout
+        parser = FrameParser()
         try:
             while True:
-                frame = await read_frame(stdout)
-                if frame is None:
+                data = await stdout.read(1 << 20)
+                if not data:
+                    if parser.pending:
+                        raise ProtocolError("pipe closed inside a frame")
                     break
-                kind, payload = frame
-                if kind is Kind.RESULT:
-                    self._on_result(w, payload)
-                elif kind is Kind.STARTED:
-                    ref = w.outstanding.get(KEY.unpack(payload)[0])
-                    if ref is not None:
-                        ref.started = True
-                elif kind is Kind.HEARTBEAT:
-                    w.last_beat = time.monotonic()
-                    w.parked = int(decode_json(payload).get("parked", 0))
-                elif kind is Kind.TRIP:
-                    self._on_trip(w, str(decode_json(payload).get("reason", "")))
-                elif kind is Kind.PROBE_RESULT:
-                    r = decode_json(payload)
-                    self._on_probe_result(bool(r.get("ok")), str(r.get("detail", "")))
-                elif kind is Kind.READY:
-                    if w.state is State.STARTING:
-                        w.state = State.READY
-                    w.last_beat = time.monotonic()
-                    self.credit.set()
-                elif kind is Kind.FATAL:
-                    w.fatal = str(decode_json(payload).get("message"))
-                elif kind is Kind.LEAKS:
-                    self._write_leaks(w, str(decode_json(payload).get("text", "")))
+                for kind, payload in parser.feed(data):
+                    self._on_frame(w, kind, payload)
         except (ProtocolError, ConnectionError) as e:
             self.log(f"worker {w.pid}: broken pipe ({e})")
             w.kill("crashed")
         rc = await w.proc.wait()
         self._on_exit(w, rc)
+
+    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: bytes) -> None:
+        if kind is Kind.RESULT:
+            self._on_result(w, payload)
+        elif kind is Kind.STARTED:
+            ref = w.outstanding.get(KEY.unpack(payload)[0])
+            if ref is not None:
+                ref.started = True
+        elif kind is Kind.HEARTBEAT:
+            w.last_beat = time.monotonic()
+            w.parked = int(decode_json(payload).get("parked", 0))
+        elif kind is Kind.TRIP:
+            self._on_trip(w, str(decode_json(payload).get("reason", "")))
+        elif kind is Kind.PROBE_RESULT:
+            r = decode_json(payload)
+            self._on_probe_result(bool(r.get("ok")), str(r.get("detail", "")))
+        elif kind is Kind.READY:
+            if w.state is State.STARTING:
+                w.state = State.READY
+            w.last_beat = time.monotonic()
+            self.credit.set()
+        elif kind is Kind.FATAL:
+            w.fatal = str(decode_json(payload).get("message"))
+        elif kind is Kind.LEAKS:
+            self._write_leaks(w, str(decode_json(payload).get("text", "")))
 
     def _on_result(self, w: WorkerHandle, payload: bytes) -> None:
         meta, line = split_meta(payload)

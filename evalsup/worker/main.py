@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
-from evalsup.ipc.frames import KEY, encode_frame, encode_meta
+from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, to_request
 from evalsup.worker.breaker import LocalBreaker
@@ -46,7 +46,7 @@ class Worker:
         self.out = out
         self.concurrency = int(cfg["concurrency"])
         self.limit = self.concurrency
-        self.queue: collections.deque[tuple[Any, bytes]] = collections.deque()
+        self.queue: collections.deque[tuple[Any, bytes | memoryview]] = collections.deque()
         self.cond = asyncio.Condition()
         self.inflight = 0
         self.paused = False
@@ -89,7 +89,7 @@ class Worker:
             await self.out.drain()
             self._check_drained()
 
-    async def process(self, client: Client, meta: Any, line: bytes) -> tuple[bytes, dict[str, Any]]:
+    async def process(self, client: Client, meta: Any, line: bytes | memoryview) -> tuple[bytes, dict[str, Any]]:
         obj = orjson.loads(line)
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
@@ -152,42 +152,45 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def read_loop(self) -> None:
+        parser = FrameParser()
         while True:
-            frame = await read_frame(self.reader)
-            if frame is None:
+            data = await self.reader.read(1 << 20)
+            if not data:
                 return  # EOF: the supervisor is done with us or gone
-            kind, payload = frame
-            if kind is Kind.TASK:
-                meta, line = split_meta(payload)
-                self.queue.append((meta, line))
-            elif kind is Kind.PAUSE:
-                self.paused = True
-            elif kind is Kind.RESUME:
-                self.paused = False
-            elif kind is Kind.RATE:
-                r = decode_json(payload)
-                self.pacer.set(r.get("rps"), r.get("tpm"), r.get("arrivals", "uniform"))
-            elif kind is Kind.BREAKER_OPEN:
-                await self.breaker.set_open(True)
-            elif kind is Kind.BREAKER_CLOSE:
-                await self.breaker.set_open(False)
-            elif kind is Kind.PROBE:
-                if self.client is not None and self.client.parked:
-                    await self.breaker.grant_probe()
-                elif self.client is not None:
-                    t = asyncio.create_task(self.client.probe_models())
-                    self._bg.add(t)
-                    t.add_done_callback(self._bg.discard)
-            elif kind is Kind.LIMIT:
-                self.limit = max(1, min(self.concurrency, int(decode_json(payload)["inflight"])))
-            elif kind is Kind.DRAIN:
-                if payload and decode_json(payload).get("report"):
-                    self.send_leak_report()
-                self.draining = True
-                self._check_drained()
-                continue
+            for kind, payload in parser.feed(data):
+                await self.on_frame(kind, payload)
             async with self.cond:
                 self.cond.notify_all()
+
+    async def on_frame(self, kind: Kind, payload: bytes) -> None:
+        if kind is Kind.TASK:
+            meta, line = split_meta(payload)
+            self.queue.append((meta, line))
+        elif kind is Kind.PAUSE:
+            self.paused = True
+        elif kind is Kind.RESUME:
+            self.paused = False
+        elif kind is Kind.RATE:
+            r = decode_json(payload)
+            self.pacer.set(r.get("rps"), r.get("tpm"), r.get("arrivals", "uniform"))
+        elif kind is Kind.BREAKER_OPEN:
+            await self.breaker.set_open(True)
+        elif kind is Kind.BREAKER_CLOSE:
+            await self.breaker.set_open(False)
+        elif kind is Kind.PROBE:
+            if self.client is not None and self.client.parked:
+                await self.breaker.grant_probe()
+            elif self.client is not None:
+                t = asyncio.create_task(self.client.probe_models())
+                self._bg.add(t)
+                t.add_done_callback(self._bg.discard)
+        elif kind is Kind.LIMIT:
+            self.limit = max(1, min(self.concurrency, int(decode_json(payload)["inflight"])))
+        elif kind is Kind.DRAIN:
+            if payload and decode_json(payload).get("report"):
+                self.send_leak_report()
+            self.draining = True
+            self._check_drained()
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.cfg["total_timeout_s"], sock_connect=self.cfg["connect_timeout_s"],
