@@ -47,6 +47,24 @@ def write_atomic(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+_IOV_MAX = 512
+
+
+def _write_all(fd: int, bufs: list[bytes | memoryview]) -> None:
+    """writev() the buffers in order, without joining them first; partial writes are carried on."""
+    i = 0
+    while i < len(bufs):
+        batch = bufs[i : i + _IOV_MAX]
+        n = os.writev(fd, batch)
+        for b in batch:
+            if n >= len(b):
+                n -= len(b)
+                i += 1
+            else:
+                bufs[i] = memoryview(b)[n:]
+                break
+
+
 @dataclass
 class Checkpoint:
     fingerprint: dict[str, Any]
@@ -227,7 +245,7 @@ class Journal:
 
     def _open(self, results_len: int, ids_len: int, invalid_len: int) -> None:
         try:
-            self._results = open(self.results_path, "ab")  # noqa: SIM115 - closed in close()
+            self._results = open(self.results_path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
             self._ids = self._open_truncated(self.ids_path, ids_len)
             self._invalid = self._open_truncated(self.invalid_path, invalid_len)
         except OSError as e:
@@ -266,20 +284,19 @@ class Journal:
     def flush(self) -> int:
         """Hand buffered results to the OS; returns the results length now written."""
         if self._buf and self._results is not None:
-            data = b"".join(self._buf)
-            self._buf.clear()
+            bufs, total = self._buf, self._buf_bytes
+            self._buf = []
             self._buf_bytes = 0
             if self.broken:
                 raise JournalError(self.broken)
             try:
-                self._results.write(data)
-                self._results.flush()
+                _write_all(self._results.fileno(), bufs)
             except OSError as e:
                 # Whatever part of data reached the file lies past the last checkpoint: a rerun keeps its
                 # complete lines (as finished since) and cuts a torn tail; the rest is redone (in O or past F).
                 self.broken = f"cannot write {self.results_path}: {e.strerror}"
                 raise JournalError(self.broken) from None
-            self.written += len(data)
+            self.written += total
         return self.written
 
     def sync(self) -> int:

@@ -17,7 +17,7 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
-from evalsup.ipc.frames import KEY, FrameParser, ProtocolError
+from evalsup.ipc.frames import KEY
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -116,7 +116,7 @@ class Supervisor:
     async def _start_worker(self, slot: int) -> WorkerHandle:
         conc = self.cfg.per_worker_concurrency()[slot]
         w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
-        await w.spawn(self._worker_config(conc))
+        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload))
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
             if self.memory.cap < self.cfg.concurrency:
@@ -135,25 +135,15 @@ class Supervisor:
     # ----- worker side -----
 
     async def _read_worker(self, w: WorkerHandle) -> None:
-        assert w.proc is not None and w.proc.stdout is not None
-        stdout = w.proc.stdout
-        parser = FrameParser()
-        try:
-            while True:
-                data = await stdout.read(1 << 20)
-                if not data:
-                    if parser.pending:
-                        raise ProtocolError("pipe closed inside a frame")
-                    break
-                for kind, payload in parser.feed(data):
-                    self._on_frame(w, kind, payload)
-        except (ProtocolError, ConnectionError) as e:
-            self.log(f"worker {w.pid}: broken pipe ({e})")
+        assert w.proc is not None and w.stream is not None
+        err = await w.stream.closed
+        if err is not None:
+            self.log(f"worker {w.pid}: broken pipe ({err})")
             w.kill("crashed")
         rc = await w.proc.wait()
         self._on_exit(w, rc)
 
-    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: bytes) -> None:
+    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: memoryview) -> None:
         if kind is Kind.RESULT:
             self._on_result(w, payload)
         elif kind is Kind.STARTED:
@@ -178,7 +168,7 @@ class Supervisor:
         elif kind is Kind.LEAKS:
             self._write_leaks(w, str(decode_json(payload).get("text", "")))
 
-    def _on_result(self, w: WorkerHandle, payload: bytes) -> None:
+    def _on_result(self, w: WorkerHandle, payload: memoryview) -> None:
         meta, line = split_meta(payload)
         ref = w.outstanding.pop(meta["k"], None)
         if ref is None:

@@ -9,10 +9,11 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from evalsup.ipc import FrameWriter, Kind, encode_json
-from evalsup.ipc.frames import encode_frame, encode_meta
+from evalsup.ipc.frames import FrameStream, encode_frame, encode_meta, widen_pipe
 from evalsup.tasks import TaskRef
 
 
@@ -30,6 +31,7 @@ class WorkerHandle:
         self.concurrency = concurrency
         self.window = window
         self.proc: asyncio.subprocess.Process | None = None
+        self.stream: FrameStream | None = None
         self.out: FrameWriter | None = None
         self.pid = 0
         self.state = State.STARTING
@@ -48,14 +50,24 @@ class WorkerHandle:
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
 
-    async def spawn(self, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "evalsup.worker",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20, env=env,
-        )
+    async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None]) -> None:
+        """Start ``python -m evalsup.worker`` on two pipes of our own: its frames reach ``on_frame`` as they
+        complete (see FrameStream); ``self.stream.closed`` resolves at its EOF."""
+        loop = asyncio.get_running_loop()
+        child_in, to_child = os.pipe()
+        from_child, child_out = os.pipe()
+        widen_pipe(child_out)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "evalsup.worker", stdin=child_in, stdout=child_out)
+        finally:
+            os.close(child_in)
+            os.close(child_out)
         self.pid = self.proc.pid
-        assert self.proc.stdin is not None
-        self.out = FrameWriter(self.proc.stdin)
+        _, self.stream = await loop.connect_read_pipe(lambda: FrameStream(on_frame), os.fdopen(from_child, "rb", 0))
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                            os.fdopen(to_child, "wb", 0))
+        self.out = FrameWriter(asyncio.StreamWriter(transport, protocol, None, loop))
         self.out.send(encode_json(Kind.CONFIG, config))
         self.last_beat = time.monotonic()
 

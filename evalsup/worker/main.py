@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
-from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta
+from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta_head, widen_pipe
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, to_request
 from evalsup.worker.breaker import LocalBreaker
@@ -85,7 +85,7 @@ class Worker:
                     self.inflight -= 1
                     self.cond.notify_all()
             self.done += 1
-            self.out.send(encode_meta(Kind.RESULT, info, out_line))
+            self.out.send_parts(encode_meta_head(Kind.RESULT, info, len(out_line)), out_line)
             await self.out.drain()
             self._check_drained()
 
@@ -223,6 +223,7 @@ class Worker:
 async def _open_pipes() -> tuple[asyncio.StreamReader, FrameWriter]:
     loop = asyncio.get_running_loop()
     fd_in, fd_out = os.dup(0), os.dup(1)
+    widen_pipe(fd_out)
     os.dup2(2, 1)  # stray prints go to stderr, never into the frame pipe
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
