@@ -17,7 +17,7 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
-from evalsup.ipc.frames import KEY
+from evalsup.ipc.frames import KEY, quiet_gc
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -679,6 +679,7 @@ class Supervisor:
 
     async def run(self) -> int:
         await self._prepare()
+        quiet_gc()
         self.memory = MemoryControl(self.cfg, self.cfg.run_dir / "memory.jsonl")
         self.events = EventLog(self.cfg.run_dir / "events.jsonl")
         self.counter.start()

@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
-from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta_head, widen_pipe
+from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta_head, quiet_gc, widen_pipe
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, to_request
 from evalsup.worker.breaker import LocalBreaker
@@ -258,6 +258,7 @@ async def amain() -> int:
         out.send(encode_json(Kind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
         await out.drain()
         return 2
+    quiet_gc()
     out.send(encode_json(Kind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
     await worker.run()
     await out.drain()
