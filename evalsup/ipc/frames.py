@@ -91,11 +91,11 @@ def widen_pipe(fd: int) -> None:
         pass
 
 
-class FrameStream(asyncio.Protocol):
-    """Frames from a pipe, handed to ``on_frame`` as they complete.
+class FrameParser:
+    """Frames out of a byte stream that arrives in chunks, handed to ``on_frame`` as they complete.
 
-    A frame that lies within one received chunk is passed as a memoryview of that chunk (no copy); only
-    frames that span chunks are assembled. ``closed`` resolves at EOF (or on a protocol error, with it).
+    A frame that lies within one chunk is passed as a memoryview of that chunk (no copy); a frame that spans
+    chunks is gathered and joined once, when it is complete. Raises ProtocolError on garbage.
     """
 
     def __init__(self, on_frame: Callable[[Kind, memoryview], None]) -> None:
@@ -103,34 +103,27 @@ class FrameStream(asyncio.Protocol):
         self._chunks: list[bytes | memoryview] = []  # a frame arriving across chunks
         self._have = 0
         self._need = 0  # bytes the partial frame needs before it is worth parsing
-        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.BaseTransport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+    @property
+    def pending(self) -> int:
+        return self._have if self._chunks else 0
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            if self._chunks:
-                self._chunks.append(data)
-                self._have += len(data)
-                if self._have < self._need:
-                    return  # still inside a large frame: gather, do not parse again
-                view = memoryview(b"".join(self._chunks))  # the one copy a frame across chunks costs
-                self._chunks = []
-            else:
-                view = memoryview(data)
-            rest = self._parse(view)
-            if rest:
-                # the payloads handed out above are views of `view`: keep the tail as its own view, not a copy
-                self._chunks = [rest]
-                self._have = len(rest)
-                self._need = HEADER.size + HEADER.unpack_from(rest)[0] if len(rest) >= HEADER.size else HEADER.size
-        except ProtocolError as e:
-            if not self.closed.done():
-                self.closed.set_result(e)
-            if self.transport is not None:
-                self.transport.close()
+    def feed(self, data: bytes) -> None:
+        if self._chunks:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return  # still inside a large frame: gather, do not parse again
+            view = memoryview(b"".join(self._chunks))  # the one copy a frame across chunks costs
+            self._chunks = []
+        else:
+            view = memoryview(data)
+        rest = self._parse(view)
+        if rest:
+            # the payloads handed out above are views of `view`: keep the tail as its own view, not a copy
+            self._chunks = [rest]
+            self._have = len(rest)
+            self._need = HEADER.size + HEADER.unpack_from(rest)[0] if len(rest) >= HEADER.size else HEADER.size
 
     def _parse(self, view: memoryview) -> memoryview:
         pos, n = 0, len(view)
@@ -150,45 +143,34 @@ class FrameStream(asyncio.Protocol):
             pos = end
         return view[pos:]
 
+
+class FrameStream(asyncio.Protocol):
+    """A pipe's frames as an asyncio protocol (the supervisor's side): ``closed`` resolves at EOF, or with
+    the ProtocolError that ended it."""
+
+    def __init__(self, on_frame: Callable[[Kind, memoryview], None]) -> None:
+        self.parser = FrameParser(on_frame)
+        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed(data)
+        except ProtocolError as e:
+            if not self.closed.done():
+                self.closed.set_result(e)
+            if self.transport is not None:
+                self.transport.close()
+
     def eof_received(self) -> bool | None:
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
-            self.closed.set_result(ProtocolError("pipe closed inside a frame") if self._chunks else exc)
-
-
-class FrameParser:
-    """Frames out of a byte stream read in large chunks: one await per chunk, not two per frame."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[Kind, bytes]]:
-        buf = self._buf
-        buf += data
-        out: list[tuple[Kind, bytes]] = []
-        pos, n = 0, len(buf)
-        while n - pos >= HEADER.size:
-            length, kind = HEADER.unpack_from(buf, pos)
-            if length > MAX_FRAME:
-                raise ProtocolError(f"frame of {length} bytes is larger than the limit")
-            end = pos + HEADER.size + length
-            if end > n:
-                break
-            try:
-                k = Kind(kind)
-            except ValueError as e:
-                raise ProtocolError(f"unknown frame kind {kind}") from e
-            out.append((k, bytes(buf[pos + HEADER.size : end])))
-            pos = end
-        if pos:
-            del buf[:pos]
-        return out
-
-    @property
-    def pending(self) -> int:
-        return len(self._buf)
+            self.closed.set_result(ProtocolError("pipe closed inside a frame") if self.parser.pending else exc)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, bytes] | None:

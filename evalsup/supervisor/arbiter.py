@@ -241,14 +241,9 @@ class Supervisor:
                        f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", 1, "now")
             return
         self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
-                 f"{len(self.redo) + len(self.suspects)} task(s) handed on; starting a new one")
-        t = asyncio.create_task(self._replace(w.slot))
-        self._bg.add(t)
-        t.add_done_callback(self._bg.discard)
-
-    async def _replace(self, slot: int) -> None:
-        if self.stopping is None:
-            await self._start_worker(slot)
+                 f"{len(self.redo) + len(self.suspects)} task(s) handed on; "
+                 + ("its successor was already starting" if w.replaced else "starting a new one"))
+        self._ensure_replacement(w)
 
     def _write_leaks(self, w: WorkerHandle, text: str) -> None:
         d = self.cfg.run_dir / "leaks"

@@ -152,17 +152,20 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def read_loop(self) -> None:
-        parser = FrameParser()
+        frames: list[tuple[Kind, memoryview]] = []
+        parser = FrameParser(lambda kind, payload: frames.append((kind, payload)))
         while True:
             data = await self.reader.read(1 << 20)
             if not data:
                 return  # EOF: the supervisor is done with us or gone
-            for kind, payload in parser.feed(data):
+            parser.feed(data)
+            for kind, payload in frames:
                 await self.on_frame(kind, payload)
+            frames.clear()
             async with self.cond:
                 self.cond.notify_all()
 
-    async def on_frame(self, kind: Kind, payload: bytes) -> None:
+    async def on_frame(self, kind: Kind, payload: memoryview) -> None:
         if kind is Kind.TASK:
             meta, line = split_meta(payload)
             self.queue.append((meta, line))
