@@ -65,8 +65,8 @@ def bars(title: str, groups: list[tuple[str, dict[str, float]]], unit: str, log:
                        f'font-size="9">{v:,.0f}</text>')
         out.append(f'<text x="{left + gi * gw + gw / 2:.1f}" y="{h - bottom + 16}" text-anchor="middle">{label}</text>')
     for ni, n in enumerate(names):
-        out.append(f'<rect x="{left + ni * 120}" y="{h - 22}" width="10" height="10" fill="{COLORS.get(n, "#999")}"/>'
-                   f'<text x="{left + ni * 120 + 14}" y="{h - 13}">{n}</text>')
+        out.append(f'<rect x="{left + ni * 118}" y="{h - 22}" width="10" height="10" fill="{COLORS.get(n, "#999")}"/>'
+                   f'<text x="{left + ni * 118 + 14}" y="{h - 13}">{n}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
