@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +51,13 @@ def write_atomic(path: Path, data: bytes) -> None:
 _IOV_MAX = 512
 
 
-def _write_all(fd: int, bufs: list[bytes | memoryview]) -> None:
-    """writev() the buffers in order, without joining them first; partial writes are carried on."""
+def _write_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> None:
+    """pwritev() the buffers in order at ``offset``, without joining them first; partial writes are carried on."""
     i = 0
     while i < len(bufs):
         batch = bufs[i : i + _IOV_MAX]
-        n = os.writev(fd, batch)
+        n = os.pwritev(fd, batch, offset)
+        offset += n
         for b in batch:
             if n >= len(b):
                 n -= len(b)
@@ -245,7 +247,9 @@ class Journal:
 
     def _open(self, results_len: int, ids_len: int, invalid_len: int) -> None:
         try:
-            self._results = open(self.results_path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+            # positional writes (pwritev, splice at an offset: splice refuses O_APPEND files) at self.written
+            fd = os.open(self.results_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._results = open(fd, "wb", buffering=0, closefd=True)  # noqa: SIM115 - closed in close()
             self._ids = self._open_truncated(self.ids_path, ids_len)
             self._invalid = self._open_truncated(self.invalid_path, invalid_len)
         except OSError as e:
@@ -290,7 +294,7 @@ class Journal:
             if self.broken:
                 raise JournalError(self.broken)
             try:
-                _write_all(self._results.fileno(), bufs)
+                _write_all(self._results.fileno(), bufs, self.written)
             except OSError as e:
                 # Whatever part of data reached the file lies past the last checkpoint: a rerun keeps its
                 # complete lines (as finished since) and cuts a torn tail; the rest is redone (in O or past F).
@@ -298,6 +302,41 @@ class Journal:
                 raise JournalError(self.broken) from None
             self.written += total
         return self.written
+
+    def append_spliced(self, head: memoryview, src: int, missing: int, timeout_s: float) -> bool:
+        """Write one output line whose start is ``head`` and whose last ``missing`` bytes are still in the pipe
+        ``src``: they are moved into the file by splice(2), never copied through Python. False (and nothing
+        written) when the pipe ends or stalls before the line is complete (its worker died mid-result)."""
+        if self._results is None:
+            return False
+        self.flush()  # whatever was queued before this line goes first
+        if self.broken:
+            raise JournalError(self.broken)
+        fd = self._results.fileno()
+        start = self.written
+        pos = start + len(head)
+        try:
+            _write_all(fd, [head], start)
+            left = missing
+            while left:
+                try:
+                    n = os.splice(src, fd, left, offset_dst=pos)
+                except BlockingIOError:
+                    if not select.select([src], [], [], timeout_s)[0]:
+                        break
+                    continue
+                if n == 0:
+                    break
+                left -= n
+                pos += n
+            if left:
+                os.ftruncate(fd, start)
+                return False
+        except OSError as e:
+            self.broken = f"cannot write {self.results_path}: {e.strerror}"
+            raise JournalError(self.broken) from None
+        self.written = pos
+        return True
 
     def sync(self) -> int:
         """flush() and fsync results, ids and invalid lines; returns the results length made durable."""

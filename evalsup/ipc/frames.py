@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -98,8 +99,13 @@ class FrameParser:
     chunks is gathered and joined once, when it is complete. Raises ProtocolError on garbage.
     """
 
-    def __init__(self, on_frame: Callable[[Kind, memoryview], None]) -> None:
+    def __init__(self, on_frame: Callable[[Kind, memoryview], None],
+                 on_big: Callable[[memoryview, int], bool] | None = None, big: int = 1 << 16) -> None:
         self.on_frame = on_frame
+        # on_big(payload so far, bytes missing): offered a RESULT frame whose missing part is at least `big`
+        # bytes; returns True when it consumed the missing bytes from the source itself (see SplicingReader)
+        self.on_big = on_big
+        self.big = big
         self._chunks: list[bytes | memoryview] = []  # a frame arriving across chunks
         self._have = 0
         self._need = 0  # bytes the partial frame needs before it is worth parsing
@@ -119,6 +125,11 @@ class FrameParser:
         else:
             view = memoryview(data)
         rest = self._parse(view)
+        if rest and self.on_big is not None and len(rest) >= HEADER.size:
+            length, kind = HEADER.unpack_from(rest)
+            missing = HEADER.size + length - len(rest)
+            if kind == Kind.RESULT and missing >= self.big and self.on_big(rest[HEADER.size :], missing):
+                return
         if rest:
             # the payloads handed out above are views of `view`: keep the tail as its own view, not a copy
             self._chunks = [rest]
@@ -144,33 +155,45 @@ class FrameParser:
         return view[pos:]
 
 
-class FrameStream(asyncio.Protocol):
-    """A pipe's frames as an asyncio protocol (the supervisor's side): ``closed`` resolves at EOF, or with
-    the ProtocolError that ended it."""
+class SplicingReader:
+    """A worker's result pipe read with plain non-blocking reads on the event loop (the supervisor's side).
 
-    def __init__(self, on_frame: Callable[[Kind, memoryview], None]) -> None:
-        self.parser = FrameParser(on_frame)
-        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.BaseTransport | None = None
+    Small frames are parsed from the chunks read; the rest of a large RESULT body is left in the pipe for
+    ``on_big`` to move straight into the results file with splice(2), never through Python. ``closed``
+    resolves at EOF, or with the ProtocolError that ended the stream.
+    """
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+    def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None],
+                 on_big: Callable[[memoryview, int], bool] | None) -> None:
+        self.fd = fd
+        self.parser = FrameParser(on_frame, on_big)
+        self.loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[Exception | None] = self.loop.create_future()
+        os.set_blocking(fd, False)
+        self.loop.add_reader(fd, self._readable)
 
-    def data_received(self, data: bytes) -> None:
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self.close(e)
+            return
+        if not data:
+            self.close(ProtocolError("pipe closed inside a frame") if self.parser.pending else None)
+            return
         try:
             self.parser.feed(data)
         except ProtocolError as e:
-            if not self.closed.done():
-                self.closed.set_result(e)
-            if self.transport is not None:
-                self.transport.close()
+            self.close(e)
 
-    def eof_received(self) -> bool | None:
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(ProtocolError("pipe closed inside a frame") if self.parser.pending else exc)
+    def close(self, err: Exception | None = None) -> None:
+        if self.closed.done():
+            return
+        self.loop.remove_reader(self.fd)
+        os.close(self.fd)
+        self.closed.set_result(err)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, bytes] | None:

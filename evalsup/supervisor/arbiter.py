@@ -17,7 +17,7 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
-from evalsup.ipc.frames import KEY, quiet_gc
+from evalsup.ipc.frames import KEY, ProtocolError, quiet_gc
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -29,6 +29,8 @@ from evalsup.supervisor.workers import State, WorkerHandle
 from evalsup.tasks import TaskError, TaskReader, TaskRef, fingerprint, output_line, read_line_at
 
 MIB = 1 << 20
+# Large result bodies go from a worker's pipe to results.jsonl by splice(2) (Linux); EVALSUP_SPLICE=0 turns it off.
+SPLICE = hasattr(os, "splice") and os.environ.get("EVALSUP_SPLICE", "1") != "0"
 
 
 class RunStopped(Exception):
@@ -116,7 +118,8 @@ class Supervisor:
     async def _start_worker(self, slot: int) -> WorkerHandle:
         conc = self.cfg.per_worker_concurrency()[slot]
         w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
-        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload))
+        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload),
+                      (lambda head, missing: self._on_big_result(w, head, missing)) if SPLICE else None)
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
             if self.memory.cap < self.cfg.concurrency:
@@ -178,6 +181,31 @@ class Supervisor:
         except JournalError as e:
             self._stop(f"{e}; the run directory still describes what is safely on disk", 1, "now")
             return
+        self._count_result(w, meta)
+
+    def _on_big_result(self, w: WorkerHandle, head: memoryview, missing: int) -> bool:
+        """A large result still partly in the pipe: splice the rest of its line into results.jsonl."""
+        nl = head[:65536].tobytes().find(b"\n")
+        if nl < 0:
+            return False  # the meta is not all here yet: take the ordinary path
+        meta = decode_json(head[:nl])
+        if meta.get("k") not in w.outstanding:
+            return False
+        try:
+            ok = self.journal.append_spliced(head[nl + 1 :], w.read_fd, missing, self.cfg.hang_timeout_s)
+        except JournalError as e:
+            self._stop(f"{e}; the run directory still describes what is safely on disk", 1, "now")
+            return True
+        if not ok:  # the worker died (or froze) in the middle of sending it: the task is still its to lose
+            assert w.stream is not None
+            w.stream.close(ProtocolError("pipe closed inside a result"))
+            return True
+        w.outstanding.pop(meta["k"])
+        self.stats.spliced += 1
+        self._count_result(w, meta)
+        return True
+
+    def _count_result(self, w: WorkerHandle, meta: dict[str, Any]) -> None:
         if meta["ok"]:
             self.stats.succeeded += 1
         else:

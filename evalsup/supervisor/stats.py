@@ -56,6 +56,7 @@ class RunStats:
     poisoned: list[str] = field(default_factory=list)
     peak_rss: dict[str, int] = field(default_factory=lambda: {"supervisor": 0, "worker_max": 0, "total": 0})
     response_bytes: int = 0
+    spliced: int = 0  # result lines moved from a pipe to the file by splice(2)
     ttft: Histogram = field(default_factory=Histogram)
     errors: dict[str, int] = field(default_factory=dict)
     retries: int = 0

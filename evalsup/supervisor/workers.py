@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evalsup.ipc import FrameWriter, Kind, encode_json
-from evalsup.ipc.frames import FrameStream, encode_frame, encode_meta, widen_pipe
+from evalsup.ipc.frames import SplicingReader, encode_frame, encode_meta, widen_pipe
 from evalsup.tasks import TaskRef
 
 
@@ -31,7 +31,8 @@ class WorkerHandle:
         self.concurrency = concurrency
         self.window = window
         self.proc: asyncio.subprocess.Process | None = None
-        self.stream: FrameStream | None = None
+        self.stream: SplicingReader | None = None
+        self.read_fd = -1
         self.out: FrameWriter | None = None
         self.pid = 0
         self.state = State.STARTING
@@ -50,9 +51,10 @@ class WorkerHandle:
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
 
-    async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None]) -> None:
+    async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None],
+                    on_big: Callable[[memoryview, int], bool] | None = None) -> None:
         """Start ``python -m evalsup.worker`` on two pipes of our own: its frames reach ``on_frame`` as they
-        complete (see FrameStream); ``self.stream.closed`` resolves at its EOF."""
+        complete (see SplicingReader); ``self.stream.closed`` resolves at its EOF."""
         loop = asyncio.get_running_loop()
         child_in, to_child = os.pipe()
         from_child, child_out = os.pipe()
@@ -64,7 +66,8 @@ class WorkerHandle:
             os.close(child_in)
             os.close(child_out)
         self.pid = self.proc.pid
-        _, self.stream = await loop.connect_read_pipe(lambda: FrameStream(on_frame), os.fdopen(from_child, "rb", 0))
+        self.read_fd = from_child
+        self.stream = SplicingReader(from_child, on_frame, on_big)
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                             os.fdopen(to_child, "wb", 0))
         self.out = FrameWriter(asyncio.StreamWriter(transport, protocol, None, loop))
