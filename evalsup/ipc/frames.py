@@ -155,6 +155,9 @@ class FrameParser:
         return view[pos:]
 
 
+READ_SIZE = 1 << 16
+
+
 class SplicingReader:
     """A worker's result pipe read with plain non-blocking reads on the event loop (the supervisor's side).
 
@@ -166,7 +169,7 @@ class SplicingReader:
     def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None],
                  on_big: Callable[[memoryview, int], bool] | None) -> None:
         self.fd = fd
-        self.parser = FrameParser(on_frame, on_big)
+        self.parser = FrameParser(on_frame, on_big, big=READ_SIZE // 2)
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[Exception | None] = self.loop.create_future()
         os.set_blocking(fd, False)
@@ -174,7 +177,9 @@ class SplicingReader:
 
     def _readable(self) -> None:
         try:
-            data = os.read(self.fd, 1 << 20)
+            # small reads on purpose: many small frames fit in one, and a large body mostly stays in the pipe
+            # for on_big to splice instead of passing through Python
+            data = os.read(self.fd, READ_SIZE)
         except BlockingIOError:
             return
         except OSError as e:
