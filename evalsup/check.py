@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 
 from evalsup.config import RunConfig
-from evalsup.worker.client import join_url
+from evalsup.tasks import join_url
 
 
 class CheckFailed(Exception):

@@ -30,7 +30,11 @@ def status_text(run_dir: Path) -> str:
     size = results.stat().st_size if results.exists() else 0
     lines = []
     if cp is None:
-        return f"{run_dir}: no checkpoint yet ({size:,} bytes of results)"
+        done = 0
+        if size:
+            with open(results, "rb") as f:
+                done = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+        return f"{run_dir}: no checkpoint yet; {done:,} done in results.jsonl"
     # records written after the checkpoint: count complete lines past results_len (bounded by ~2 s of work)
     after = 0
     if size > cp.results_len:

@@ -202,6 +202,14 @@ def fingerprint(path: Path) -> dict[str, Any]:
 
 # ----- requests (worker side) -----
 
+def join_url(base_url: str, path: str) -> str:
+    """base ".../v1" + "/v1/chat/completions" -> ".../v1/chat/completions" (no doubled /v1), as the openai SDK."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        path = path[3:]
+    return base + path
+
+
 @dataclass(frozen=True, slots=True)
 class RequestDefaults:
     model: str | None = None

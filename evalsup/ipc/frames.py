@@ -44,6 +44,7 @@ class Kind(enum.IntEnum):
     TRIP = 16  # json {"reason": str}: most recent attempts failed endpoint-side
     PROBE_RESULT = 17  # json {"ok": bool, "detail": str}
     STARTED = 18  # 8-byte key: the worker began this task (a crash blames only started tasks)
+    RETURNED = 19  # json {"keys": [...]}: on DRAIN, the tasks it had not begun, handed back
 
 
 class ProtocolError(Exception):

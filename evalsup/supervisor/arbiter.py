@@ -149,6 +149,13 @@ class Supervisor:
     def _on_frame(self, w: WorkerHandle, kind: Kind, payload: memoryview) -> None:
         if kind is Kind.RESULT:
             self._on_result(w, payload)
+        elif kind is Kind.RETURNED:
+            for k in decode_json(payload).get("keys", []):
+                ref = w.outstanding.pop(k, None)
+                if ref is not None:
+                    ref.started = False
+                    (self.suspects if ref.crashes else self.redo).appendleft(ref)
+            self.credit.set()
         elif kind is Kind.STARTED:
             ref = w.outstanding.get(KEY.unpack(payload)[0])
             if ref is not None:
@@ -391,9 +398,11 @@ class Supervisor:
             self._unstick(mem)
 
     def _unstick(self, mem: MemoryControl) -> None:
-        """Paused with nothing in flight and still above the low mark: idle workers' RSS (CPython keeps what it
-        freed) holds the pause forever. Recycle the largest worker to give memory back, one every 2 s."""
-        if not self.paused or self._outstanding() or self.stopping is not None:
+        """Paused with no request in flight (tasks may wait queued in workers) and still above the low mark:
+        idle workers' RSS (CPython keeps what it freed) holds the pause forever. Recycle the largest worker to
+        give memory back, one every 2 s."""
+        started = any(r.started for w in self.workers for r in w.outstanding.values())
+        if not self.paused or started or self.stopping is not None:
             self._stuck_since = None
             return
         now = time.monotonic()
@@ -735,6 +744,10 @@ class Supervisor:
             self.log(f"resuming: {rs.done:,} done, {len(self.redo):,} to redo, reading on from line "
                      f"{rs.checkpoint.line_no + 1:,}{extra}")
         try:
+            try:
+                self.checkpoint()  # from the start, the run directory says where the run is
+            except JournalError as e:
+                self._stop(str(e), 1, "now")
             ticker = asyncio.create_task(self._ticker())
             monitor = asyncio.create_task(self._monitor())
             progress = asyncio.create_task(self._progress())

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
+from evalsup.tasks import join_url
 from evalsup.worker.breaker import LocalBreaker, endpoint_side
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy, parse_retry_after
@@ -49,14 +50,6 @@ class Attempt:
     ttft_s: float | None = None
     itl_s: float | None = None
     final: bool = False  # not worth retrying whatever the status (e.g. too large)
-
-
-def join_url(base_url: str, path: str) -> str:
-    """base ".../v1" + "/v1/chat/completions" -> ".../v1/chat/completions" (no doubled /v1)."""
-    base = base_url.rstrip("/")
-    if base.endswith("/v1") and path.startswith("/v1/"):
-        path = path[3:]
-    return base + path
 
 
 def body_value(raw: bytes, parsed: Any) -> Any:
@@ -118,22 +111,21 @@ class Client:
         length = resp.content_length
         if length is not None and length > self.max_response_bytes:
             raise ResponseTooLarge(length)
-        chunks: list[bytes] = []
+        chunks = [chunk async for chunk in self._capped(resp)]
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _capped(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The body's chunks as they come, raising ResponseTooLarge past --max-response-mb."""
         n = 0
         async for chunk in resp.content.iter_any():
             n += len(chunk)
             if n > self.max_response_bytes:
                 raise ResponseTooLarge(n)
-            chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            yield chunk
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, start: float) -> tuple[bytes, Any, StreamAssembler]:
         asm = StreamAssembler(start)
-        n = 0
-        async for chunk in resp.content.iter_any():
-            n += len(chunk)
-            if n > self.max_response_bytes:
-                raise ResponseTooLarge(n)
+        async for chunk in self._capped(resp):
             asm.feed(chunk)
         body = asm.body()  # raises StreamCut when the stream stopped early
         raw = orjson.dumps(body)

@@ -192,6 +192,11 @@ class Worker:
         elif kind is Kind.DRAIN:
             if payload and decode_json(payload).get("report"):
                 self.send_leak_report()
+            # finish only what is in flight; hand the rest back (it may be paused, and it is going anyway)
+            keys = [meta["k"] for meta, _ in self.queue]
+            self.queue.clear()
+            if keys:
+                self.out.send(encode_json(Kind.RETURNED, {"keys": keys}))
             self.draining = True
             self._check_drained()
 
