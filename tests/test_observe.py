@@ -169,7 +169,10 @@ def test_status_of_a_running_then_finished_run(tmp_path: Path, mock: MockThread)
     proc = start(["run", "-w", "2", "-c", "4", "--model", "mock-model", "--base-url", mock.url, "--quiet",
                   str(tasks)])
     try:
-        wait_for(lambda: (run_dir / "checkpoint.json").exists(), 15, "the first checkpoint")
+        # a checkpoint is written at the start; wait for it and for the first results after it
+        results = run_dir / "results.jsonl"
+        wait_for(lambda: (run_dir / "checkpoint.json").exists() and results.exists() and results.stat().st_size > 0,
+                 15, "the first checkpoint and results")
         r = run_cli("status", str(run_dir))
         assert r.returncode == 0, r.stderr
         assert f"{run_dir}: running" in r.stdout, r.stdout
