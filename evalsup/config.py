@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,7 +89,6 @@ class RunConfig:
     hard_rss_factor: float = 1.5
     max_tasks_per_worker: int | None = None
     max_tasks_jitter: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def max_line_bytes(self) -> int:

@@ -231,7 +231,6 @@ class Supervisor:
             self.stats.scores.add(meta["sc"])
         self.stats.prompt_tokens += int(meta.get("pt") or 0)
         self.stats.completion_tokens += int(meta.get("ct") or 0)
-        self.stats.response_bytes += int(meta.get("rb", 0))
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
@@ -435,7 +434,7 @@ class Supervisor:
         else:
             why = f"RSS {w.rss / MIB:,.0f} MiB" if cause == "rss" else f"{w.done} tasks done"
             self.log(f"worker {w.pid}: {why}; recycling it (drain, a fresh one takes its place)")
-            w.drain(cause, report=cause == "rss" and self.cfg.worker.trace_memory)
+            w.drain(report=cause == "rss" and self.cfg.worker.trace_memory)
         self._ensure_replacement(w)
         self.credit.set()
 

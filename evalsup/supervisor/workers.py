@@ -42,7 +42,6 @@ class WorkerHandle:
         self.done = 0
         self.task_limit: int | None = None
         self.kill_cause: str | None = None  # why we killed it: "hung", "hard_kill", "stop"
-        self.drain_cause: str | None = None  # why we drained it: "rss", "tasks", "stop"
         self.fatal: str | None = None
         self.rss = 0
         self.parked = 0  # requests parked by the breaker (from heartbeats)
@@ -93,10 +92,9 @@ class WorkerHandle:
         if self.out is not None:
             self.out.send(encode_frame(kind) if obj is None else encode_json(kind, obj))
 
-    def drain(self, cause: str, report: bool = False) -> None:
+    def drain(self, report: bool = False) -> None:
         if self.state in (State.STARTING, State.READY):
             self.state = State.DRAINING
-            self.drain_cause = cause
             self.send(Kind.DRAIN, {"report": report})
 
     def kill(self, cause: str) -> None:

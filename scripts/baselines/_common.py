@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -58,6 +59,16 @@ async def post(session: aiohttp.ClientSession, url: str, payload: bytes) -> tupl
         return None, "", b"", {"code": "connection_error", "message": f"{type(e).__name__}: {e}"[:300]}, 0.0
     err = None if status == 200 else {"code": f"http_{status}", "message": f"HTTP {status}"}
     return status, rid, raw, err, time.monotonic() - start
+
+
+async def feed(tasks: Path, queue: asyncio.Queue[bytes | None], consumers: int) -> None:
+    """The bounded-queue reader: every non-blank task line, then one None per consumer."""
+    with open(tasks, "rb") as f:
+        for line in f:
+            if line.strip():
+                await queue.put(line)
+    for _ in range(consumers):
+        await queue.put(None)
 
 
 def record(tid: str, status: int | None, rid: str, body: Any, error: Any, latency_s: float) -> dict[str, Any]:

@@ -12,18 +12,9 @@ from typing import IO, Any
 
 import aiohttp
 import orjson
-from _common import chat_url, parse_args, post, record, request_of, run, session
+from _common import chat_url, feed, parse_args, post, record, request_of, run, session
 
 args = parse_args(__doc__.splitlines()[0])
-
-
-async def reader(queue: asyncio.Queue[bytes | None], consumers: int) -> None:
-    with open(args.tasks, "rb") as f:
-        for line in f:
-            if line.strip():
-                await queue.put(line)
-    for _ in range(consumers):
-        await queue.put(None)
 
 
 async def consumer(http: aiohttp.ClientSession, url: str, queue: asyncio.Queue[bytes | None], out: IO[bytes]) -> None:
@@ -45,7 +36,7 @@ async def main() -> None:
     url = chat_url(args.base_url)
     with open(args.out, "wb", buffering=1 << 20) as out:
         async with session(n) as http:
-            await asyncio.gather(reader(queue, n), *(consumer(http, url, queue, out) for _ in range(n)))
+            await asyncio.gather(feed(args.tasks, queue, n), *(consumer(http, url, queue, out) for _ in range(n)))
 
 
 run(main)
