@@ -73,10 +73,13 @@ def test_sigkill_whole_supervisor_at_random_moments(tmp_path: Path, mock: MockTh
                                                     start: Callable[..., Proc]) -> None:
     print(f"chaos seed {SEED} (EVALSUP_CHAOS_SEED={SEED} replays the same choices)")
     rng = random.Random(SEED)
-    n, kills = 5000, 6
+    n, kills = 8000, 6
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     run_dir = tmp_path / "tasks.run"
-    mock.configure(latency_ms=35, jitter_ms=15)  # 20-50 ms a request
+    # 40-120 ms a request: about 800 a second at 64 in flight, so that a budget of requests spans 0.2-2 s of
+    # running, across the 1 s flush and 2 s checkpoint cycles (at a faster pace every kill came before the
+    # first flush, and no session's results survived)
+    mock.configure(latency_ms=80, jitter_ms=40)
     args = run_args(mock, tasks, "-w", "4", "-c", "64")
     counter = LineCounter(run_dir / "results.jsonl")
     # One kill lands at a random time during start-up (imports, the resume scan, spawning workers); the
@@ -88,7 +91,7 @@ def test_sigkill_whole_supervisor_at_random_moments(tmp_path: Path, mock: MockTh
     for i, moment in enumerate(moments):
         sent0 = chat_requests(mock)
         after_s = rng.uniform(0.05, 2.5) if moment == "start-up" else float("inf")
-        budget = rng.randint(150, 700)
+        budget = rng.randint(150, 1600)
         p = start(*args)
         t0 = time.monotonic()
         while time.monotonic() - t0 < after_s and chat_requests(mock) - sent0 < budget:

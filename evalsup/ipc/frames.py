@@ -1,8 +1,11 @@
 """Length-prefixed frames over a pipe.
 
 A frame is a 5-byte header (payload length as a big-endian u32, then one byte of kind) and the payload.
-Payloads are orjson, or for TASK and RESULT an orjson meta object, a newline, and raw line bytes that
-neither side re-encodes (orjson never emits a raw newline, so the first newline splits them). No pickle.
+Payloads are orjson, or for TASK and RESULT the length of an orjson meta object (u32), the meta, and raw
+line bytes that neither side re-encodes. No pickle.
+
+Frames are gathered and written together (``FrameWriter``): a worker holds its frames for a few
+milliseconds, so that many results and STARTED notes share one write and one wake-up of the supervisor.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import orjson
 
 HEADER = struct.Struct(">IB")
 KEY = struct.Struct(">Q")  # a task key (its byte offset) in STARTED frames
+META_LEN = struct.Struct(">I")  # the meta's length, at the start of a TASK or RESULT payload
 MAX_FRAME = 1 << 30  # a frame larger than this is a protocol error, not a big response
 
 
 class Kind(enum.IntEnum):
     # supervisor -> worker
     CONFIG = 1  # json: the worker's settings
-    TASK = 2  # meta {"k": key, "n": line number} + "\n" + the task line
+    TASK = 2  # meta {"k": key, "n": line number} + the task line
     DRAIN = 3  # start nothing new, finish what you hold, send BYE, exit
     PAUSE = 4  # hold queued tasks: start no new request until RESUME
     RESUME = 5
@@ -36,7 +40,7 @@ class Kind(enum.IntEnum):
     PROBE = 20  # try one parked request (or GET /models) and say how it went
     # worker -> supervisor
     READY = 10  # json {"pid": ..., "concurrency": ...}
-    RESULT = 11  # meta {"k", "ok", "lat", "att", "rb", "ec", "pt", "ct", "ttft"} + "\n" + output line
+    RESULT = 11  # meta {"k", "ok", "lat", "att", "rb", "ec", "pt", "ct", "ttft", "sc"} + output line
     HEARTBEAT = 12  # json {"inflight", "queued", "parked", "done", "retries"}
     BYE = 13  # json {"done": n}: drained, about to exit
     FATAL = 14  # json {"message": str}: the worker cannot go on
@@ -64,9 +68,9 @@ def encode_meta(kind: Kind, meta: Any, body: bytes) -> bytes:
 
 
 def encode_meta_head(kind: Kind, meta: Any, body_len: int) -> bytes:
-    """Header and meta line of a meta+body frame whose body (of ``body_len`` bytes) is sent after it."""
+    """Header and meta of a meta+body frame whose body (of ``body_len`` bytes) is sent after it."""
     m = orjson.dumps(meta)
-    return HEADER.pack(len(m) + 1 + body_len, kind) + m + b"\n"
+    return HEADER.pack(META_LEN.size + len(m) + body_len, kind) + META_LEN.pack(len(m)) + m
 
 
 def decode_json(payload: bytes | memoryview) -> Any:
@@ -75,9 +79,23 @@ def decode_json(payload: bytes | memoryview) -> Any:
 
 def split_meta(payload: bytes | memoryview) -> tuple[Any, memoryview]:
     """Split a meta+body payload into (parsed meta, raw body), without copying the body."""
-    view = memoryview(payload)
-    i = view[:65536].tobytes().index(b"\n")
-    return orjson.loads(view[:i]), view[i + 1 :]
+    got = meta_of(payload)
+    if got is None:
+        raise ProtocolError("a meta+body frame shorter than its meta")
+    meta, start = got
+    return meta, memoryview(payload)[start:]
+
+
+def meta_of(head: bytes | memoryview) -> tuple[Any, int] | None:
+    """(parsed meta, where the body starts) of a meta+body payload's first bytes; None if the meta is not all
+    in ``head`` yet."""
+    if len(head) < META_LEN.size:
+        return None
+    (n,) = META_LEN.unpack_from(head)
+    end = META_LEN.size + n
+    if len(head) < end:
+        return None
+    return orjson.loads(memoryview(head)[META_LEN.size : end]), end
 
 
 PIPE_SIZE = 1 << 20
@@ -224,44 +242,67 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, bytes] | None:
 
 
 class FrameWriter:
-    """Batches the frames queued in one loop iteration into a single write.
+    """Gathers frames and writes them together: one system call (and one wake-up of the reader) for many.
 
-    ``send`` never blocks; callers that produce many frames must ``await drain()`` so the pipe's bound
-    (the transport's high-water mark) pushes back on them.
+    Frames go out ``delay`` seconds after the first of them was queued (``0``: at the end of the current
+    loop iteration), or at once when ``burst`` bytes are waiting. ``send`` never blocks; callers that produce
+    many frames ``await drain()``, which waits only while the pipe is full (the transport above its
+    high-water mark), so the pipe's bound pushes back on them. ``finish()`` waits until everything queued is
+    in the pipe: call it before exiting.
     """
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, delay: float = 0.0, burst: int = 1 << 18) -> None:
         self._writer = writer
-        self._pending: list[bytes] = []
-        self._scheduled = False
+        self.delay = delay
+        self.burst = burst
+        self._pending: list[bytes | memoryview] = []
+        self._bytes = 0
+        self._timer: asyncio.Handle | None = None
         self.closed = False
+        self.queued = 0  # frames queued so far
+        self.flushed = 0  # of them, how many were handed to the pipe
 
-    def send(self, frame: bytes) -> None:
-        if self.closed:
-            return
-        self._pending.append(frame)
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+    def send(self, frame: bytes) -> int:
+        """Queue one frame; returns its sequence number (compare with ``flushed``)."""
+        return self._queue(frame, b"")
 
-    def send_parts(self, head: bytes, body: bytes) -> None:
+    def send_parts(self, head: bytes, body: bytes | memoryview) -> int:
         """A frame given as its head (header and meta) and a large body, written without joining them."""
-        self.send(head)
-        self._pending.append(body)
+        return self._queue(head, body)
 
-    def _flush(self) -> None:
-        self._scheduled = False
+    def _queue(self, head: bytes, body: bytes | memoryview) -> int:
+        if self.closed:
+            return self.queued
+        self._pending.append(head)
+        if body:
+            self._pending.append(body)
+        self._bytes += len(head) + len(body)
+        self.queued += 1
+        if self._bytes >= self.burst:
+            self.flush()
+        elif self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_soon(self.flush) if self.delay <= 0 else loop.call_later(self.delay, self.flush)
+        return self.queued
+
+    def flush(self) -> None:
+        """Hand every queued frame to the pipe now (the transport buffers what the pipe cannot take yet)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self._pending or self.closed:
             return
-        data = self._pending[:]
-        self._pending.clear()
+        data = self._pending
+        self._pending = []
+        self._bytes = 0
+        self.flushed = self.queued
         try:
             self._writer.writelines(data)
         except (ConnectionError, RuntimeError):
             self.closed = True
 
     async def drain(self) -> None:
-        self._flush()
+        """Wait while the pipe is full; returns at once otherwise (frames still gathering are not forced out)."""
         if self.closed:
             return
         try:
@@ -269,8 +310,18 @@ class FrameWriter:
         except (ConnectionError, RuntimeError):
             self.closed = True
 
+    async def finish(self, timeout_s: float = 30.0) -> None:
+        """Write out everything queued and wait (up to ``timeout_s``) until the pipe has taken all of it."""
+        self.flush()
+        if self.closed:
+            return
+        transport = self._writer.transport
+        transport.set_write_buffer_limits(high=0)  # drain() now waits for an empty buffer
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.drain(), timeout_s)
+
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self.closed = True
         with contextlib.suppress(ConnectionError, RuntimeError):
             self._writer.close()

@@ -17,7 +17,7 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
-from evalsup.ipc.frames import KEY, ProtocolError, quiet_gc
+from evalsup.ipc.frames import KEY, ProtocolError, meta_of, quiet_gc
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -192,14 +192,14 @@ class Supervisor:
 
     def _on_big_result(self, w: WorkerHandle, head: memoryview, missing: int) -> bool:
         """A large result still partly in the pipe: splice the rest of its line into results.jsonl."""
-        nl = head[:65536].tobytes().find(b"\n")
-        if nl < 0:
+        got = meta_of(head)
+        if got is None:
             return False  # the meta is not all here yet: take the ordinary path
-        meta = decode_json(head[:nl])
+        meta, start = got
         if meta.get("k") not in w.outstanding:
             return False
         try:
-            ok = self.journal.append_spliced(head[nl + 1 :], w.read_fd, missing, self.cfg.hang_timeout_s)
+            ok = self.journal.append_spliced(head[start:], w.read_fd, missing, self.cfg.hang_timeout_s)
         except JournalError as e:
             self._stop(f"{e}; the run directory still describes what is safely on disk", 1, "now")
             return True
@@ -498,9 +498,12 @@ class Supervisor:
         return None
 
     def _pick_worker(self, suspect_free: bool = False) -> WorkerHandle | None:
+        """The worker with the most free credits, if it has a refill's worth (so that a refill sends many
+        tasks in one write); for a suspect, any credit will do, but only with a worker holding no other."""
         best: WorkerHandle | None = None
         for w in self.workers:
-            if w.credits > 0 and (best is None or w.credits > best.credits):
+            c = w.credits
+            if c >= (1 if suspect_free else w.refill) and (best is None or c > best.credits):
                 if suspect_free and any(r.crashes for r in w.outstanding.values()):
                     continue
                 best = w
@@ -510,10 +513,13 @@ class Supervisor:
         self.credit.clear()
         await self.credit.wait()
 
+    def _may_dispatch(self) -> bool:
+        return self.stopping is None and not self.paused and not self.breaker.open
+
     async def _dispatch(self) -> None:
         """Hand out tasks until the input is done and nothing is outstanding, or a stop is asked."""
         while self.stopping is None:
-            if self.paused or self.breaker.open:
+            if not self._may_dispatch():
                 await self._wait_credit()
                 continue
             if self.suspects:
@@ -521,8 +527,7 @@ class Supervisor:
                 if sw is not None:
                     ref = self.suspects.popleft()
                     sw.send_task(ref, read_line_at(self.cfg.tasks_path, ref.offset, self.cfg.max_line_bytes))
-                    assert sw.out is not None
-                    await sw.out.drain()
+                    await sw.pipe_room()
                     continue
             if self.exhausted and not self.redo:
                 if self._outstanding() == 0 and not self.suspects:
@@ -533,13 +538,16 @@ class Supervisor:
             if w is None:
                 await self._wait_credit()
                 continue
+            await self._fill(w)
+
+    async def _fill(self, w: WorkerHandle) -> None:
+        """Use up w's credits; the tasks go out together at the end of this loop iteration (one write)."""
+        while w.credits > 0 and self._may_dispatch():
             task = self._next_task()
             if task is None:
-                continue
-            ref, line = task
-            w.send_task(ref, line)
-            assert w.out is not None
-            await w.out.drain()
+                return
+            w.send_task(*task)
+            await w.pipe_room()
 
     async def _drain_outstanding(self) -> None:
         while self._outstanding() and self.stopping != "now":

@@ -80,6 +80,11 @@ class WorkerHandle:
         return self.window - len(self.outstanding)
 
     @property
+    def refill(self) -> int:
+        """Free credits worth a refill: tasks go out an eighth of the window at a time, not one by one."""
+        return max(1, self.window // 8)
+
+    @property
     def alive(self) -> bool:
         return self.state in (State.STARTING, State.READY, State.DRAINING)
 
@@ -87,6 +92,11 @@ class WorkerHandle:
         assert self.out is not None
         self.outstanding[ref.offset] = ref
         self.out.send(encode_meta(Kind.TASK, {"k": ref.offset, "n": ref.line_no}, line))
+
+    async def pipe_room(self) -> None:
+        """Wait while the pipe to the worker is full (at once otherwise)."""
+        if self.out is not None:
+            await self.out.drain()
 
     def send(self, kind: Kind, obj: Any = None) -> None:
         if self.out is not None:

@@ -31,6 +31,11 @@ from evalsup.worker.plugin import load_callable
 from evalsup.worker.retry import RetryPolicy
 from evalsup.worker.scoring import Scoring
 
+# Frames wait this long to share a write with the ones that follow: at hundreds of results a second, several
+# results and STARTED notes go out in one system call and wake the supervisor once. The credit window keeps
+# a worker's queue far deeper than what arrives in this time, so no request slot waits for it.
+FLUSH_DELAY_S = 0.005
+
 
 def _api_key(cfg: dict[str, Any]) -> str | None:
     if cfg.get("api_key_file"):
@@ -77,19 +82,26 @@ class Worker:
                 await self.cond.wait_for(self._can_start)
                 meta, line = self.queue.popleft()
                 self.inflight += 1
-            self.out.send(encode_frame(Kind.STARTED, KEY.pack(meta["k"])))
+            seq = self.out.send(encode_frame(Kind.STARTED, KEY.pack(meta["k"])))
             try:
-                out_line, info = await self.process(client, meta, line)
+                out_line, info = await self.process(client, meta, line, seq)
             finally:
                 async with self.cond:
                     self.inflight -= 1
                     self.cond.notify_all()
             self.done += 1
             self.out.send_parts(encode_meta_head(Kind.RESULT, info, len(out_line)), out_line)
-            await self.out.drain()
+            await self.out.drain()  # at once, unless the pipe is full
             self._check_drained()
 
-    async def process(self, client: Client, meta: Any, line: bytes | memoryview) -> tuple[bytes, dict[str, Any]]:
+    def _before_user_code(self, started_seq: int) -> None:
+        """User code (a plugin, a scorer) may kill the process: the supervisor must know the task was begun,
+        so that the crash is blamed on it. Its STARTED frame goes out now if it is still being gathered."""
+        if self.out.flushed < started_seq:
+            self.out.flush()
+
+    async def process(self, client: Client, meta: Any, line: bytes | memoryview,
+                      started_seq: int = 0) -> tuple[bytes, dict[str, Any]]:
         obj = orjson.loads(line)
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
@@ -99,6 +111,7 @@ class Worker:
             oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
                          1, 0.0)
         if self.plugin is not None:
+            self._before_user_code(started_seq)
             self.plugin(obj, oc)
         metrics: dict[str, Any] = {"latency_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": self.pid}
         if oc.ttft_s is not None:
@@ -108,6 +121,7 @@ class Worker:
         scores: dict[str, float | None] | None = None
         score_errors: dict[str, str] | None = None
         if self.scoring is not None and oc.error is None:
+            self._before_user_code(started_seq)
             scores, score_errors = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         out = output_line(tid, status=oc.status, request_id=oc.request_id, body=oc.body, error=oc.error,
                           metrics=metrics, metadata=metadata or None, scores=scores, score_errors=score_errors)
@@ -222,7 +236,7 @@ class Worker:
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)
             if drained.done():
                 self.out.send(encode_json(Kind.BYE, {"done": self.done}))
-                await self.out.drain()
+                await self.out.finish()
             for t in [*tasks, reading, drained]:
                 t.cancel()
             await asyncio.gather(*tasks, reading, drained, return_exceptions=True)
@@ -243,7 +257,7 @@ async def _open_pipes() -> tuple[asyncio.StreamReader, FrameWriter]:
     # empty after every result, or requests go out in waves. The credit window bounds what can queue here.
     transport.set_write_buffer_limits(high=8 << 20)
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
-    return reader, FrameWriter(writer)
+    return reader, FrameWriter(writer, delay=FLUSH_DELAY_S)
 
 
 async def amain() -> int:
@@ -264,12 +278,12 @@ async def amain() -> int:
         worker = Worker(cfg, reader, out)
     except Exception as e:
         out.send(encode_json(Kind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
-        await out.drain()
+        await out.finish()
         return 2
     quiet_gc()
     out.send(encode_json(Kind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
     await worker.run()
-    await out.drain()
+    await out.finish()  # results gathered but not yet written are earned: they go out before the exit
     return 0
 
 

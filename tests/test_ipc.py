@@ -1,0 +1,121 @@
+"""Frames over a real pipe: what one side writes, the other reads, whole and in order, however it is gathered
+into writes and cut into reads; nothing gathered is lost when a worker finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+
+import orjson
+import pytest
+
+from evalsup.ipc import FrameWriter, Kind, split_meta
+from evalsup.ipc.frames import FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head, meta_of
+
+
+async def _writer_on_pipe(fd: int, delay: float) -> FrameWriter:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0))
+    return FrameWriter(asyncio.StreamWriter(transport, protocol, None, loop), delay=delay)
+
+
+def _read_all(fd: int, rng: random.Random) -> list[tuple[Kind, bytes]]:
+    got: list[tuple[Kind, bytes]] = []
+    parser = FrameParser(lambda kind, payload: got.append((kind, bytes(payload))))
+    while True:
+        data = os.read(fd, rng.choice((1, 7, 100, 4096, 1 << 16)))
+        if not data:
+            break
+        parser.feed(data)
+    assert parser.pending == 0, "the stream ended inside a frame"
+    return got
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.005])
+def test_frames_arrive_whole_and_in_order_however_gathered_and_cut(delay: float) -> None:
+    rng = random.Random(7)
+    frames: list[tuple[Kind, dict[str, int], bytes]] = []
+    for i in range(3000):
+        body = bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 50, 3000)))) if i % 500 else b"x" * 300_000
+        frames.append((Kind.RESULT, {"k": i}, body))
+    r, w = os.pipe()
+
+    async def produce() -> None:
+        out = await _writer_on_pipe(w, delay)
+        for i, (kind, meta, body) in enumerate(frames):
+            if i % 2:
+                out.send_parts(encode_meta_head(kind, meta, len(body)), body)
+            else:
+                out.send(encode_meta(kind, meta, body))
+            if i % 100 == 0:
+                await out.drain()
+                await asyncio.sleep(0)
+        await out.finish()  # what is still gathered goes out before we stop
+        assert out._writer.transport.get_write_buffer_size() == 0, "finish() returned with data unwritten"
+        out.close()
+
+    got: list[tuple[Kind, bytes]] = []
+    reader = threading.Thread(target=lambda: got.extend(_read_all(r, rng)))
+    reader.start()
+    asyncio.run(produce())
+    reader.join(30)
+    os.close(r)
+    assert len(got) == len(frames)
+    for (kind, payload), (want_kind, meta, body) in zip(got, frames, strict=True):
+        assert kind is want_kind
+        m, rest = split_meta(payload)
+        assert m == meta and bytes(rest) == body
+
+
+def test_writer_gathers_frames_until_its_delay_or_burst() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+
+    async def go() -> tuple[bytes, bytes, bytes, int, int]:
+        out = await _writer_on_pipe(w, delay=0.05)
+        seq = out.send(encode_frame(Kind.STARTED, b"12345678"))
+        await asyncio.sleep(0.01)
+        early = _try_read(r)  # nothing yet: it waits for company
+        flushed_before = out.flushed
+        await asyncio.sleep(0.08)
+        late = _try_read(r)
+        big = encode_frame(Kind.HEARTBEAT, b"x" * (out.burst + 1))
+        out.send(big)  # past the burst: written at once, not after the delay
+        burst = _try_read(r, 1 << 20)
+        assert burst == big[: len(burst)] and len(burst) > 0
+        out.close()
+        return early, late, burst, flushed_before, seq
+
+    early, late, _, flushed_before, seq = asyncio.run(go())
+    os.close(r)
+    assert early == b"" and flushed_before < seq
+    assert late == encode_frame(Kind.STARTED, b"12345678")
+
+
+def _try_read(fd: int, n: int = 65536) -> bytes:
+    try:
+        return os.read(fd, n)
+    except BlockingIOError:
+        return b""
+
+
+def test_meta_is_found_by_its_length_not_by_scanning_the_body() -> None:
+    body = b'{"a": "line\\nwith an escaped newline"}\n'
+    frame = encode_meta(Kind.TASK, {"k": 5, "n": 1}, body)
+    payload = memoryview(frame)[5:]
+    assert meta_of(payload[:3]) is None  # the meta's length is not all here
+    assert meta_of(payload[:8]) is None  # its length is, the meta is not
+    meta, start = meta_of(payload) or ({}, 0)
+    assert meta == {"k": 5, "n": 1} and bytes(payload[start:]) == body
+    with pytest.raises(ProtocolError):
+        split_meta(payload[:6])
+
+
+def test_garbage_is_a_protocol_error() -> None:
+    parser = FrameParser(lambda kind, payload: None)
+    with pytest.raises(ProtocolError):
+        parser.feed(b"\x00\x00\x00\x01\xfe" + b"x")  # an unknown kind
+    with pytest.raises(ProtocolError):
+        FrameParser(lambda kind, payload: None).feed(orjson.dumps({"not": "a frame"}) * 100)
