@@ -11,10 +11,14 @@ See docs/architecture.md.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import os
 import select
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -187,7 +191,18 @@ def scan_results(path: Path, start: int) -> tuple[set[str], int, int]:
 
 
 class Journal:
-    """Owns the run directory's results file, ids.bin, invalid.jsonl and checkpoint."""
+    """Owns the run directory's results file, ids.bin, invalid.jsonl and checkpoint.
+
+    One thread of its own (``_Writer``) does every write to ``results.jsonl`` and every fsync, in the order
+    they were asked for, so the event loop never waits for the disk: page-cache copies and fsyncs of a
+    large run take most of a core. Lines are ``append``ed (buffered, handed over by ``flush``) or
+    ``append_spliced`` (the rest of the line moved from a worker's pipe by splice(2)); ``checkpoint``
+    fsyncs what was handed over before it and then writes ``checkpoint.json``. Completions come back on
+    the event loop.
+    """
+
+    # past this many bytes handed over and not yet written, the supervisor stops reading results
+    BACKLOG_HIGH = 64 << 20
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -200,11 +215,24 @@ class Journal:
         self._results: IO[bytes] | None = None
         self._ids: IO[bytes] | None = None
         self._invalid: IO[bytes] | None = None
-        self.written = 0  # bytes of results.jsonl handed to the OS (flushed)
+        self._writer: _Writer | None = None
         self.last_checkpoint = 0.0
-        # After a failed write the file may hold part of what was lost; no checkpoint may be written after
-        # that (it would drop the lost tasks from O), so the last good one stands and a rerun redoes them.
-        self.broken: str | None = None
+        # called on the event loop when a write fails (the message says what failed) and when the backlog
+        # falls back below a quarter of BACKLOG_HIGH
+        self.on_error: Callable[[str], None] = lambda msg: None
+        self.on_backlog_low: Callable[[], None] = lambda: None
+        self._failures_seen = 0  # failed splices whose tasks the event loop has taken back
+
+    @property
+    def broken(self) -> str | None:
+        """After a failed write the file may hold part of what was lost; no checkpoint may be written after
+        that (it would drop the lost tasks from O), so the last good one stands and a rerun redoes them."""
+        return self._writer.broken if self._writer is not None else None
+
+    @property
+    def backlog(self) -> int:
+        """Bytes handed to the writer (or buffered) and not yet written."""
+        return self._buf_bytes + (self._writer.backlog if self._writer is not None else 0)
 
     # ----- opening -----
 
@@ -254,7 +282,8 @@ class Journal:
             self._invalid = self._open_truncated(self.invalid_path, invalid_len)
         except OSError as e:
             raise JournalError(f"cannot write in run directory {self.run_dir}: {e.strerror}") from None
-        self.written = results_len
+        self._writer = _Writer(self, fd, results_len, asyncio.get_running_loop())
+        self._writer.start()
 
     @staticmethod
     def _open_truncated(path: Path, length: int) -> IO[bytes]:
@@ -267,10 +296,10 @@ class Journal:
         with open(self.ids_path, "rb") as f:
             return f.read(length)
 
-    # ----- writing -----
+    # ----- writing (event loop side) -----
 
     def append(self, line: bytes | memoryview) -> None:
-        """Queue one output line (newline included); written by flush(), at the latest within a second."""
+        """Queue one output line (newline included); handed to the writer by flush(), within a second."""
         self._buf.append(line)
         self._buf_bytes += len(line)
         if self._buf_bytes >= 1 << 20:
@@ -285,71 +314,46 @@ class Journal:
         if data:
             self._ids.write(data)
 
-    def flush(self) -> int:
-        """Hand buffered results to the OS; returns the results length now written."""
-        if self._buf and self._results is not None:
-            bufs, total = self._buf, self._buf_bytes
+    def flush(self) -> None:
+        """Hand the buffered lines to the writer."""
+        if self._buf and self._writer is not None:
+            bufs, n = self._buf, self._buf_bytes
             self._buf = []
             self._buf_bytes = 0
-            if self.broken:
-                raise JournalError(self.broken)
-            try:
-                _write_all(self._results.fileno(), bufs, self.written)
-            except OSError as e:
-                # Whatever part of data reached the file lies past the last checkpoint: a rerun keeps its
-                # complete lines (as finished since) and cuts a torn tail; the rest is redone (in O or past F).
-                self.broken = f"cannot write {self.results_path}: {e.strerror}"
-                raise JournalError(self.broken) from None
-            self.written += total
-        return self.written
+            self._writer.put(("write", bufs, n), n)
 
-    def append_spliced(self, head: memoryview, src: int, missing: int, timeout_s: float) -> bool:
+    def append_spliced(self, head: memoryview, src: int, missing: int, timeout_s: float,
+                       done: Callable[[bool], None]) -> None:
         """Write one output line whose start is ``head`` and whose last ``missing`` bytes are still in the pipe
-        ``src``: they are moved into the file by splice(2), never copied through Python. False (and nothing
-        written) when the pipe ends or stalls before the line is complete (its worker died mid-result)."""
-        if self._results is None:
-            return False
+        ``src``: they are moved into the file by splice(2), never copied through Python. ``done(ok)`` is called
+        on the event loop; False (and nothing written) when the pipe ended or stalled for ``timeout_s``
+        before the line was complete (its worker died mid-result). Nobody may read ``src`` until then."""
+        assert self._writer is not None
         self.flush()  # whatever was queued before this line goes first
+
+        def finished(ok: bool) -> None:
+            if not ok:
+                self._failures_seen += 1
+            done(ok)
+
+        self._writer.put(("splice", head, src, missing, timeout_s, finished), len(head) + missing)
+
+    async def checkpoint(self, cp: Checkpoint) -> None:
+        """Make durable everything handed over so far, then write ``cp`` (atomically) with the results length
+        that covers it. Raises JournalError if it cannot; a line that failed to splice since the last
+        checkpoint (its task is handed on) skips this one, so a checkpoint never leaves out a task."""
+        assert self._writer is not None and self._ids is not None and self._invalid is not None
         if self.broken:
             raise JournalError(self.broken)
-        fd = self._results.fileno()
-        start = self.written
-        pos = start + len(head)
-        try:
-            _write_all(fd, [head], start)
-            left = missing
-            while left:
-                try:
-                    n = os.splice(src, fd, left, offset_dst=pos)
-                except BlockingIOError:
-                    if not select.select([src], [], [], timeout_s)[0]:
-                        break
-                    continue
-                if n == 0:
-                    break
-                left -= n
-                pos += n
-            if left:
-                os.ftruncate(fd, start)
-                return False
-        except OSError as e:
-            self.broken = f"cannot write {self.results_path}: {e.strerror}"
-            raise JournalError(self.broken) from None
-        self.written = pos
-        return True
-
-    def sync(self) -> int:
-        """flush() and fsync results, ids and invalid lines; returns the results length made durable."""
-        n = self.flush()
-        try:
-            for f in (self._results, self._ids, self._invalid):
-                if f is not None:
-                    f.flush()
-                    os.fsync(f.fileno())
-        except OSError as e:
-            self.broken = f"cannot sync {self.run_dir}: {e.strerror}"
-            raise JournalError(self.broken) from None
-        return n
+        self.flush()
+        self._ids.flush()
+        self._invalid.flush()
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._writer.put(("checkpoint", cp, (self._ids.fileno(), self._invalid.fileno()), self._failures_seen, fut), 0)
+        err = await fut
+        if err is not None:
+            raise JournalError(err)
+        self.last_checkpoint = time.monotonic()
 
     def ids_length(self) -> int:
         assert self._ids is not None
@@ -359,20 +363,138 @@ class Journal:
         assert self._invalid is not None
         return self._invalid.tell()
 
-    def write_checkpoint(self, cp: Checkpoint) -> None:
-        """Write cp atomically. Its lengths must already be durable (sync() first)."""
-        if self.broken:
-            raise JournalError(self.broken)
-        cp.time = time.time()
-        try:
-            write_atomic(self.checkpoint_path, cp.to_json())
-        except OSError as e:
-            raise JournalError(f"cannot write {self.checkpoint_path}: {e.strerror}") from None
-        self.last_checkpoint = time.monotonic()
-
     def close(self) -> None:
+        """Stop the writer (after what it was handed) and close the files."""
+        if self._writer is not None:
+            self._writer.stop()
         for f in (self._results, self._ids, self._invalid):
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
         self._results = self._ids = self._invalid = None
+
+
+class _Writer(threading.Thread):
+    """Does the journal's jobs in order: ("write", bufs, n), ("splice", head, src, missing, timeout, done),
+    ("checkpoint", cp, fds, failures seen, future), None to stop. ``pos`` is the length of results.jsonl written."""
+
+    def __init__(self, journal: Journal, fd: int, pos: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(name="evalsup-journal", daemon=True)
+        self.journal = journal
+        self.fd = fd
+        self.pos = pos
+        self.loop = loop
+        self.jobs: collections.deque[tuple[Any, ...] | None] = collections.deque()
+        self.cv = threading.Condition()
+        self.backlog = 0  # bytes of the queued jobs
+        self.broken: str | None = None
+        self.failures = 0  # lines that failed to splice
+
+    def put(self, job: tuple[Any, ...] | None, nbytes: int) -> None:
+        with self.cv:
+            self.jobs.append(job)
+            self.backlog += nbytes
+            self.cv.notify()
+
+    def stop(self) -> None:
+        if self.is_alive():
+            self.put(None, 0)
+            self.join()
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.jobs:
+                    self.cv.wait()
+                job = self.jobs.popleft()
+            if job is None:
+                return
+            kind, nbytes = job[0], 0
+            if kind == "write":
+                nbytes = job[2]
+                self._write(job[1], nbytes)
+            elif kind == "splice":
+                head, src, missing, timeout_s, done = job[1:]
+                nbytes = len(head) + missing
+                self._call(done, self._splice(head, src, missing, timeout_s))
+            elif kind == "checkpoint":
+                cp, fds, seen, fut = job[1:]
+                err = self._checkpoint(cp, fds, seen)
+                self._call(lambda f, e: f.done() or f.set_result(e), fut, err)
+            with self.cv:
+                before = self.backlog
+                self.backlog -= nbytes
+                low = before >= Journal.BACKLOG_HIGH // 4 > self.backlog
+            if low:
+                self._call(self.journal.on_backlog_low)
+
+    def _fail(self, what: str, e: OSError) -> None:
+        if self.broken is None:
+            # Whatever part reached the file lies past the last checkpoint: a rerun keeps its complete lines
+            # (as finished since) and cuts a torn tail; the rest is redone (in O or past F).
+            self.broken = f"cannot {what} {self.journal.results_path}: {e.strerror}"
+            self._call(self.journal.on_error, self.broken)
+
+    def _write(self, bufs: list[bytes | memoryview], n: int) -> None:
+        if self.broken:
+            return
+        try:
+            _write_all(self.fd, bufs, self.pos)
+        except OSError as e:
+            self._fail("write", e)
+            return
+        self.pos += n
+
+    def _splice(self, head: memoryview, src: int, missing: int, timeout_s: float) -> bool:
+        if self.broken:
+            return True  # the run is stopping; the line is lost with the rest after the last checkpoint
+        start = self.pos
+        pos = start + len(head)
+        try:
+            _write_all(self.fd, [head], start)
+            left = missing
+            while left:
+                try:
+                    n = os.splice(src, self.fd, left, offset_dst=pos)
+                except BlockingIOError:
+                    if not select.select([src], [], [], timeout_s)[0]:
+                        break
+                    continue
+                if n == 0:
+                    break
+                left -= n
+                pos += n
+            if left:
+                os.ftruncate(self.fd, start)
+                self.failures += 1
+                return False
+        except OSError as e:
+            self._fail("write", e)
+            return True
+        self.pos = pos
+        return True
+
+    def _checkpoint(self, cp: Checkpoint, fds: tuple[int, ...], seen: int) -> str | None:
+        if self.broken:
+            return self.broken
+        if self.failures > seen:
+            # a line failed to splice after cp was taken, with its task left out of cp's outstanding tasks
+            # (it was being written): the last good checkpoint stands, the next one holds the handed-on task
+            return None
+        try:
+            for fd in (self.fd, *fds):
+                os.fsync(fd)
+        except OSError as e:
+            self._fail("sync", e)
+            return self.broken
+        cp.results_len = self.pos
+        cp.time = time.time()
+        try:
+            write_atomic(self.journal.checkpoint_path, cp.to_json())
+        except OSError as e:
+            return f"cannot write {self.journal.checkpoint_path}: {e.strerror}"
+        return None

@@ -181,8 +181,9 @@ class SplicingReader:
     """A worker's result pipe read with plain non-blocking reads on the event loop (the supervisor's side).
 
     Small frames are parsed from the chunks read; the rest of a large RESULT body is left in the pipe for
-    ``on_big`` to move straight into the results file with splice(2), never through Python. ``closed``
-    resolves at EOF, or with the ProtocolError that ended the stream.
+    ``on_big`` to move straight into the results file with splice(2), never through Python: while it does,
+    the pipe is held (``hold("lent")``, not read here) and closing it waits until it is released.
+    ``closed`` resolves at EOF, or with the ProtocolError that ended the stream.
     """
 
     def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None],
@@ -191,6 +192,8 @@ class SplicingReader:
         self.parser = FrameParser(on_frame, on_big, big=READ_SIZE // 2)
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[Exception | None] = self.loop.create_future()
+        self._holds: set[str] = set()
+        self._close_pending: tuple[Exception | None] | None = None
         os.set_blocking(fd, False)
         self.loop.add_reader(fd, self._readable)
 
@@ -212,10 +215,29 @@ class SplicingReader:
         except ProtocolError as e:
             self.close(e)
 
+    def hold(self, reason: str) -> None:
+        """Stop reading (for ``reason``) until ``release(reason)``."""
+        if not self._holds and not self.closed.done():
+            self.loop.remove_reader(self.fd)
+        self._holds.add(reason)
+
+    def release(self, reason: str) -> None:
+        if reason not in self._holds:
+            return
+        self._holds.discard(reason)
+        if reason == "lent" and self._close_pending is not None:
+            self.close(*self._close_pending)
+        elif not self._holds and not self.closed.done():
+            self.loop.add_reader(self.fd, self._readable)
+
     def close(self, err: Exception | None = None) -> None:
         if self.closed.done():
             return
-        self.loop.remove_reader(self.fd)
+        if "lent" in self._holds:  # the journal is splicing from it: close when it gives the pipe back
+            self._close_pending = (err,)
+            return
+        if not self._holds:
+            self.loop.remove_reader(self.fd)
         os.close(self.fd)
         self.closed.set_result(err)
 

@@ -74,6 +74,10 @@ class Supervisor:
         self.metrics: Any = None
         self._stuck_since: float | None = None
         self._bg: set[asyncio.Task[Any]] = set()
+        self._backlogged = False  # reading results is held until the journal's writer catches up
+        self._writing = [0, 0]  # results (ok, failed) whose lines are being spliced into results.jsonl
+        self.journal.on_error = self._on_journal_error
+        self.journal.on_backlog_low = self._on_backlog_low
 
     # ----- set-up -----
 
@@ -183,34 +187,53 @@ class Supervisor:
         ref = w.outstanding.pop(meta["k"], None)
         if ref is None:
             return  # not ours any more (cannot happen while one worker owns each task)
-        try:
-            self.journal.append(line)
-        except JournalError as e:
-            self._stop(f"{e}; the run directory still describes what is safely on disk", 1, "now")
-            return
+        self.journal.append(line)
         self._count_result(w, meta)
+        if self.journal.backlog > Journal.BACKLOG_HIGH and not self._backlogged:
+            self._backlogged = True  # the disk is behind: read no more results until it catches up
+            for x in self.workers:
+                if x.stream is not None:
+                    x.stream.hold("backlog")
+
+    def _on_backlog_low(self) -> None:
+        if self._backlogged:
+            self._backlogged = False
+            for x in self.workers:
+                if x.stream is not None:
+                    x.stream.release("backlog")
 
     def _on_big_result(self, w: WorkerHandle, head: memoryview, missing: int) -> bool:
-        """A large result still partly in the pipe: splice the rest of its line into results.jsonl."""
+        """A large result still partly in the pipe: the journal's writer splices the rest of its line into
+        results.jsonl. Until it is done the pipe is the writer's, and the task stays the worker's (counted
+        as done in a checkpoint taken meanwhile, whose results length covers the line)."""
         got = meta_of(head)
         if got is None:
             return False  # the meta is not all here yet: take the ordinary path
         meta, start = got
-        if meta.get("k") not in w.outstanding:
+        ref = w.outstanding.get(meta.get("k"))
+        if ref is None or w.stream is None:
             return False
-        try:
-            ok = self.journal.append_spliced(head[start:], w.read_fd, missing, self.cfg.hang_timeout_s)
-        except JournalError as e:
-            self._stop(f"{e}; the run directory still describes what is safely on disk", 1, "now")
-            return True
-        if not ok:  # the worker died (or froze) in the middle of sending it: the task is still its to lose
-            assert w.stream is not None
-            w.stream.close(ProtocolError("pipe closed inside a result"))
-            return True
-        w.outstanding.pop(meta["k"])
-        self.stats.spliced += 1
-        self._count_result(w, meta)
+        stream = w.stream
+        ref.writing = True
+        self._writing[0 if meta["ok"] else 1] += 1
+        stream.hold("lent")
+
+        def done(ok: bool) -> None:
+            ref.writing = False
+            self._writing[0 if meta["ok"] else 1] -= 1
+            if ok:
+                w.outstanding.pop(meta["k"], None)
+                self.stats.spliced += 1
+                self._count_result(w, meta)
+            else:  # the worker died (or froze) in the middle of sending it: the task is still its to lose
+                stream.close(ProtocolError("pipe closed inside a result"))
+            stream.release("lent")
+
+        self.journal.append_spliced(head[start:], w.read_fd, missing, self.cfg.hang_timeout_s, done)
         return True
+
+    def _on_journal_error(self, message: str) -> None:
+        self._stop(f"{message}; the run directory still describes what is safely on disk", 1, "now")
 
     def _count_result(self, w: WorkerHandle, meta: dict[str, Any]) -> None:
         if meta["ok"]:
@@ -555,21 +578,23 @@ class Supervisor:
 
     # ----- periodic work -----
 
-    def checkpoint(self, finished: bool = False) -> None:
+    async def checkpoint(self, finished: bool = False) -> None:
+        """Snapshot F/O and the counts with no await in between; the journal's writer makes every result
+        handed over before it durable and writes checkpoint.json with the results length that covers them."""
         assert self.reader is not None
         j = self.journal
-        results_len = j.flush()
         j.append_ids(self.reader.ids.take_log())
-        outstanding = [r for w in self.workers for r in w.outstanding.values()] + list(self.redo) + list(self.suspects)
+        # a task whose line is being spliced is done as far as this checkpoint goes: its line is written
+        # before the checkpoint is (or, if that fails, the writer skips this checkpoint)
+        outstanding = [r for w in self.workers for r in w.outstanding.values() if not r.writing]
         cp = Checkpoint(
             fingerprint=self.fp, frontier=self.reader.offset, line_no=self.reader.line_no, index=self.reader.index,
-            outstanding=outstanding, results_len=results_len, ids_len=j.ids_length(),
-            invalid_len=j.invalid_length(), succeeded=self.stats.succeeded, failed=self.stats.failed,
-            invalid=self.stats.invalid, counters=self.stats.counters(), finished=finished,
-            done_ahead=sorted(self.skip_ids), pid=os.getpid(),
+            outstanding=outstanding + list(self.redo) + list(self.suspects), ids_len=j.ids_length(),
+            invalid_len=j.invalid_length(), succeeded=self.stats.succeeded + self._writing[0],
+            failed=self.stats.failed + self._writing[1], invalid=self.stats.invalid, counters=self.stats.counters(),
+            finished=finished, done_ahead=sorted(self.skip_ids), pid=os.getpid(),
         )
-        j.sync()
-        j.write_checkpoint(cp)
+        await j.checkpoint(cp)
 
     async def _ticker(self) -> None:
         cfg = self.cfg
@@ -579,7 +604,7 @@ class Supervisor:
             now = time.monotonic()
             try:
                 if now - last_cp >= cfg.checkpoint_interval_s:
-                    self.checkpoint()
+                    await self.checkpoint()
                     last_cp = last_flush = now
                 elif now - last_flush >= cfg.flush_interval_s:
                     self.journal.flush()
@@ -752,7 +777,7 @@ class Supervisor:
                      f"{rs.checkpoint.line_no + 1:,}{extra}")
         try:
             try:
-                self.checkpoint()  # from the start, the run directory says where the run is
+                await self.checkpoint()  # from the start, the run directory says where the run is
             except JournalError as e:
                 self._stop(str(e), 1, "now")
             ticker = asyncio.create_task(self._ticker())
@@ -776,7 +801,7 @@ class Supervisor:
         self.finished = (self.stopping is None and self.exhausted and not self.redo and not self.suspects
                          and self._outstanding() == 0)
         try:
-            self.checkpoint(finished=self.finished)
+            await self.checkpoint(finished=self.finished)
         except JournalError as e:
             self.stop_message, self.stop_code = str(e), 1
         self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code)
