@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import queue
 import select
 import threading
 import time
@@ -376,7 +377,8 @@ class Journal:
 
 class _Writer(threading.Thread):
     """Does the journal's jobs in order: ("write", bufs, n), ("splice", head, src, missing, timeout, done),
-    ("checkpoint", cp, fds, failures seen, future), None to stop. ``pos`` is the length of results.jsonl written."""
+    ("checkpoint", cp, fds, failures seen, future), None to stop; a checkpoint's fsync and file go to a
+    second thread. ``pos`` is the length of results.jsonl written."""
 
     def __init__(self, journal: Journal, fd: int, pos: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name="evalsup-journal", daemon=True)
@@ -389,6 +391,15 @@ class _Writer(threading.Thread):
         self.backlog = 0  # bytes of the queued jobs
         self.broken: str | None = None
         self.failures = 0  # lines that failed to splice
+        # fsync takes as long as the disk needs for what is dirty (seconds, for gigabytes): a second thread
+        # does it, and writes the checkpoint after, while this one goes on writing the lines that follow
+        self.syncer: queue.SimpleQueue[tuple[Checkpoint, tuple[int, ...], asyncio.Future[str | None]] | None] = \
+            queue.SimpleQueue()
+        self._syncing = threading.Thread(target=self._sync_loop, name="evalsup-fsync", daemon=True)
+
+    def start(self) -> None:
+        super().start()
+        self._syncing.start()
 
     def put(self, job: tuple[Any, ...] | None, nbytes: int) -> None:
         with self.cv:
@@ -412,6 +423,8 @@ class _Writer(threading.Thread):
                     self.cv.wait()
                 job = self.jobs.popleft()
             if job is None:
+                self.syncer.put(None)
+                self._syncing.join()
                 return
             kind, nbytes = job[0], 0
             if kind == "write":
@@ -422,9 +435,7 @@ class _Writer(threading.Thread):
                 nbytes = len(head) + missing
                 self._call(done, self._splice(head, src, missing, timeout_s))
             elif kind == "checkpoint":
-                cp, fds, seen, fut = job[1:]
-                err = self._checkpoint(cp, fds, seen)
-                self._call(lambda f, e: f.done() or f.set_result(e), fut, err)
+                self._checkpoint(*job[1:])
             with self.cv:
                 before = self.backlog
                 self.backlog -= nbytes
@@ -478,23 +489,39 @@ class _Writer(threading.Thread):
         self.pos = pos
         return True
 
-    def _checkpoint(self, cp: Checkpoint, fds: tuple[int, ...], seen: int) -> str | None:
+    def _checkpoint(self, cp: Checkpoint, fds: tuple[int, ...], seen: int, fut: asyncio.Future[str | None]) -> None:
+        """Take the results length for cp; the syncer fsyncs and writes it while writing goes on after it."""
         if self.broken:
-            return self.broken
-        if self.failures > seen:
+            self._resolve(fut, self.broken)
+        elif self.failures > seen:
             # a line failed to splice after cp was taken, with its task left out of cp's outstanding tasks
             # (it was being written): the last good checkpoint stands, the next one holds the handed-on task
-            return None
-        try:
-            for fd in (self.fd, *fds):
-                os.fsync(fd)
-        except OSError as e:
-            self._fail("sync", e)
-            return self.broken
-        cp.results_len = self.pos
-        cp.time = time.time()
-        try:
-            write_atomic(self.journal.checkpoint_path, cp.to_json())
-        except OSError as e:
-            return f"cannot write {self.journal.checkpoint_path}: {e.strerror}"
-        return None
+            self._resolve(fut, None)
+        else:
+            cp.results_len = self.pos
+            self.syncer.put((cp, fds, fut))
+
+    def _resolve(self, fut: asyncio.Future[str | None], err: str | None) -> None:
+        self._call(lambda f, e: f.done() or f.set_result(e), fut, err)
+
+    def _sync_loop(self) -> None:
+        """The syncer thread: fsync (data written before cp.results_len at least), then write cp."""
+        while True:
+            item = self.syncer.get()
+            if item is None:
+                return
+            cp, fds, fut = item
+            err: str | None = None
+            try:
+                for fd in (self.fd, *fds):
+                    os.fsync(fd)
+            except OSError as e:
+                self._fail("sync", e)
+                err = self.broken
+            if err is None:
+                cp.time = time.time()
+                try:
+                    write_atomic(self.journal.checkpoint_path, cp.to_json())
+                except OSError as e:
+                    err = f"cannot write {self.journal.checkpoint_path}: {e.strerror}"
+            self._resolve(fut, err)

@@ -255,7 +255,9 @@ async def _open_pipes() -> tuple[asyncio.StreamReader, FrameWriter]:
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(fd_out, "wb", 0))
     # Results are often larger than the default 64 KiB mark; a request slot must not wait for the pipe to
     # empty after every result, or requests go out in waves. The credit window bounds what can queue here.
-    transport.set_write_buffer_limits(high=8 << 20)
+    # A slot that does wait goes on at 6 MiB, not at the default quarter (2 MiB): released a few at a time,
+    # the slots do not come back from the endpoint all together (measured at 1 MB results: ~5 % faster).
+    transport.set_write_buffer_limits(high=8 << 20, low=6 << 20)
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     return reader, FrameWriter(writer, delay=FLUSH_DELAY_S)
 
