@@ -267,3 +267,12 @@ def output_line(task_id: str, *, status: int | None, request_id: str | None, bod
     if score_errors:
         rec["score_errors"] = score_errors
     return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def output_line_around(task_id: str, **fields: Any) -> tuple[bytes, bytes]:
+    """The output line for a response whose body is the endpoint's own one-line JSON, as (head, tail): the
+    line is head + body + tail, so a large body is written as it came, never copied into a line. ``fields``
+    are output_line's, without ``body``."""
+    # orjson writes a NUL byte only as the contents of a Fragment (in strings it is escaped as \u0000)
+    head, _, tail = output_line(task_id, body=orjson.Fragment(b"\0"), **fields).partition(b"\0")
+    return head, tail

@@ -119,3 +119,20 @@ def test_garbage_is_a_protocol_error() -> None:
         parser.feed(b"\x00\x00\x00\x01\xfe" + b"x")  # an unknown kind
     with pytest.raises(ProtocolError):
         FrameParser(lambda kind, payload: None).feed(orjson.dumps({"not": "a frame"}) * 100)
+
+
+def test_an_output_line_written_around_its_body_is_the_same_line() -> None:
+    from evalsup.tasks import output_line, output_line_around
+
+    body = orjson.dumps({"choices": [{"message": {"content": "x" * 50_000 + "\u0000 nul \n escaped"}}]})
+    fields: dict[str, object] = {
+        "status": 200, "request_id": "req-\u00001", "error": None,
+        "metrics": {"latency_s": 0.25, "attempts": 2, "worker": 7},
+        "metadata": {"expected": "a\u0000b", "nested": {"k\u0000": [1, 2]}}, "scores": {"exact_match": 1.0},
+        "score_errors": None,
+    }
+    head, tail = output_line_around("t\u00009", **fields)
+    whole = output_line("t\u00009", body=orjson.Fragment(body), **fields)
+    assert head + body + tail == whole
+    rec = orjson.loads(whole)
+    assert rec["id"] == "t\u00009" and rec["metadata"]["expected"] == "a\u0000b"

@@ -133,12 +133,13 @@ class FrameParser:
     def pending(self) -> int:
         return self._have if self._chunks else 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> bool:
+        """Parse what ``data`` completes; True when it ended with a large frame taken by ``on_big``."""
         if self._chunks:
             self._chunks.append(data)
             self._have += len(data)
             if self._have < self._need:
-                return  # still inside a large frame: gather, do not parse again
+                return False  # still inside a large frame: gather, do not parse again
             view = memoryview(b"".join(self._chunks))  # the one copy a frame across chunks costs
             self._chunks = []
         else:
@@ -148,12 +149,13 @@ class FrameParser:
             length, kind = HEADER.unpack_from(rest)
             missing = HEADER.size + length - len(rest)
             if kind == Kind.RESULT and missing >= self.big and self.on_big(rest[HEADER.size :], missing):
-                return
+                return True
         if rest:
             # the payloads handed out above are views of `view`: keep the tail as its own view, not a copy
             self._chunks = [rest]
             self._have = len(rest)
             self._need = HEADER.size + HEADER.unpack_from(rest)[0] if len(rest) >= HEADER.size else HEADER.size
+        return False
 
     def _parse(self, view: memoryview) -> memoryview:
         pos, n = 0, len(view)
@@ -174,7 +176,9 @@ class FrameParser:
         return view[pos:]
 
 
-READ_SIZE = 1 << 16
+READ_SIZE = 1 << 16  # a read while results are small: many frames in one system call
+HEAD_READ = 1 << 12  # a read after a large result: its successor is likely large too, and what is read of it
+# passes through Python (read, then written), while the rest is spliced from the pipe to the file
 
 
 class SplicingReader:
@@ -194,6 +198,7 @@ class SplicingReader:
         self.closed: asyncio.Future[Exception | None] = self.loop.create_future()
         self._holds: set[str] = set()
         self._close_pending: tuple[Exception | None] | None = None
+        self._read_size = READ_SIZE
         os.set_blocking(fd, False)
         self.loop.add_reader(fd, self._readable)
 
@@ -201,7 +206,7 @@ class SplicingReader:
         try:
             # small reads on purpose: many small frames fit in one, and a large body mostly stays in the pipe
             # for on_big to splice instead of passing through Python
-            data = os.read(self.fd, READ_SIZE)
+            data = os.read(self.fd, self._read_size)
         except BlockingIOError:
             return
         except OSError as e:
@@ -211,7 +216,7 @@ class SplicingReader:
             self.close(ProtocolError("pipe closed inside a frame") if self.parser.pending else None)
             return
         try:
-            self.parser.feed(data)
+            self._read_size = HEAD_READ if self.parser.feed(data) else READ_SIZE
         except ProtocolError as e:
             self.close(e)
 
@@ -286,19 +291,20 @@ class FrameWriter:
 
     def send(self, frame: bytes) -> int:
         """Queue one frame; returns its sequence number (compare with ``flushed``)."""
-        return self._queue(frame, b"")
+        return self._queue(frame)
 
-    def send_parts(self, head: bytes, body: bytes | memoryview) -> int:
-        """A frame given as its head (header and meta) and a large body, written without joining them."""
+    def send_parts(self, head: bytes, *body: bytes | memoryview) -> int:
+        """A frame given as its head (header and meta) and its body in parts, written without joining them."""
         return self._queue(head, body)
 
-    def _queue(self, head: bytes, body: bytes | memoryview) -> int:
+    def _queue(self, head: bytes, body: tuple[bytes | memoryview, ...] = ()) -> int:
         if self.closed:
             return self.queued
         self._pending.append(head)
-        if body:
-            self._pending.append(body)
-        self._bytes += len(head) + len(body)
+        self._bytes += len(head)
+        for part in body:
+            self._pending.append(part)
+            self._bytes += len(part)
         self.queued += 1
         if self._bytes >= self.burst:
             self.flush()

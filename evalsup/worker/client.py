@@ -37,6 +37,7 @@ class Outcome:
     parsed: Any = None  # the parsed body (for usage, scorers)
     ttft_s: float | None = None
     itl_s: float | None = None
+    raw_json: bytes | None = None  # the endpoint's own bytes when ``body`` is them (a Fragment)
 
 
 @dataclass(slots=True)
@@ -231,7 +232,7 @@ class Client:
     def _outcome(self, a: Attempt, attempts: int, start: float) -> Outcome:
         body = body_value(a.raw, a.parsed) if a.parsed is not None else None
         return Outcome(a.status, body, len(a.raw), a.request_id, a.error, attempts, time.monotonic() - start,
-                       a.parsed, a.ttft_s, a.itl_s)
+                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None)
 
     async def probe_models(self) -> None:
         """A probe when no request is parked here: GET /models, once."""

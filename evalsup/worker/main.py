@@ -23,7 +23,7 @@ import orjson
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta_head, quiet_gc, widen_pipe
 from evalsup.scorers import ScorerOptions
-from evalsup.tasks import RequestDefaults, output_line, to_request
+from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
 from evalsup.worker.breaker import LocalBreaker
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.pacing import Pacer
@@ -35,6 +35,7 @@ from evalsup.worker.scoring import Scoring
 # results and STARTED notes go out in one system call and wake the supervisor once. The credit window keeps
 # a worker's queue far deeper than what arrives in this time, so no request slot waits for it.
 FLUSH_DELAY_S = 0.005
+BIG_BODY = 1 << 14  # a response body this large is written around, not copied into its output line
 
 
 def _api_key(cfg: dict[str, Any]) -> str | None:
@@ -90,7 +91,7 @@ class Worker:
                     self.inflight -= 1
                     self.cond.notify_all()
             self.done += 1
-            self.out.send_parts(encode_meta_head(Kind.RESULT, info, len(out_line)), out_line)
+            self.out.send_parts(encode_meta_head(Kind.RESULT, info, sum(map(len, out_line))), *out_line)
             await self.out.drain()  # at once, unless the pipe is full
             self._check_drained()
 
@@ -101,7 +102,8 @@ class Worker:
             self.out.flush()
 
     async def process(self, client: Client, meta: Any, line: bytes | memoryview,
-                      started_seq: int = 0) -> tuple[bytes, dict[str, Any]]:
+                      started_seq: int = 0) -> tuple[list[bytes], dict[str, Any]]:
+        """One task: its output line (as parts to write one after the other) and the RESULT meta."""
         obj = orjson.loads(line)
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
@@ -123,8 +125,15 @@ class Worker:
         if self.scoring is not None and oc.error is None:
             self._before_user_code(started_seq)
             scores, score_errors = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
-        out = output_line(tid, status=oc.status, request_id=oc.request_id, body=oc.body, error=oc.error,
-                          metrics=metrics, metadata=metadata or None, scores=scores, score_errors=score_errors)
+        fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
+                                  "metrics": metrics, "metadata": metadata or None, "scores": scores,
+                                  "score_errors": score_errors}
+        if oc.raw_json is not None and len(oc.raw_json) >= BIG_BODY and isinstance(oc.body, orjson.Fragment):
+            # the endpoint's own bytes go out between the record's head and tail: never copied into a line
+            head, tail = output_line_around(tid, **fields)
+            out = [head, oc.raw_json, tail]
+        else:
+            out = [output_line(tid, body=oc.body, **fields)]
         usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
         info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len,
                 "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s,
