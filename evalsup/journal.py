@@ -16,7 +16,6 @@ import collections
 import contextlib
 import os
 import queue
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -194,16 +193,15 @@ def scan_results(path: Path, start: int) -> tuple[set[str], int, int]:
 class Journal:
     """Owns the run directory's results file, ids.bin, invalid.jsonl and checkpoint.
 
-    One thread of its own (``_Writer``) does every write to ``results.jsonl`` and every fsync, in the order
-    they were asked for, so the event loop never waits for the disk: page-cache copies and fsyncs of a
-    large run take most of a core. Lines are ``append``ed (buffered, handed over by ``flush``) or
-    ``append_spliced`` (the rest of the line moved from a worker's pipe by splice(2)); ``checkpoint``
-    fsyncs what was handed over before it and then writes ``checkpoint.json``. Completions come back on
-    the event loop.
+    A thread of its own (``_Writer``) does every write to ``results.jsonl``, in the order asked for, and a
+    second one the fsyncs, so the event loop never waits for the disk: page-cache copies and fsyncs of a run
+    of large results take most of a core. Lines are ``append``ed (buffered, handed over by ``flush``);
+    ``checkpoint`` fsyncs what was handed over before it and then writes ``checkpoint.json``. Errors and
+    completions come back on the event loop.
     """
 
     # past this many bytes handed over and not yet written, the supervisor stops reading results
-    BACKLOG_HIGH = 64 << 20
+    BACKLOG_HIGH = 32 << 20
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -222,7 +220,6 @@ class Journal:
         # falls back below a quarter of BACKLOG_HIGH
         self.on_error: Callable[[str], None] = lambda msg: None
         self.on_backlog_low: Callable[[], None] = lambda: None
-        self._failures_seen = 0  # failed splices whose tasks the event loop has taken back
 
     @property
     def broken(self) -> str | None:
@@ -276,7 +273,7 @@ class Journal:
 
     def _open(self, results_len: int, ids_len: int, invalid_len: int) -> None:
         try:
-            # positional writes (pwritev, splice at an offset: splice refuses O_APPEND files) at self.written
+            # positional writes (pwritev at the writer's position): a resume cuts the file back to what it trusts
             fd = os.open(self.results_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             self._results = open(fd, "wb", buffering=0, closefd=True)  # noqa: SIM115 - closed in close()
             self._ids = self._open_truncated(self.ids_path, ids_len)
@@ -323,26 +320,9 @@ class Journal:
             self._buf_bytes = 0
             self._writer.put(("write", bufs, n), n)
 
-    def append_spliced(self, head: memoryview, src: int, missing: int, timeout_s: float,
-                       done: Callable[[bool], None]) -> None:
-        """Write one output line whose start is ``head`` and whose last ``missing`` bytes are still in the pipe
-        ``src``: they are moved into the file by splice(2), never copied through Python. ``done(ok)`` is called
-        on the event loop; False (and nothing written) when the pipe ended or stalled for ``timeout_s``
-        before the line was complete (its worker died mid-result). Nobody may read ``src`` until then."""
-        assert self._writer is not None
-        self.flush()  # whatever was queued before this line goes first
-
-        def finished(ok: bool) -> None:
-            if not ok:
-                self._failures_seen += 1
-            done(ok)
-
-        self._writer.put(("splice", head, src, missing, timeout_s, finished), len(head) + missing)
-
     async def checkpoint(self, cp: Checkpoint) -> None:
         """Make durable everything handed over so far, then write ``cp`` (atomically) with the results length
-        that covers it. Raises JournalError if it cannot; a line that failed to splice since the last
-        checkpoint (its task is handed on) skips this one, so a checkpoint never leaves out a task."""
+        that covers it. Raises JournalError if it cannot."""
         assert self._writer is not None and self._ids is not None and self._invalid is not None
         if self.broken:
             raise JournalError(self.broken)
@@ -350,7 +330,7 @@ class Journal:
         self._ids.flush()
         self._invalid.flush()
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._writer.put(("checkpoint", cp, (self._ids.fileno(), self._invalid.fileno()), self._failures_seen, fut), 0)
+        self._writer.put(("checkpoint", cp, (self._ids.fileno(), self._invalid.fileno()), fut), 0)
         err = await fut
         if err is not None:
             raise JournalError(err)
@@ -376,9 +356,8 @@ class Journal:
 
 
 class _Writer(threading.Thread):
-    """Does the journal's jobs in order: ("write", bufs, n), ("splice", head, src, missing, timeout, done),
-    ("checkpoint", cp, fds, failures seen, future), None to stop; a checkpoint's fsync and file go to a
-    second thread. ``pos`` is the length of results.jsonl written."""
+    """Does the journal's jobs in order: ("write", bufs, n), ("checkpoint", cp, fds, future), None to stop;
+    a checkpoint's fsync and file go to a second thread. ``pos`` is the length of results.jsonl written."""
 
     def __init__(self, journal: Journal, fd: int, pos: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(name="evalsup-journal", daemon=True)
@@ -390,7 +369,6 @@ class _Writer(threading.Thread):
         self.cv = threading.Condition()
         self.backlog = 0  # bytes of the queued jobs
         self.broken: str | None = None
-        self.failures = 0  # lines that failed to splice
         # fsync takes as long as the disk needs for what is dirty (seconds, for gigabytes): a second thread
         # does it, and writes the checkpoint after, while this one goes on writing the lines that follow
         self.syncer: queue.SimpleQueue[tuple[Checkpoint, tuple[int, ...], asyncio.Future[str | None]] | None] = \
@@ -430,10 +408,6 @@ class _Writer(threading.Thread):
             if kind == "write":
                 nbytes = job[2]
                 self._write(job[1], nbytes)
-            elif kind == "splice":
-                head, src, missing, timeout_s, done = job[1:]
-                nbytes = len(head) + missing
-                self._call(done, self._splice(head, src, missing, timeout_s))
             elif kind == "checkpoint":
                 self._checkpoint(*job[1:])
             with self.cv:
@@ -460,43 +434,10 @@ class _Writer(threading.Thread):
             return
         self.pos += n
 
-    def _splice(self, head: memoryview, src: int, missing: int, timeout_s: float) -> bool:
-        if self.broken:
-            return True  # the run is stopping; the line is lost with the rest after the last checkpoint
-        start = self.pos
-        pos = start + len(head)
-        try:
-            _write_all(self.fd, [head], start)
-            left = missing
-            while left:
-                try:
-                    n = os.splice(src, self.fd, left, offset_dst=pos)
-                except BlockingIOError:
-                    if not select.select([src], [], [], timeout_s)[0]:
-                        break
-                    continue
-                if n == 0:
-                    break
-                left -= n
-                pos += n
-            if left:
-                os.ftruncate(self.fd, start)
-                self.failures += 1
-                return False
-        except OSError as e:
-            self._fail("write", e)
-            return True
-        self.pos = pos
-        return True
-
-    def _checkpoint(self, cp: Checkpoint, fds: tuple[int, ...], seen: int, fut: asyncio.Future[str | None]) -> None:
+    def _checkpoint(self, cp: Checkpoint, fds: tuple[int, ...], fut: asyncio.Future[str | None]) -> None:
         """Take the results length for cp; the syncer fsyncs and writes it while writing goes on after it."""
         if self.broken:
             self._resolve(fut, self.broken)
-        elif self.failures > seen:
-            # a line failed to splice after cp was taken, with its task left out of cp's outstanding tasks
-            # (it was being written): the last good checkpoint stands, the next one holds the handed-on task
-            self._resolve(fut, None)
         else:
             cp.results_len = self.pos
             self.syncer.put((cp, fds, fut))

@@ -47,7 +47,6 @@ class TaskRef:
     id: str
     crashes: int = 0
     started: bool = False  # the worker holding it has begun it (not kept in the checkpoint)
-    writing: bool = False  # its result line is being spliced into results.jsonl (not kept either)
 
 
 def task_id_of(obj: dict[str, Any]) -> str | None:

@@ -114,48 +114,84 @@ def widen_pipe(fd: int) -> None:
 class FrameParser:
     """Frames out of a byte stream that arrives in chunks, handed to ``on_frame`` as they complete.
 
-    A frame that lies within one chunk is passed as a memoryview of that chunk (no copy); a frame that spans
-    chunks is gathered and joined once, when it is complete. Raises ProtocolError on garbage.
+    A frame that lies within one chunk is passed as a memoryview of that chunk (no copy); a small frame that
+    spans chunks is gathered and joined once, when it is complete. A large frame (past ``large`` bytes) gets
+    one buffer of its full size as soon as its header is known: the rest of it can be read straight into
+    ``room()`` (then ``filled(n)``), so it is copied from the pipe once and never joined. Raises
+    ProtocolError on garbage.
     """
 
-    def __init__(self, on_frame: Callable[[Kind, memoryview], None],
-                 on_big: Callable[[memoryview, int], bool] | None = None, big: int = 1 << 16) -> None:
+    def __init__(self, on_frame: Callable[[Kind, memoryview], None], large: int = 1 << 16) -> None:
         self.on_frame = on_frame
-        # on_big(payload so far, bytes missing): offered a RESULT frame whose missing part is at least `big`
-        # bytes; returns True when it consumed the missing bytes from the source itself (see SplicingReader)
-        self.on_big = on_big
-        self.big = big
-        self._chunks: list[bytes | memoryview] = []  # a frame arriving across chunks
+        self.large = large
+        self._chunks: list[bytes | memoryview] = []  # a small frame arriving across chunks
         self._have = 0
         self._need = 0  # bytes the partial frame needs before it is worth parsing
+        self._big: bytearray | None = None  # a large frame being filled
+        self._big_have = 0
 
     @property
     def pending(self) -> int:
+        """Bytes of a frame begun and not complete."""
+        if self._big is not None:
+            return self._big_have
         return self._have if self._chunks else 0
 
-    def feed(self, data: bytes) -> bool:
-        """Parse what ``data`` completes; True when it ended with a large frame taken by ``on_big``."""
+    def room(self) -> memoryview | None:
+        """Where the rest of the large frame in progress goes, if one is."""
+        return memoryview(self._big)[self._big_have :] if self._big is not None else None
+
+    def filled(self, n: int) -> None:
+        """``n`` bytes were read into ``room()``."""
+        assert self._big is not None
+        self._big_have += n
+        if self._big_have == len(self._big):
+            frame, self._big = memoryview(self._big), None
+            self.on_frame(self._kind(frame[HEADER.size - 1]), frame[HEADER.size :])
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        if self._big is not None:  # the reader did not use room(): copy into it
+            k = min(len(view), len(self._big) - self._big_have)
+            self._big[self._big_have : self._big_have + k] = view[:k]
+            self.filled(k)
+            view = view[k:]
+            if not view:
+                return
         if self._chunks:
-            self._chunks.append(data)
-            self._have += len(data)
+            self._chunks.append(view)
+            self._have += len(view)
             if self._have < self._need:
-                return False  # still inside a large frame: gather, do not parse again
-            view = memoryview(b"".join(self._chunks))  # the one copy a frame across chunks costs
+                return  # still inside a frame: gather, do not parse again
+            view = memoryview(b"".join(self._chunks))  # the one copy a small frame across chunks costs
             self._chunks = []
-        else:
-            view = memoryview(data)
         rest = self._parse(view)
-        if rest and self.on_big is not None and len(rest) >= HEADER.size:
+        if not rest:
+            return
+        if len(rest) >= HEADER.size:
             length, kind = HEADER.unpack_from(rest)
-            missing = HEADER.size + length - len(rest)
-            if kind == Kind.RESULT and missing >= self.big and self.on_big(rest[HEADER.size :], missing):
-                return True
-        if rest:
-            # the payloads handed out above are views of `view`: keep the tail as its own view, not a copy
-            self._chunks = [rest]
-            self._have = len(rest)
-            self._need = HEADER.size + HEADER.unpack_from(rest)[0] if len(rest) >= HEADER.size else HEADER.size
-        return False
+            if length > MAX_FRAME:
+                raise ProtocolError(f"frame of {length} bytes is larger than the limit")
+            total = HEADER.size + length
+            if total > self.large:
+                self._kind(kind)  # garbage is refused before a buffer is made for it
+                self._big = bytearray(total)
+                self._big[: len(rest)] = rest
+                self._big_have = len(rest)
+                return
+            self._need = total
+        else:
+            self._need = HEADER.size
+        # the payloads handed out above are views of `view`: keep the tail as its own view, not a copy
+        self._chunks = [rest]
+        self._have = len(rest)
+
+    @staticmethod
+    def _kind(kind: int) -> Kind:
+        try:
+            return Kind(kind)
+        except ValueError as e:
+            raise ProtocolError(f"unknown frame kind {kind}") from e
 
     def _parse(self, view: memoryview) -> memoryview:
         pos, n = 0, len(view)
@@ -167,56 +203,53 @@ class FrameParser:
             end = pos + size + length
             if end > n:
                 break
-            try:
-                k = Kind(kind)
-            except ValueError as e:
-                raise ProtocolError(f"unknown frame kind {kind}") from e
-            self.on_frame(k, view[pos + size : end])
+            self.on_frame(self._kind(kind), view[pos + size : end])
             pos = end
         return view[pos:]
 
 
-READ_SIZE = 1 << 16  # a read while results are small: many frames in one system call
-HEAD_READ = 1 << 12  # a read after a large result: its successor is likely large too, and what is read of it
-# passes through Python (read, then written), while the rest is spliced from the pipe to the file
+READ_SIZE = 1 << 16  # a read of small frames: many of them in one system call
 
 
-class SplicingReader:
+class PipeReader:
     """A worker's result pipe read with plain non-blocking reads on the event loop (the supervisor's side).
 
-    Small frames are parsed from the chunks read; the rest of a large RESULT body is left in the pipe for
-    ``on_big`` to move straight into the results file with splice(2), never through Python: while it does,
-    the pipe is held (``hold("lent")``, not read here) and closing it waits until it is released.
-    ``closed`` resolves at EOF, or with the ProtocolError that ended the stream.
+    Small frames are parsed out of 64 KiB reads; the rest of a large one is read straight into its own
+    buffer. ``hold(reason)`` stops reading until ``release(reason)``. ``closed`` resolves at EOF, or with
+    the ProtocolError (or OSError) that ended the stream.
     """
 
-    def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None],
-                 on_big: Callable[[memoryview, int], bool] | None) -> None:
+    def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None]) -> None:
         self.fd = fd
-        self.parser = FrameParser(on_frame, on_big, big=READ_SIZE // 2)
+        self.parser = FrameParser(on_frame, large=READ_SIZE)
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[Exception | None] = self.loop.create_future()
         self._holds: set[str] = set()
-        self._close_pending: tuple[Exception | None] | None = None
-        self._read_size = READ_SIZE
         os.set_blocking(fd, False)
         self.loop.add_reader(fd, self._readable)
 
     def _readable(self) -> None:
+        room = self.parser.room()
         try:
-            # small reads on purpose: many small frames fit in one, and a large body mostly stays in the pipe
-            # for on_big to splice instead of passing through Python
-            data = os.read(self.fd, self._read_size)
+            if room is not None:
+                n = os.readv(self.fd, [room])
+                data = b""
+            else:
+                data = os.read(self.fd, READ_SIZE)
+                n = len(data)
         except BlockingIOError:
             return
         except OSError as e:
             self.close(e)
             return
-        if not data:
+        if not n:
             self.close(ProtocolError("pipe closed inside a frame") if self.parser.pending else None)
             return
         try:
-            self._read_size = HEAD_READ if self.parser.feed(data) else READ_SIZE
+            if room is not None:
+                self.parser.filled(n)
+            else:
+                self.parser.feed(data)
         except ProtocolError as e:
             self.close(e)
 
@@ -227,19 +260,13 @@ class SplicingReader:
         self._holds.add(reason)
 
     def release(self, reason: str) -> None:
-        if reason not in self._holds:
-            return
-        self._holds.discard(reason)
-        if reason == "lent" and self._close_pending is not None:
-            self.close(*self._close_pending)
-        elif not self._holds and not self.closed.done():
-            self.loop.add_reader(self.fd, self._readable)
+        if reason in self._holds:
+            self._holds.discard(reason)
+            if not self._holds and not self.closed.done():
+                self.loop.add_reader(self.fd, self._readable)
 
     def close(self, err: Exception | None = None) -> None:
         if self.closed.done():
-            return
-        if "lent" in self._holds:  # the journal is splicing from it: close when it gives the pipe back
-            self._close_pending = (err,)
             return
         if not self._holds:
             self.loop.remove_reader(self.fd)

@@ -17,7 +17,7 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
-from evalsup.ipc.frames import KEY, ProtocolError, meta_of, quiet_gc
+from evalsup.ipc.frames import KEY, quiet_gc
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -29,8 +29,6 @@ from evalsup.supervisor.workers import State, WorkerHandle
 from evalsup.tasks import TaskError, TaskReader, TaskRef, fingerprint, output_line, read_line_at
 
 MIB = 1 << 20
-# Large result bodies go from a worker's pipe to results.jsonl by splice(2) (Linux); EVALSUP_SPLICE=0 turns it off.
-SPLICE = hasattr(os, "splice") and os.environ.get("EVALSUP_SPLICE", "1") != "0"
 
 
 class RunStopped(Exception):
@@ -75,7 +73,6 @@ class Supervisor:
         self._stuck_since: float | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
-        self._writing = [0, 0]  # results (ok, failed) whose lines are being spliced into results.jsonl
         self.journal.on_error = self._on_journal_error
         self.journal.on_backlog_low = self._on_backlog_low
 
@@ -122,8 +119,7 @@ class Supervisor:
     async def _start_worker(self, slot: int) -> WorkerHandle:
         conc = self.cfg.per_worker_concurrency()[slot]
         w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
-        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload),
-                      (lambda head, missing: self._on_big_result(w, head, missing)) if SPLICE else None)
+        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload))
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
             if self.memory.cap < self.cfg.concurrency:
@@ -201,36 +197,6 @@ class Supervisor:
             for x in self.workers:
                 if x.stream is not None:
                     x.stream.release("backlog")
-
-    def _on_big_result(self, w: WorkerHandle, head: memoryview, missing: int) -> bool:
-        """A large result still partly in the pipe: the journal's writer splices the rest of its line into
-        results.jsonl. Until it is done the pipe is the writer's, and the task stays the worker's (counted
-        as done in a checkpoint taken meanwhile, whose results length covers the line)."""
-        got = meta_of(head)
-        if got is None:
-            return False  # the meta is not all here yet: take the ordinary path
-        meta, start = got
-        ref = w.outstanding.get(meta.get("k"))
-        if ref is None or w.stream is None:
-            return False
-        stream = w.stream
-        ref.writing = True
-        self._writing[0 if meta["ok"] else 1] += 1
-        stream.hold("lent")
-
-        def done(ok: bool) -> None:
-            ref.writing = False
-            self._writing[0 if meta["ok"] else 1] -= 1
-            if ok:
-                w.outstanding.pop(meta["k"], None)
-                self.stats.spliced += 1
-                self._count_result(w, meta)
-            else:  # the worker died (or froze) in the middle of sending it: the task is still its to lose
-                stream.close(ProtocolError("pipe closed inside a result"))
-            stream.release("lent")
-
-        self.journal.append_spliced(head[start:], w.read_fd, missing, self.cfg.hang_timeout_s, done)
-        return True
 
     def _on_journal_error(self, message: str) -> None:
         self._stop(f"{message}; the run directory still describes what is safely on disk", 1, "now")
@@ -584,14 +550,12 @@ class Supervisor:
         assert self.reader is not None
         j = self.journal
         j.append_ids(self.reader.ids.take_log())
-        # a task whose line is being spliced is done as far as this checkpoint goes: its line is written
-        # before the checkpoint is (or, if that fails, the writer skips this checkpoint)
-        outstanding = [r for w in self.workers for r in w.outstanding.values() if not r.writing]
+        outstanding = [r for w in self.workers for r in w.outstanding.values()]
         cp = Checkpoint(
             fingerprint=self.fp, frontier=self.reader.offset, line_no=self.reader.line_no, index=self.reader.index,
             outstanding=outstanding + list(self.redo) + list(self.suspects), ids_len=j.ids_length(),
-            invalid_len=j.invalid_length(), succeeded=self.stats.succeeded + self._writing[0],
-            failed=self.stats.failed + self._writing[1], invalid=self.stats.invalid, counters=self.stats.counters(),
+            invalid_len=j.invalid_length(), succeeded=self.stats.succeeded, failed=self.stats.failed,
+            invalid=self.stats.invalid, counters=self.stats.counters(),
             finished=finished, done_ahead=sorted(self.skip_ids), pid=os.getpid(),
         )
         await j.checkpoint(cp)

@@ -55,7 +55,6 @@ class RunStats:
     recycles: dict[str, int] = field(default_factory=lambda: {"rss": 0, "tasks": 0, "hard_kill": 0})
     poisoned: list[str] = field(default_factory=list)
     peak_rss: dict[str, int] = field(default_factory=lambda: {"supervisor": 0, "worker_max": 0, "total": 0})
-    spliced: int = 0  # result lines moved from a pipe to the file by splice(2)
     ttft: Histogram = field(default_factory=Histogram)
     errors: dict[str, int] = field(default_factory=dict)
     retries: int = 0

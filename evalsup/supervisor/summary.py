@@ -31,7 +31,6 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "errors": dict(st.errors),
         **({"scores": st.scores.summary()} if st.scores.n or st.scores.errors else {}),
         "retries": st.retries,
-        "spliced_results": st.spliced,
         "breaker": {"opened": sup.breaker.opened, "down_s": round(sup.breaker.total_down_s(time.monotonic()), 2)},
         "worker_restarts": sum(st.restarts.values()),
         "worker_restarts_by_cause": dict(st.restarts),
