@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import os
+import ssl
+import urllib.parse
 from typing import Any
 
-import aiohttp
 import orjson
 
 from evalsup.config import RunConfig
@@ -51,8 +54,37 @@ def _message(data: bytes, key: str | None) -> str:
     return text.replace(key, "[redacted]") if key else text
 
 
-async def check_endpoint(cfg: RunConfig) -> str:
-    """Returns a line describing what was found; raises CheckFailed."""
+class _Unreachable(Exception):
+    pass
+
+
+def _http(cfg: RunConfig, method: str, url: str, headers: dict[str, str],
+          body: bytes | None = None) -> tuple[int, bytes]:
+    """One request with the standard library (the supervisor does not load aiohttp for one request): the
+    connection within --connect-timeout, the answer within 30 s. Raises _Unreachable."""
+    u = urllib.parse.urlsplit(url)
+    try:
+        conn: http.client.HTTPConnection
+        if u.scheme == "https":
+            ctx = ssl._create_unverified_context() if cfg.worker.insecure else ssl.create_default_context()
+            conn = http.client.HTTPSConnection(u.hostname or "", u.port, timeout=cfg.worker.connect_timeout_s,
+                                               context=ctx)
+        else:
+            conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=cfg.worker.connect_timeout_s)
+        try:
+            conn.connect()
+            if conn.sock is not None:
+                conn.sock.settimeout(30)
+            conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=body, headers=headers)
+            r = conn.getresponse()
+            return r.status, r.read(1 << 20)
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise _Unreachable(f"{type(e).__name__}: {e}") from None
+
+
+def _check(cfg: RunConfig) -> str:
     base = cfg.worker.base_url
     key = api_key(cfg)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -60,38 +92,38 @@ async def check_endpoint(cfg: RunConfig) -> str:
     auth_hint = (f"the endpoint refused the API key: set ${cfg.worker.api_key_env}"
                  " (or --api-key-env NAME / --api-key-file PATH)" if not cfg.worker.api_key_file
                  else f"the endpoint refused the API key in {cfg.worker.api_key_file}")
-    timeout = aiohttp.ClientTimeout(total=30, sock_connect=cfg.worker.connect_timeout_s)
-    connector = aiohttp.TCPConnector(ssl=not cfg.worker.insecure)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as s:
+    try:
+        status, data = _http(cfg, "GET", join_url(base, "/v1/models"), headers)
+    except _Unreachable as e:
+        raise CheckFailed(f"cannot reach the endpoint {base}: {e} (is the server running? is --base-url / "
+                          "$OPENAI_BASE_URL right? --no-check skips this check)") from None
+    if status in (401, 403):
+        raise CheckFailed(f"{auth_hint} (HTTP {status}: {_message(data, key)})")
+    served: list[str] = []
+    if status == 200:
         try:
-            async with s.get(join_url(base, "/v1/models"), headers=headers) as r:
-                status, data = r.status, await r.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise CheckFailed(f"cannot reach the endpoint {base}: {type(e).__name__}: {e} "
-                              "(is the server running? is --base-url / $OPENAI_BASE_URL right? "
-                              "--no-check skips this check)") from None
-        if status in (401, 403):
-            raise CheckFailed(f"{auth_hint} (HTTP {status}: {_message(data, key)})")
-        served: list[str] = []
-        if status == 200:
-            try:
-                served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
-            except (orjson.JSONDecodeError, AttributeError, TypeError):
-                served = []
-        if model and served:
-            if model not in served:
-                raise CheckFailed(f"model {model!r} is not served by {base}; it serves: {', '.join(served[:10])}")
-            return f"endpoint {base} is up and serves {model}"
-        if not model:
-            return f"endpoint {base} is up"
-        body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
-        try:
-            async with s.post(join_url(base, "/v1/chat/completions"), json=body, headers=headers) as r:
-                status, data = r.status, await r.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise CheckFailed(f"cannot reach the endpoint {base}: {type(e).__name__}: {e}") from None
-        if status in (401, 403):
-            raise CheckFailed(f"{auth_hint} (HTTP {status}: {_message(data, key)})")
-        if status == 404:
-            raise CheckFailed(f"model {model!r} or its route is not found at {base} (HTTP 404: {_message(data, key)})")
-        return f"endpoint {base} answered HTTP {status} for {model}"
+            served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            served = []
+    if model and served:
+        if model not in served:
+            raise CheckFailed(f"model {model!r} is not served by {base}; it serves: {', '.join(served[:10])}")
+        return f"endpoint {base} is up and serves {model}"
+    if not model:
+        return f"endpoint {base} is up"
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    try:
+        status, data = _http(cfg, "POST", join_url(base, "/v1/chat/completions"),
+                             {**headers, "Content-Type": "application/json"}, orjson.dumps(body))
+    except _Unreachable as e:
+        raise CheckFailed(f"cannot reach the endpoint {base}: {e}") from None
+    if status in (401, 403):
+        raise CheckFailed(f"{auth_hint} (HTTP {status}: {_message(data, key)})")
+    if status == 404:
+        raise CheckFailed(f"model {model!r} or its route is not found at {base} (HTTP 404: {_message(data, key)})")
+    return f"endpoint {base} answered HTTP {status} for {model}"
+
+
+async def check_endpoint(cfg: RunConfig) -> str:
+    """Returns a line describing what was found; raises CheckFailed. Runs in a thread, while workers start."""
+    return await asyncio.to_thread(_check, cfg)
