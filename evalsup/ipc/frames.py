@@ -47,7 +47,7 @@ class Kind(enum.IntEnum):
     LEAKS = 15  # json {"text": str}: top allocation sites (tracemalloc), sent before a drain exit
     TRIP = 16  # json {"reason": str}: most recent attempts failed endpoint-side
     PROBE_RESULT = 17  # json {"ok": bool, "detail": str}
-    STARTED = 18  # 8-byte key: the worker began this task (a crash blames only started tasks)
+    STARTED = 18  # 8-byte keys: the worker began these tasks (a crash blames only started tasks)
     RETURNED = 19  # json {"keys": [...]}: on DRAIN, the tasks it had not begun, handed back
 
 
@@ -313,44 +313,50 @@ class FrameWriter:
         self._bytes = 0
         self._timer: asyncio.Handle | None = None
         self.closed = False
-        self.queued = 0  # frames queued so far
-        self.flushed = 0  # of them, how many were handed to the pipe
+        # called as a write goes out: a frame that sums up what was noted meanwhile (STARTED keys), or None
+        self.gather: Callable[[], bytes | None] | None = None
 
-    def send(self, frame: bytes) -> int:
-        """Queue one frame; returns its sequence number (compare with ``flushed``)."""
-        return self._queue(frame)
+    def send(self, frame: bytes) -> None:
+        self._queue(frame)
 
-    def send_parts(self, head: bytes, *body: bytes | memoryview) -> int:
+    def send_parts(self, head: bytes, *body: bytes | memoryview) -> None:
         """A frame given as its head (header and meta) and its body in parts, written without joining them."""
-        return self._queue(head, body)
+        self._queue(head, body)
 
-    def _queue(self, head: bytes, body: tuple[bytes | memoryview, ...] = ()) -> int:
+    def _queue(self, head: bytes, body: tuple[bytes | memoryview, ...] = ()) -> None:
         if self.closed:
-            return self.queued
+            return
         self._pending.append(head)
         self._bytes += len(head)
         for part in body:
             self._pending.append(part)
             self._bytes += len(part)
-        self.queued += 1
         if self._bytes >= self.burst:
             self.flush()
-        elif self._timer is None:
+        else:
+            self.arm()
+
+    def arm(self) -> None:
+        """Make sure a write goes out within ``delay`` (for what ``gather`` will add)."""
+        if self._timer is None and not self.closed:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_soon(self.flush) if self.delay <= 0 else loop.call_later(self.delay, self.flush)
-        return self.queued
 
     def flush(self) -> None:
         """Hand every queued frame to the pipe now (the transport buffers what the pipe cannot take yet)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._pending or self.closed:
+        if self.closed:
+            return
+        first = self.gather() if self.gather is not None else None
+        if first is not None:
+            self._pending.insert(0, first)
+        if not self._pending:
             return
         data = self._pending
         self._pending = []
         self._bytes = 0
-        self.flushed = self.queued
         try:
             self._writer.writelines(data)
         except (ConnectionError, RuntimeError):

@@ -157,9 +157,10 @@ class Supervisor:
                     (self.suspects if ref.crashes else self.redo).appendleft(ref)
             self.credit.set()
         elif kind is Kind.STARTED:
-            ref = w.outstanding.get(KEY.unpack(payload)[0])
-            if ref is not None:
-                ref.started = True
+            for (k,) in KEY.iter_unpack(payload):
+                ref = w.outstanding.get(k)
+                if ref is not None:
+                    ref.started = True
         elif kind is Kind.HEARTBEAT:
             w.last_beat = time.monotonic()
             w.parked = int(decode_json(payload).get("parked", 0))
@@ -223,7 +224,8 @@ class Supervisor:
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
-        self.credit.set()
+        if w.credits >= w.refill or self.exhausted or self.suspects or self.stopping is not None:
+            self.credit.set()  # wake the dispatcher only when it has something to do: a refill, the end
         if w.task_limit is not None and not w.recycling:
             if w.done >= w.task_limit:
                 self._begin_recycle(w, "tasks")

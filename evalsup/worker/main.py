@@ -73,6 +73,8 @@ class Worker:
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         self._bg: set[asyncio.Task[Any]] = set()
+        self._started: list[int] = []  # keys of tasks begun since the last write
+        out.gather = self._gather_started
 
     def _can_start(self) -> bool:
         return bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self.limit
@@ -83,9 +85,10 @@ class Worker:
                 await self.cond.wait_for(self._can_start)
                 meta, line = self.queue.popleft()
                 self.inflight += 1
-            seq = self.out.send(encode_frame(Kind.STARTED, KEY.pack(meta["k"])))
+            self._started.append(meta["k"])  # goes out with the next write, in one STARTED frame for all
+            self.out.arm()
             try:
-                out_line, info = await self.process(client, meta, line, seq)
+                out_line, info = await self.process(client, meta, line)
             finally:
                 async with self.cond:
                     self.inflight -= 1
@@ -95,14 +98,19 @@ class Worker:
             await self.out.drain()  # at once, unless the pipe is full
             self._check_drained()
 
-    def _before_user_code(self, started_seq: int) -> None:
+    def _gather_started(self) -> bytes | None:
+        if not self._started:
+            return None
+        keys, self._started = self._started, []
+        return encode_frame(Kind.STARTED, b"".join(map(KEY.pack, keys)))
+
+    def _before_user_code(self, key: int) -> None:
         """User code (a plugin, a scorer) may kill the process: the supervisor must know the task was begun,
-        so that the crash is blamed on it. Its STARTED frame goes out now if it is still being gathered."""
-        if self.out.flushed < started_seq:
+        so that the crash is blamed on it. Its STARTED note goes out now if it is still being gathered."""
+        if key in self._started:
             self.out.flush()
 
-    async def process(self, client: Client, meta: Any, line: bytes | memoryview,
-                      started_seq: int = 0) -> tuple[list[bytes], dict[str, Any]]:
+    async def process(self, client: Client, meta: Any, line: bytes | memoryview) -> tuple[list[bytes], dict[str, Any]]:
         """One task: its output line (as parts to write one after the other) and the RESULT meta."""
         obj = orjson.loads(line)
         tid = str(obj.get("custom_id", obj.get("id")))
@@ -113,7 +121,7 @@ class Worker:
             oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
                          1, 0.0)
         if self.plugin is not None:
-            self._before_user_code(started_seq)
+            self._before_user_code(meta["k"])
             self.plugin(obj, oc)
         metrics: dict[str, Any] = {"latency_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": self.pid}
         if oc.ttft_s is not None:
@@ -123,7 +131,7 @@ class Worker:
         scores: dict[str, float | None] | None = None
         score_errors: dict[str, str] | None = None
         if self.scoring is not None and oc.error is None:
-            self._before_user_code(started_seq)
+            self._before_user_code(meta["k"])
             scores, score_errors = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
                                   "metrics": metrics, "metadata": metadata or None, "scores": scores,
