@@ -110,8 +110,10 @@ class Client:
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
         length = resp.content_length
-        if length is not None and length > self.max_response_bytes:
-            raise ResponseTooLarge(length)
+        if length is not None:
+            if length > self.max_response_bytes:
+                raise ResponseTooLarge(length)
+            return await resp.read()  # the length is known and allowed: aiohttp's own read is the cheapest
         chunks = [chunk async for chunk in self._capped(resp)]
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
