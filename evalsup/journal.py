@@ -201,7 +201,8 @@ class Journal:
     """
 
     # past this many bytes handed over and not yet written, the supervisor stops reading results
-    BACKLOG_HIGH = 32 << 20
+    # (EVALSUP_BACKLOG_MB: smaller for a small container, or to watch the hold work)
+    BACKLOG_HIGH = int(float(os.environ.get("EVALSUP_BACKLOG_MB", "32")) * (1 << 20))
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir

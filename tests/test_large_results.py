@@ -76,3 +76,17 @@ def test_workers_killed_while_sending_large_results(tmp_path: Path, mock: MockTh
     assert all(x["error"] is None for x in recs)
     s = _summary(tmp_path / "t.run")
     assert s["worker_restarts"] >= 3
+
+
+def test_results_waiting_for_the_disk_hold_reading_and_nothing_is_lost(tmp_path: Path, mock: MockThread) -> None:
+    # a 0.1 MiB backlog: nearly every 300 KB result holds the reading of every pipe until the journal's writer
+    # has caught up; the run must neither stall nor lose or repeat a line
+    n = 150
+    tasks = write_tasks(tmp_path / "t.jsonl", n, extra={"mock": {"kb": 300}})
+    r = run_cli("run", "-w", "3", "-c", "24", "--model", "mock-model", "--base-url", mock.url, str(tasks),
+                env={"EVALSUP_BACKLOG_MB": "0.1"})
+    assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(n)})
+    assert all(len(orjson.dumps(x["response"]["body"])) > 250_000 for x in recs)
+    events = [orjson.loads(line) for line in (tmp_path / "t.run" / "events.jsonl").read_bytes().splitlines()]
+    assert any(e.get("event") == "disk_behind" for e in events), "reading was never held"

@@ -128,6 +128,8 @@ class Supervisor:
             w.task_limit = self.cfg.max_tasks_per_worker + random.randint(0, self.cfg.max_tasks_jitter)
         if self.paused:
             w.send(Kind.PAUSE)
+        if self._backlogged and w.stream is not None:
+            w.stream.hold("backlog")
         if self.breaker.open:
             w.send(Kind.BREAKER_OPEN)
         self.workers.append(w)
@@ -187,7 +189,9 @@ class Supervisor:
         self.journal.append(line)
         self._count_result(w, meta)
         if self.journal.backlog > Journal.BACKLOG_HIGH and not self._backlogged:
+            self.journal.flush()  # the writer's progress is what releases the hold: give it all there is
             self._backlogged = True  # the disk is behind: read no more results until it catches up
+            self.events("disk_behind", backlog=self.journal.backlog)
             for x in self.workers:
                 if x.stream is not None:
                     x.stream.hold("backlog")
