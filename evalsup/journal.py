@@ -466,4 +466,6 @@ class _Writer(threading.Thread):
                     write_atomic(self.journal.checkpoint_path, cp.to_json())
                 except OSError as e:
                     err = f"cannot write {self.journal.checkpoint_path}: {e.strerror}"
+                except Exception as e:  # a bug: the run must stop with it, not wait for this checkpoint forever
+                    err = f"cannot write {self.journal.checkpoint_path}: {type(e).__name__}: {e}"
             self._resolve(fut, err)
