@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from evalsup.ipc import FrameWriter, Kind, split_meta
-from evalsup.ipc.frames import FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head, meta_of
+from evalsup.ipc.frames import FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head
 
 
 async def _writer_on_pipe(fd: int, delay: float) -> FrameWriter:
@@ -128,12 +128,11 @@ def test_meta_is_found_by_its_length_not_by_scanning_the_body() -> None:
     body = b'{"a": "line\\nwith an escaped newline"}\n'
     frame = encode_meta(Kind.TASK, {"k": 5, "n": 1}, body)
     payload = memoryview(frame)[5:]
-    assert meta_of(payload[:3]) is None  # the meta's length is not all here
-    assert meta_of(payload[:8]) is None  # its length is, the meta is not
-    meta, start = meta_of(payload) or ({}, 0)
-    assert meta == {"k": 5, "n": 1} and bytes(payload[start:]) == body
-    with pytest.raises(ProtocolError):
-        split_meta(payload[:6])
+    meta, rest = split_meta(payload)
+    assert meta == {"k": 5, "n": 1} and bytes(rest) == body
+    for cut in (3, 6, 8):  # the meta's length not all there; its length there, the meta not
+        with pytest.raises(ProtocolError):
+            split_meta(payload[:cut])
 
 
 def test_garbage_is_a_protocol_error() -> None:

@@ -79,23 +79,11 @@ def decode_json(payload: bytes | memoryview) -> Any:
 
 def split_meta(payload: bytes | memoryview) -> tuple[Any, memoryview]:
     """Split a meta+body payload into (parsed meta, raw body), without copying the body."""
-    got = meta_of(payload)
-    if got is None:
+    view = memoryview(payload)
+    end = META_LEN.size + META_LEN.unpack_from(view)[0] if len(view) >= META_LEN.size else len(view) + 1
+    if len(view) < end:
         raise ProtocolError("a meta+body frame shorter than its meta")
-    meta, start = got
-    return meta, memoryview(payload)[start:]
-
-
-def meta_of(head: bytes | memoryview) -> tuple[Any, int] | None:
-    """(parsed meta, where the body starts) of a meta+body payload's first bytes; None if the meta is not all
-    in ``head`` yet."""
-    if len(head) < META_LEN.size:
-        return None
-    (n,) = META_LEN.unpack_from(head)
-    end = META_LEN.size + n
-    if len(head) < end:
-        return None
-    return orjson.loads(memoryview(head)[META_LEN.size : end]), end
+    return orjson.loads(view[META_LEN.size : end]), view[end:]
 
 
 PIPE_SIZE = 1 << 20
