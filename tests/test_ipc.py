@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from evalsup.ipc import FrameWriter, Kind, split_meta
-from evalsup.ipc.frames import FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head
+from evalsup.ipc.frames import BufferPool, FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head
 
 
 async def _writer_on_pipe(fd: int, delay: float) -> FrameWriter:
@@ -158,3 +158,39 @@ def test_an_output_line_written_around_its_body_is_the_same_line() -> None:
     assert head + body + tail == whole
     rec = orjson.loads(whole)
     assert rec["id"] == "t\u00009" and rec["metadata"]["expected"] == "a\u0000b"
+
+
+def _check_held(held: list[memoryview], bodies: list[bytes], first: int) -> None:
+    for i, payload in enumerate(held, start=first):
+        meta, line = split_meta(payload)
+        assert meta == {"k": i} and line == bodies[i], f"result {i} was overwritten while still held"
+
+
+def test_pooled_large_frames_are_never_overwritten_while_held_and_reused_once_dropped() -> None:
+    """The supervisor reads large results into reused buffers: a result still waiting for the journal's writer
+    must keep its bytes while later results arrive, and a buffer comes back only once it is let go."""
+    pool = BufferPool(keep=4)
+    held: list[memoryview] = []
+    dropped = False
+    parser = FrameParser(lambda kind, payload: held.append(payload), large=1 << 16, pool=pool)
+    rng = random.Random(3)
+    bodies = [bytes([i]) * rng.randrange(200_000, 1_100_000) for i in range(12)]
+    stream = b"".join(encode_meta(Kind.RESULT, {"k": i}, body) for i, body in enumerate(bodies))
+    view = memoryview(stream)
+    pos = 0
+    while pos < len(view):  # read as the supervisor does: a chunk, then the rest of a large frame in place
+        room = parser.room()
+        if room is not None:
+            k = min(len(room), rng.randrange(1, 300_000), len(view) - pos)
+            room[:k] = view[pos : pos + k]
+            parser.filled(k)
+        else:
+            k = min(1 << 16, len(view) - pos)
+            parser.feed(bytes(view[pos : pos + k]))
+        pos += k
+        if len(held) == 6 and not dropped:  # the journal wrote the first six: dropped, their buffers free again
+            _check_held(held, bodies, 0)
+            held, dropped = [], True
+    assert len(held) == 6
+    _check_held(held, bodies, 6)
+    assert pool.reused >= 1, "no buffer was used again after its result was dropped"

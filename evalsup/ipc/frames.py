@@ -99,6 +99,50 @@ def widen_pipe(fd: int) -> None:
         pass
 
 
+class BufferPool:
+    """Buffers for large frames, used again once nothing looks at them any more.
+
+    A buffer is handed out again only when no view of it is alive (a bytearray with exported views cannot
+    be resized: that is the test), so a frame's bytes stay put until the last holder, the journal's writer,
+    has dropped them, and nobody has to give anything back. Reuse spares the zero-filling and page faults
+    of a fresh megabyte per large result. At most ``keep`` buffers, of at most ``largest`` bytes, are kept.
+    """
+
+    GRANULE = 1 << 18  # sizes rounded up to this, so that results of about the same size share buffers
+
+    def __init__(self, keep: int = 16, largest: int = 8 << 20) -> None:
+        self.keep = keep
+        self.largest = largest
+        self._bufs: list[bytearray] = []
+        self.reused = 0
+
+    @staticmethod
+    def _unused(buf: bytearray) -> bool:
+        try:
+            buf.append(0)  # BufferError while any memoryview of it is alive
+        except BufferError:
+            return False
+        del buf[-1]
+        return True
+
+    def take(self, n: int) -> memoryview:
+        """``n`` writable bytes (their old contents are not cleared)."""
+        for buf in self._bufs:
+            if len(buf) >= n and self._unused(buf):
+                self.reused += 1
+                return memoryview(buf)[:n]
+        size = -(-n // self.GRANULE) * self.GRANULE
+        buf = bytearray(size)
+        if size <= self.largest:
+            if len(self._bufs) >= self.keep:  # make room by dropping one nobody uses, if any
+                idle = [b for b in self._bufs if self._unused(b)]
+                if idle:
+                    self._bufs.remove(min(idle, key=len))
+            if len(self._bufs) < self.keep:
+                self._bufs.append(buf)
+        return memoryview(buf)[:n]
+
+
 class FrameParser:
     """Frames out of a byte stream that arrives in chunks, handed to ``on_frame`` as they complete.
 
@@ -109,13 +153,15 @@ class FrameParser:
     ProtocolError on garbage.
     """
 
-    def __init__(self, on_frame: Callable[[Kind, memoryview], None], large: int = 1 << 16) -> None:
+    def __init__(self, on_frame: Callable[[Kind, memoryview], None], large: int = 1 << 16,
+                 pool: BufferPool | None = None) -> None:
         self.on_frame = on_frame
         self.large = large
+        self.pool = pool
         self._chunks: list[bytes | memoryview] = []  # a small frame arriving across chunks
         self._have = 0
         self._need = 0  # bytes the partial frame needs before it is worth parsing
-        self._big: bytearray | None = None  # a large frame being filled
+        self._big: bytearray | memoryview | None = None  # a large frame being filled
         self._big_have = 0
 
     @property
@@ -163,7 +209,7 @@ class FrameParser:
             total = HEADER.size + length
             if total > self.large:
                 self._kind(kind)  # garbage is refused before a buffer is made for it
-                self._big = bytearray(total)
+                self._big = self.pool.take(total) if self.pool is not None else bytearray(total)
                 self._big[: len(rest)] = rest
                 self._big_have = len(rest)
                 return
@@ -207,9 +253,9 @@ class PipeReader:
     the ProtocolError (or OSError) that ended the stream.
     """
 
-    def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None]) -> None:
+    def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None], pool: BufferPool | None = None) -> None:
         self.fd = fd
-        self.parser = FrameParser(on_frame, large=READ_SIZE)
+        self.parser = FrameParser(on_frame, large=READ_SIZE, pool=pool)
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[Exception | None] = self.loop.create_future()
         self._holds: set[str] = set()

@@ -17,7 +17,7 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
-from evalsup.ipc.frames import KEY, quiet_gc
+from evalsup.ipc.frames import KEY, BufferPool, quiet_gc
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -45,6 +45,7 @@ class Supervisor:
         self.log = log or (lambda msg: None)
         self.journal = Journal(cfg.run_dir)
         self.stats = RunStats()
+        self.frame_buffers = BufferPool()  # large results are read into these, reused once written
         self.workers: list[WorkerHandle] = []
         self.redo: collections.deque[TaskRef] = collections.deque()  # tasks to hand out before new ones
         # tasks that were being worked on when a worker died: each goes to a worker holding no other suspect,
@@ -119,7 +120,8 @@ class Supervisor:
     async def _start_worker(self, slot: int) -> WorkerHandle:
         conc = self.cfg.per_worker_concurrency()[slot]
         w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
-        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload))
+        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload),
+                      self.frame_buffers)
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
             if self.memory.cap < self.cfg.concurrency:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evalsup.ipc import FrameWriter, Kind, encode_json
-from evalsup.ipc.frames import PipeReader, encode_frame, encode_meta, widen_pipe
+from evalsup.ipc.frames import BufferPool, PipeReader, encode_frame, encode_meta, widen_pipe
 from evalsup.tasks import TaskRef
 
 
@@ -49,9 +49,11 @@ class WorkerHandle:
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
 
-    async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None]) -> None:
+    async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None],
+                    pool: BufferPool | None = None) -> None:
         """Start ``python -m evalsup.worker`` on two pipes of our own: its frames reach ``on_frame`` as they
-        complete (see PipeReader); ``self.stream.closed`` resolves at its EOF."""
+        complete (see PipeReader; large ones in buffers from ``pool``); ``self.stream.closed`` resolves at
+        its EOF."""
         loop = asyncio.get_running_loop()
         child_in, to_child = os.pipe()
         from_child, child_out = os.pipe()
@@ -63,7 +65,7 @@ class WorkerHandle:
             os.close(child_in)
             os.close(child_out)
         self.pid = self.proc.pid
-        self.stream = PipeReader(from_child, on_frame)
+        self.stream = PipeReader(from_child, on_frame, pool)
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                             os.fdopen(to_child, "wb", 0))
         self.out = FrameWriter(asyncio.StreamWriter(transport, protocol, None, loop))

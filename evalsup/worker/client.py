@@ -83,6 +83,16 @@ def estimate_tokens(body: dict[str, Any]) -> int:
     return chars // 4 + 1 + (int(max_out) if isinstance(max_out, int | float) else 256)
 
 
+
+async def _chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The body as aiohttp's parser handed it over, chunk by chunk, without joining (`readchunk`)."""
+    while True:
+        chunk, _ = await resp.content.readchunk()
+        if chunk:
+            yield chunk
+        elif resp.content.at_eof():
+            return
+
 class Client:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
                  policy: RetryPolicy, max_response_bytes: int, seed: int, breaker: LocalBreaker,
@@ -113,14 +123,17 @@ class Client:
         if length is not None:
             if length > self.max_response_bytes:
                 raise ResponseTooLarge(length)
-            return await resp.read()  # the length is known and allowed: aiohttp's own read is the cheapest
-        chunks = [chunk async for chunk in self._capped(resp)]
+            chunks = [chunk async for chunk in _chunks(resp)]
+        else:
+            chunks = [chunk async for chunk in self._capped(resp)]
+        # One join, the only copy of the body this side of aiohttp's parser: aiohttp's read() and iter_any() join
+        # whatever chunks are buffered at each wake-up, then join those blocks again (a 1 MB body copied twice).
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _capped(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         """The body's chunks as they come, raising ResponseTooLarge past --max-response-mb."""
         n = 0
-        async for chunk in resp.content.iter_any():
+        async for chunk in _chunks(resp):
             n += len(chunk)
             if n > self.max_response_bytes:
                 raise ResponseTooLarge(n)
