@@ -403,6 +403,20 @@ def warm_memory(workdir: Path, nbytes: int) -> None:
         path.unlink()
 
 
+def fsync_time(path: Path) -> float | None:
+    """Seconds an fsync of ``path`` takes now (None if there is no such file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        t0 = time.monotonic()
+        os.fsync(fd)
+        return time.monotonic() - t0
+    finally:
+        os.close(fd)
+
+
 def run_one(c: Contender, args: argparse.Namespace, mock: Mock, tasks: Path, rundir: Path) -> dict[str, Any]:
     rundir.mkdir(parents=True)
     out = rundir / ("evalsup.run" if c.is_evalsup else "results.jsonl")
@@ -418,6 +432,7 @@ def run_one(c: Contender, args: argparse.Namespace, mock: Mock, tasks: Path, run
     m = measure(command(c, args, mock.url, tasks, out), rundir / "stdout", rundir / "stderr", args.run_timeout,
                 args.sample_ms / 1000, env, cwd)
     mock_cpu = mock.cpu_s() - mock_cpu0
+    sync_s = fsync_time(results)
     ms = mock.stats()
     arrivals = sorted(ms.get("arrivals") or [])
     chat = (ms.get("by_path") or {}).get("/v1/chat/completions", 0)
@@ -430,6 +445,10 @@ def run_one(c: Contender, args: argparse.Namespace, mock: Mock, tasks: Path, run
     rec: dict[str, Any] = {
         "contender": c.name, "workers": c.workers or None, **vars(m),
         "requests_per_s": rps,
+        # evalsup fsyncs its results before it exits; the baselines leave theirs in the page cache: the time an
+        # fsync of the output takes after the exit is what they still owe before their results survive a crash
+        "sync_after_exit_s": sync_s,
+        "durable_s": m.wall_s + sync_s if sync_s is not None else None,
         # from the launch to the mock's first request, and from its last request to the exit
         "first_request_s": first - m.start_epoch if first is not None else None,
         "first_any_request_s": arrivals[0] - m.start_epoch if arrivals else None,
@@ -464,7 +483,7 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
 def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("wall_s", "requests_per_s", "ideal_ratio", "cpu_s", "cpu_main_s", "cpu_children_s", "cpu_sampled_s",
             "peak_tree_rss_mb", "peak_proc_rss_mb", "maxrss_mb", "first_request_s", "after_last_request_s",
-            "other_cores")
+            "other_cores", "sync_after_exit_s", "durable_s")
     s: dict[str, Any] = {"contender": name, "runs": len(runs), **{k: median_of(runs, k) for k in keys}}
     s["mock_busy"] = statistics.median([r["mock"]["busy"] or 0.0 for r in runs])
     s["mock_max_in_flight"] = max(r["mock"]["max_in_flight"] or 0 for r in runs)
@@ -495,7 +514,7 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
              f"in-flight {args.inflight}  repeat {args.repeat} (medians)  Little's-law ideal {ideal}  "
              f"[{os.cpu_count()} CPUs, Python {platform.python_version()}]")
     t = Table(title=title, title_justify="left")
-    cols = ["contender", "wall s", "1st req s", "req/s", "of ideal", "CPU s", "sup/wrk CPU", "RSS tree MB",
+    cols = ["contender", "wall s", "to disk s", "1st req s", "req/s", "of ideal", "CPU s", "sup/wrk CPU", "RSS tree MB",
             "max proc MB", "results", "mock infl", "mock CPU", "others", "x wall", "x CPU", "x RSS"]
     for i, col in enumerate(cols):
         t.add_column(col, justify="left" if col in ("contender", "results") else "right", no_wrap=i == 0)
@@ -506,7 +525,8 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
         res = (f"[green]{s['distinct_ids']:,} once[/]" if s["all_ok"]
                else f"[red]{s['distinct_ids']:,} ids, {s['lines']:,} lines, {s['ok_records']:,} ok[/]")
         t.add_row(
-            s["contender"], _f(s["wall_s"], ".2f"), _f(s["first_request_s"], ".2f"), _f(s["requests_per_s"], ",.0f"),
+            s["contender"], _f(s["wall_s"], ".2f"), _f(s["durable_s"], ".2f"), _f(s["first_request_s"], ".2f"),
+            _f(s["requests_per_s"], ",.0f"),
             _f(None if s["ideal_ratio"] is None else 100 * s["ideal_ratio"], ".0f") + "%",
             _f(s["cpu_s"], ".2f"), split, _f(s["peak_tree_rss_mb"], ",.0f"), _f(s["maxrss_mb"], ",.0f"),
             res + extra, str(s["mock_max_in_flight"]), _f(100 * s["mock_busy"], ".0f") + "%",
@@ -522,6 +542,8 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
         "sup/wrk CPU: evalsup's supervisor alone / its worker processes.",
         f"RSS tree: peak of the sum over the tree's processes, sampled every {args.sample_ms:g} ms; max proc: the "
         "kernel's high-water mark (ru_maxrss) of the largest single process. The mock is not in the tree.",
+        "to disk s: wall plus an fsync of the output right after the exit (evalsup fsyncs before it exits; the "
+        "baselines leave results in the page cache, where a crash of the machine loses them).",
         "1st req s: from the launch to the mock's first chat request (start-up). others: CPU cores busy with unrelated "
         "processes on the machine during the run (noise; should be near 0 for a fair comparison).",
         "mock infl: most requests the mock held at once; mock CPU: the mock's CPU time / the run's wall time "

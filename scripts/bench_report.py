@@ -21,14 +21,17 @@ def table(doc: dict[str, Any]) -> str:
     head = (f"**n={c['n']:,}, {c['kb']:g} KB responses, latency {c['latency_ms']:g} ms ±{c['jitter_pct']:g}%, "
             f"{c['inflight']} in flight** (Little's-law ideal {c['ideal_rps']:,.0f} req/s, {c['repeat']} run(s), "
             "medians; ratios against the raw-bytes bounded queue)\n\n")
-    rows = ["| contender | wall s | req/s | of ideal | CPU s (tree) | supervisor/workers CPU s | peak RSS tree MB "
-            "| largest process MB | exactly once | x CPU | x RSS |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    cols = ["contender", "wall s", "to disk s", "req/s", "of ideal", "CPU s (tree)", "supervisor/workers CPU s",
+            "peak RSS tree MB", "largest process MB", "exactly once", "x CPU", "x RSS"]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for s in doc["summary"]:
         split = (f"{s['cpu_main_s']:.1f} / {s['cpu_children_s']:.1f}"
                  if s["contender"].startswith("evalsup") and s.get("cpu_main_s") is not None else "-")
         xcpu = f"{s['cpu_s'] / ref['cpu_s']:.2f}" if ref and ref.get("cpu_s") else "-"
         xrss = f"{s['peak_tree_rss_mb'] / ref['peak_tree_rss_mb']:.2f}" if ref and ref.get("peak_tree_rss_mb") else "-"
-        rows.append(f"| {s['contender']} | {s['wall_s']:.1f} | {s['requests_per_s']:,.0f} | {s['ideal_ratio']:.0%} "
+        durable = f"{s['durable_s']:.1f}" if s.get("durable_s") is not None else "-"
+        rows.append(f"| {s['contender']} | {s['wall_s']:.1f} | {durable} | {s['requests_per_s']:,.0f} "
+                    f"| {s['ideal_ratio']:.0%} "
                     f"| {s['cpu_s']:.1f} | {split} | {s['peak_tree_rss_mb']:,.0f} | {s['peak_proc_rss_mb']:,.0f} "
                     f"| {'yes' if s['all_ok'] else 'NO'} | {xcpu} | {xrss} |")
     return head + "\n".join(rows) + "\n"

@@ -34,7 +34,7 @@ from evalsup.worker.scoring import Scoring
 # Frames wait this long to share a write with the ones that follow: at hundreds of results a second, several
 # results and STARTED notes go out in one system call and wake the supervisor once. The credit window keeps
 # a worker's queue far deeper than what arrives in this time, so no request slot waits for it.
-FLUSH_DELAY_S = 0.005
+FLUSH_DELAY_S = 0.02  # 5 ms cost 3-7 % more CPU at 4 KB (10,000 tasks, A/B); 50 ms saved ~3 % more
 BIG_BODY = 1 << 14  # a response body this large is written around, not copied into its output line
 
 
