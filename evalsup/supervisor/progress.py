@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MIB = 1 << 20
 
@@ -66,6 +64,20 @@ class LiveDisplay:
     """The terminal display (rich): a bar with rate and ETA, and a line of health figures."""
 
     def __init__(self, console: Console) -> None:
+        # rich is imported here, for a terminal: --quiet and --json runs (and the workers' start) skip its ~20 ms
+        from rich.console import Group
+        from rich.live import Live
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+        from rich.text import Text
+
+        self._group, self._text = Group, Text
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
                                  console=console, auto_refresh=False)
@@ -83,9 +95,9 @@ class LiveDisplay:
         if s.get("cgroup_mb") is not None:
             lim = f" / {s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
             mem = f"   memory {s['cgroup_mb']:,.0f}{lim} MiB"
-        self.health = Text(f"in flight {s['inflight']}   failed {s['failed']:,}   retries {s['retries']:,}   "
-                           f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB{mem}")
-        self.live.update(Group(self.progress, self.health), refresh=True)
+        self.health = self._text(f"in flight {s['inflight']}   failed {s['failed']:,}   retries {s['retries']:,}   "
+                                 f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB{mem}")
+        self.live.update(self._group(self.progress, self.health), refresh=True)
 
     def stop(self) -> None:
         self.live.stop()

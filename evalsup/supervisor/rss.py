@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs in the venv
-
 __all__ = ["PAGE_SIZE", "rss_bytes", "tree_rss_bytes"]
 
 PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -43,6 +41,8 @@ def _statm_rss(pid: int) -> int | None:
 
 
 def _psutil_rss(pid: int) -> int | None:
+    import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs; only where /proc is missing
+
     try:
         return int(psutil.Process(pid).memory_info().rss)
     except (psutil.Error, OSError):

@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 import uvloop
-from rich.console import Console
 
 from evalsup.config import RunConfig
 from evalsup.journal import write_atomic
@@ -49,6 +48,8 @@ def run(cfg: RunConfig) -> int:
     if cfg.json_summary:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
+        from rich.console import Console
+
         print_summary(summary, Console())
     if sup.stop_message:
         how = "" if code == 2 else f"; rerun the same command to resume ({summary['total']:,} done so far)"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MB = 1 << 20
 
@@ -45,6 +45,8 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:
+    from rich.table import Table  # here: a --json run never loads rich
+
     t = Table(title="evalsup run", show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
@@ -87,6 +89,8 @@ def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def print_scores(scores: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
     t = Table(title="scores", show_header=False, title_justify="left")
     t.add_column("what", style="bold")
     t.add_column("value")
