@@ -212,6 +212,7 @@ class Journal:
         self.invalid_path = run_dir / "invalid.jsonl"
         self._buf: list[bytes | memoryview] = []
         self._buf_bytes = 0
+        self.appended = 0  # bytes handed to append() this session
         self._results: IO[bytes] | None = None
         self._ids: IO[bytes] | None = None
         self._invalid: IO[bytes] | None = None
@@ -221,12 +222,19 @@ class Journal:
         # falls back below a quarter of BACKLOG_HIGH
         self.on_error: Callable[[str], None] = lambda msg: None
         self.on_backlog_low: Callable[[], None] = lambda: None
+        self.on_written: Callable[[], None] | None = None  # after each write, on the loop, if set
 
     @property
     def broken(self) -> str | None:
         """After a failed write the file may hold part of what was lost; no checkpoint may be written after
         that (it would drop the lost tasks from O), so the last good one stands and a rerun redoes them."""
         return self._writer.broken if self._writer is not None else None
+
+    @property
+    def written(self) -> int:
+        """Bytes of this session's appended lines the writer has written (a line ending at ``appended`` after
+        its append is in the file, and its buffer is let go, once ``written`` reaches that)."""
+        return self._writer.written if self._writer is not None else 0
 
     @property
     def backlog(self) -> int:
@@ -301,6 +309,7 @@ class Journal:
         """Queue one output line (newline included); handed to the writer by flush(), within a second."""
         self._buf.append(line)
         self._buf_bytes += len(line)
+        self.appended += len(line)
         if self._buf_bytes >= 1 << 20:
             self.flush()
 
@@ -365,6 +374,7 @@ class _Writer(threading.Thread):
         self.journal = journal
         self.fd = fd
         self.pos = pos
+        self.written = 0  # bytes written by this writer (pos - the length it started at)
         self.loop = loop
         self.jobs: collections.deque[tuple[Any, ...] | None] = collections.deque()
         self.cv = threading.Condition()
@@ -409,6 +419,9 @@ class _Writer(threading.Thread):
             if kind == "write":
                 nbytes = job[2]
                 self._write(job[1], nbytes)
+                job = None  # let go of the lines' buffers before anyone hears they are written
+                if self.journal.on_written is not None:
+                    self._call(self.journal.on_written)
             elif kind == "checkpoint":
                 self._checkpoint(*job[1:])
             with self.cv:
@@ -434,6 +447,7 @@ class _Writer(threading.Thread):
             self._fail("write", e)
             return
         self.pos += n
+        self.written += n
 
     def _checkpoint(self, cp: Checkpoint, fds: tuple[int, ...], fut: asyncio.Future[str | None]) -> None:
         """Take the results length for cp; the syncer fsyncs and writes it while writing goes on after it."""

@@ -13,6 +13,7 @@ import pytest
 
 from evalsup.ipc import FrameWriter, Kind, split_meta
 from evalsup.ipc.frames import BufferPool, FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head
+from evalsup.ipc.ring import SupervisorRing, WorkerRing
 
 
 async def _writer_on_pipe(fd: int, delay: float) -> FrameWriter:
@@ -194,3 +195,38 @@ def test_pooled_large_frames_are_never_overwritten_while_held_and_reused_once_dr
     assert len(held) == 6
     _check_held(held, bodies, 6)
     assert pool.reused >= 1, "no buffer was used again after its result was dropped"
+
+
+def test_ring_lines_come_back_whole_in_order_and_space_is_reused_only_once_released() -> None:
+    """A worker's large lines pass through shared memory: what the supervisor reads is what was put, a line
+    is never overwritten before its release, and a ring too full for a line says so (the pipe takes it)."""
+    sup = SupervisorRing(1 << 20)
+    assert sup.fd is not None
+    worker = WorkerRing(os.dup(sup.fd), sup.size)
+    sup.close_fd()
+    rng = random.Random(5)
+    journal_end = 0
+    held: list[tuple[memoryview, bytes]] = []
+    fallbacks = 0
+    for i in range(400):
+        line = bytes([i % 251]) * rng.randrange(1, 300_000)
+        parts = [line[:10], memoryview(line)[10:]]
+        pos = worker.put(parts)
+        if pos is None:  # full: the line goes by pipe; the journal writes what it holds and the ring frees up
+            fallbacks += 1
+            for view, want in held:
+                assert bytes(view) == want, "a line was overwritten before it was released"
+            held.clear()
+            upto = sup.releasable(journal_end)
+            assert upto is not None
+            worker.release(upto)
+            continue
+        journal_end += len(line)
+        held.append((sup.line(pos, len(line), journal_end), line))
+    assert fallbacks > 10  # the ring filled and was reused many times over
+    for view, want in held:
+        assert bytes(view) == want
+    with pytest.raises(ProtocolError):
+        sup.line(0, 10, journal_end)  # released long ago: a reference to it is a broken worker
+    with pytest.raises(ProtocolError):
+        sup.line(worker.head, sup.size + 1, journal_end)

@@ -22,9 +22,10 @@ def _summary(run_dir: Path) -> dict[str, object]:
     return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
 
 
-def test_large_results_are_written_whole(tmp_path: Path, mock: MockThread) -> None:
-    # mixed sizes, so that large frames (read into their own buffers) and runs of small ones (many to a read)
-    # follow each other in the same pipes
+@pytest.mark.parametrize("ring_mb", ["32", "0"])
+def test_large_results_are_written_whole(tmp_path: Path, mock: MockThread, ring_mb: str) -> None:
+    # mixed sizes, so that large lines (in the workers' shared-memory rings, or with EVALSUP_RING_MB=0 read from
+    # the pipe into buffers of their own) and runs of small ones (many to a read) follow each other
     n = 240
     tasks = tmp_path / "t.jsonl"
     with open(tasks, "wb") as f:
@@ -32,9 +33,12 @@ def test_large_results_are_written_whole(tmp_path: Path, mock: MockThread) -> No
             kb = 700 if i % 3 == 0 else (90 if i % 3 == 1 else 0)
             f.write(orjson.dumps({"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
                                   "mock": {"kb": kb}}) + b"\n")
-    r = run_cli("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    r = run_cli("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, str(tasks),
+                env={"EVALSUP_RING_MB": ring_mb})
     assert r.returncode == 0, r.stderr
     recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(n)})
+    via_ring = _summary(tmp_path / "t.run")["results_via_ring"]
+    assert via_ring == 0 if ring_mb == "0" else 0 < via_ring <= 2 * n // 3, via_ring  # only lines past 64 KiB
     for rec in recs:
         body = rec["response"]["body"]
         i = int(rec["id"][1:])
@@ -76,6 +80,7 @@ def test_workers_killed_while_sending_large_results(tmp_path: Path, mock: MockTh
     assert all(x["error"] is None for x in recs)
     s = _summary(tmp_path / "t.run")
     assert s["worker_restarts"] >= 3
+    assert s["results_via_ring"] > 0  # killed workers' lines still in their rings were written whole
 
 
 def test_results_waiting_for_the_disk_hold_reading_and_nothing_is_lost(tmp_path: Path, mock: MockThread) -> None:

@@ -38,9 +38,11 @@ class Kind(enum.IntEnum):
     BREAKER_OPEN = 8  # the endpoint is down: start nothing, park what fails endpoint-side
     BREAKER_CLOSE = 9  # it is back: carry on
     PROBE = 20  # try one parked request (or GET /models) and say how it went
+    RELEASE = 21  # u64 position: the worker's result ring is free before it (see ipc.ring)
     # worker -> supervisor
     READY = 10  # json {"pid": ..., "concurrency": ...}
-    RESULT = 11  # meta {"k", "ok", "lat", "att", "rb", "ec", "pt", "ct", "ttft", "sc"} + output line
+    RESULT = 11  # meta {"k", "ok", "lat", "att", "rb", "ec", "pt", "ct", "ttft", "sc"} + output line, or meta
+    #              with "sh": [position, length] of the line in the worker's ring and nothing after it
     HEARTBEAT = 12  # json {"inflight", "queued", "parked", "done", "retries"}
     BYE = 13  # json {"done": n}: drained, about to exit
     FATAL = 14  # json {"message": str}: the worker cannot go on
@@ -350,7 +352,10 @@ class FrameWriter:
         # called as a write goes out: a frame that sums up what was noted meanwhile (STARTED keys), or None
         self.gather: Callable[[], bytes | None] | None = None
 
-    def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes, weight: int = 0) -> None:
+        """Queue ``frame``; ``weight`` more bytes count towards the burst (what the frame stands for, as a
+        result in the ring: its reader should hear of it as soon as if it came through the pipe)."""
+        self._bytes += weight
         self._queue(frame)
 
     def send_parts(self, head: bytes, *body: bytes | memoryview) -> None:

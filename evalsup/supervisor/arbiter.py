@@ -17,7 +17,8 @@ import orjson
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
-from evalsup.ipc.frames import KEY, BufferPool, quiet_gc
+from evalsup.ipc.frames import KEY, BufferPool, ProtocolError, quiet_gc
+from evalsup.ipc.ring import ring_size_from_env
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
@@ -45,7 +46,10 @@ class Supervisor:
         self.log = log or (lambda msg: None)
         self.journal = Journal(cfg.run_dir)
         self.stats = RunStats()
-        self.frame_buffers = BufferPool()  # large results are read into these, reused once written
+        self.frame_buffers = BufferPool()  # large results from the pipe are read into these, reused once written
+        self.ring_size = ring_size_from_env(cfg.workers)  # each worker's shared-memory ring (ipc.ring)
+        if self.ring_size:
+            self.journal.on_written = self._release_rings  # a ring's space is free once its lines are written
         self.workers: list[WorkerHandle] = []
         self.redo: collections.deque[TaskRef] = collections.deque()  # tasks to hand out before new ones
         # tasks that were being worked on when a worker died: each goes to a worker holding no other suspect,
@@ -121,7 +125,7 @@ class Supervisor:
         conc = self.cfg.per_worker_concurrency()[slot]
         w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
         await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload),
-                      self.frame_buffers)
+                      self.frame_buffers, self.ring_size)
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
             if self.memory.cap < self.cfg.concurrency:
@@ -188,7 +192,14 @@ class Supervisor:
         ref = w.outstanding.pop(meta["k"], None)
         if ref is None:
             return  # not ours any more (cannot happen while one worker owns each task)
+        sh = meta.get("sh")
+        if sh is not None:  # the line is in the worker's ring: the journal writes it from there
+            if w.ring is None:
+                raise ProtocolError("a result in a ring that was never made")
+            line = w.ring.line(int(sh[0]), int(sh[1]), self.journal.appended + int(sh[1]))
+            self.stats.ring_results += 1
         self.journal.append(line)
+        w.release_ring(self.journal.written)
         self._count_result(w, meta)
         if self.journal.backlog > Journal.BACKLOG_HIGH and not self._backlogged:
             self.journal.flush()  # the writer's progress is what releases the hold: give it all there is
@@ -197,6 +208,11 @@ class Supervisor:
             for x in self.workers:
                 if x.stream is not None:
                     x.stream.hold("backlog")
+
+    def _release_rings(self) -> None:
+        written = self.journal.written
+        for w in self.workers:
+            w.release_ring(written)
 
     def _on_backlog_low(self) -> None:
         if self._backlogged:
@@ -584,6 +600,7 @@ class Supervisor:
             except JournalError as e:
                 self._stop(str(e), 1, "now")
                 return
+            self._release_rings()
             self._breaker_tick(now)
             for w in list(self.workers):
                 if w.alive and w.state is not State.STARTING and now - w.last_beat > cfg.hang_timeout_s:

@@ -37,6 +37,7 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "recycles": dict(st.recycles),
         "poisoned": list(st.poisoned),
         "peak_rss_mb": {k: round(v / MB, 1) for k, v in st.peak_rss.items()},
+        "results_via_ring": st.ring_results,  # large lines passed in shared memory (EVALSUP_RING_MB), this session
         **(sup.memory.summary() if sup.memory is not None else {}),
         "finished": sup.finished,
         "stopped": sup.stop_message or None,

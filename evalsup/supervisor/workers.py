@@ -14,6 +14,7 @@ from typing import Any
 
 from evalsup.ipc import FrameWriter, Kind, encode_json
 from evalsup.ipc.frames import BufferPool, PipeReader, encode_frame, encode_meta, widen_pipe
+from evalsup.ipc.ring import POS, SupervisorRing
 from evalsup.tasks import TaskRef
 
 
@@ -48,22 +49,30 @@ class WorkerHandle:
         self.replaced = False  # its replacement has been started
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
+        self.ring: SupervisorRing | None = None
 
     async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None],
-                    pool: BufferPool | None = None) -> None:
+                    pool: BufferPool | None = None, ring_size: int = 0) -> None:
         """Start ``python -m evalsup.worker`` on two pipes of our own: its frames reach ``on_frame`` as they
         complete (see PipeReader; large ones in buffers from ``pool``); ``self.stream.closed`` resolves at
-        its EOF."""
+        its EOF. Large results come through a shared-memory ring of ``ring_size`` bytes (see ipc.ring)."""
         loop = asyncio.get_running_loop()
+        self.ring = SupervisorRing.make(ring_size)
+        fds: tuple[int, ...] = ()
+        if self.ring is not None and self.ring.fd is not None:
+            fds = (self.ring.fd,)
+            config = {**config, "ring_fd": self.ring.fd, "ring_size": self.ring.size}
         child_in, to_child = os.pipe()
         from_child, child_out = os.pipe()
         widen_pipe(child_out)
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "evalsup.worker", stdin=child_in, stdout=child_out)
+                sys.executable, "-m", "evalsup.worker", stdin=child_in, stdout=child_out, pass_fds=fds)
         finally:
             os.close(child_in)
             os.close(child_out)
+            if self.ring is not None:
+                self.ring.close_fd()  # the worker has its own; our mapping stays
         self.pid = self.proc.pid
         self.stream = PipeReader(from_child, on_frame, pool)
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
@@ -96,6 +105,13 @@ class WorkerHandle:
         """Wait while the pipe to the worker is full (at once otherwise)."""
         if self.out is not None:
             await self.out.drain()
+
+    def release_ring(self, written: int) -> None:
+        """Tell the worker which part of its ring is free, now that the journal has written ``written`` bytes."""
+        if self.ring is not None and self.out is not None and self.alive:
+            upto = self.ring.releasable(written)
+            if upto is not None:
+                self.out.send(encode_frame(Kind.RELEASE, POS.pack(upto)))
 
     def send(self, kind: Kind, obj: Any = None) -> None:
         if self.out is not None:

@@ -21,7 +21,8 @@ import aiohttp
 import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
-from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta_head, quiet_gc, widen_pipe
+from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head, quiet_gc, widen_pipe
+from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
 from evalsup.worker.breaker import LocalBreaker
@@ -75,6 +76,12 @@ class Worker:
         self._bg: set[asyncio.Task[Any]] = set()
         self._started: list[int] = []  # keys of tasks begun since the last write
         out.gather = self._gather_started
+        self.ring: WorkerRing | None = None  # large results go here, not through the pipe (ipc.ring)
+        if cfg.get("ring_fd") is not None:
+            try:
+                self.ring = WorkerRing(int(cfg["ring_fd"]), int(cfg["ring_size"]))
+            except (OSError, ValueError):
+                self.ring = None  # every result through the pipe: slower, never wrong
 
     def _can_start(self) -> bool:
         return bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self.limit
@@ -94,7 +101,13 @@ class Worker:
                     self.inflight -= 1
                     self.cond.notify_all()
             self.done += 1
-            self.out.send_parts(encode_meta_head(Kind.RESULT, info, sum(map(len, out_line))), *out_line)
+            n = sum(map(len, out_line))
+            pos = self.ring.put(out_line) if self.ring is not None and n >= RING_MIN else None
+            if pos is not None:  # the supervisor's journal writes it from the ring: only where it is goes by pipe
+                info["sh"] = [pos, n]
+                self.out.send(encode_meta(Kind.RESULT, info, b""), weight=n)
+            else:
+                self.out.send_parts(encode_meta_head(Kind.RESULT, info, n), *out_line)
             await self.out.drain()  # at once, unless the pipe is full
             self._check_drained()
 
@@ -200,6 +213,9 @@ class Worker:
         if kind is Kind.TASK:
             meta, line = split_meta(payload)
             self.queue.append((meta, line))
+        elif kind is Kind.RELEASE:
+            if self.ring is not None:
+                self.ring.release(POS.unpack(payload)[0])
         elif kind is Kind.PAUSE:
             self.paused = True
         elif kind is Kind.RESUME:
