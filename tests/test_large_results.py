@@ -22,7 +22,7 @@ def _summary(run_dir: Path) -> dict[str, object]:
     return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("ring_mb", ["32", "0"])
+@pytest.mark.parametrize("ring_mb", ["16", "0"])
 def test_large_results_are_written_whole(tmp_path: Path, mock: MockThread, ring_mb: str) -> None:
     # mixed sizes, so that large lines (in the workers' shared-memory rings, or with EVALSUP_RING_MB=0 read from
     # the pipe into buffers of their own) and runs of small ones (many to a read) follow each other

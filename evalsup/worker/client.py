@@ -83,7 +83,6 @@ def estimate_tokens(body: dict[str, Any]) -> int:
     return chars // 4 + 1 + (int(max_out) if isinstance(max_out, int | float) else 256)
 
 
-
 async def _chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """The body as aiohttp's parser handed it over, chunk by chunk, without joining (`readchunk`)."""
     while True:
@@ -92,6 +91,7 @@ async def _chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
             yield chunk
         elif resp.content.at_eof():
             return
+
 
 class Client:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
