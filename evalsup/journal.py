@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import errno
 import os
 import queue
 import threading
@@ -56,61 +55,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 _IOV_MAX = 512
 
 
-class FileSlice:
-    """A line that lies in another file (a worker's result ring, see ipc/ring.py): ``length`` bytes of ``fd``
-    from ``offset``. The writer has the kernel copy it into results.jsonl (sendfile), so its bytes never pass
-    through the supervisor's memory. ``owner`` keeps the descriptor open until the line is written."""
-
-    __slots__ = ("fd", "length", "offset", "owner")
-
-    def __init__(self, fd: int, offset: int, length: int, owner: object) -> None:
-        self.fd, self.offset, self.length, self.owner = fd, offset, length, owner
-
-    def __len__(self) -> int:
-        return self.length
-
-
-Line = bytes | memoryview | FileSlice
-
-
-def _copy_slice(fd: int, s: FileSlice, offset: int) -> int:
-    """Copy ``s`` into ``fd`` at ``offset`` in the kernel; returns the offset after it."""
-    src, left = s.offset, s.length
-    while left:
-        try:
-            os.lseek(fd, offset, os.SEEK_SET)  # sendfile writes at the file position
-            k = os.sendfile(fd, s.fd, src, left)
-        except OSError as e:
-            if e.errno not in (errno.EINVAL, errno.ENOSYS):
-                raise
-            k = os.pwrite(fd, os.pread(s.fd, min(left, 1 << 20), src), offset)  # no sendfile into files here
-        if k <= 0:
-            raise OSError(errno.EIO, "short copy from a result ring")
-        src += k
-        offset += k
-        left -= k
-    return offset
-
-
-def _write_all(fd: int, lines: list[Line], offset: int) -> None:
-    """Write the lines in order at ``offset``: runs of buffers with pwritev (never joined first), file slices
-    with sendfile."""
-    run: list[bytes | memoryview] = []
-    for line in lines:
-        if isinstance(line, FileSlice):
-            if run:
-                offset = _pwritev_all(fd, run, offset)
-                run = []
-            offset = _copy_slice(fd, line, offset)
-        else:
-            run.append(line)
-    if run:
-        _pwritev_all(fd, run, offset)
-
-
-def _pwritev_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> int:
-    """pwritev() the buffers in order at ``offset``, without joining them first; partial writes are carried on.
-    Returns the offset after them."""
+def _write_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> None:
+    """pwritev() the buffers in order at ``offset``, without joining them first; partial writes are carried on."""
     i = 0
     while i < len(bufs):
         batch = bufs[i : i + _IOV_MAX]
@@ -123,7 +69,6 @@ def _pwritev_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> int:
             else:
                 bufs[i] = memoryview(b)[n:]
                 break
-    return offset
 
 
 @dataclass
@@ -265,7 +210,7 @@ class Journal:
         self.checkpoint_path = run_dir / "checkpoint.json"
         self.ids_path = run_dir / "ids.bin"
         self.invalid_path = run_dir / "invalid.jsonl"
-        self._buf: list[Line] = []
+        self._buf: list[bytes | memoryview] = []
         self._buf_bytes = 0
         self.appended = 0  # bytes handed to append() this session
         self._results: IO[bytes] | None = None
@@ -360,7 +305,7 @@ class Journal:
 
     # ----- writing (event loop side) -----
 
-    def append(self, line: Line) -> None:
+    def append(self, line: bytes | memoryview) -> None:
         """Queue one output line (newline included); handed to the writer by flush(), within a second."""
         self._buf.append(line)
         self._buf_bytes += len(line)
@@ -493,7 +438,7 @@ class _Writer(threading.Thread):
             self.broken = f"cannot {what} {self.journal.results_path}: {e.strerror}"
             self._call(self.journal.on_error, self.broken)
 
-    def _write(self, bufs: list[Line], n: int) -> None:
+    def _write(self, bufs: list[bytes | memoryview], n: int) -> None:
         if self.broken:
             return
         try:

@@ -7,7 +7,6 @@ import asyncio
 import os
 import random
 import threading
-from pathlib import Path
 
 import orjson
 import pytest
@@ -15,7 +14,6 @@ import pytest
 from evalsup.ipc import FrameWriter, Kind, split_meta
 from evalsup.ipc.frames import BufferPool, FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head
 from evalsup.ipc.ring import SupervisorRing, WorkerRing
-from evalsup.journal import FileSlice, Line, _write_all
 
 
 async def _writer_on_pipe(fd: int, delay: float) -> FrameWriter:
@@ -200,14 +198,15 @@ def test_pooled_large_frames_are_never_overwritten_while_held_and_reused_once_dr
 
 
 def test_ring_lines_come_back_whole_in_order_and_space_is_reused_only_once_released() -> None:
-    """A worker's large lines pass through shared memory: what the supervisor's writer copies out is what was
-    put, a line is never overwritten before its release, and a ring too full for a line says so (the pipe
-    takes it)."""
+    """A worker's large lines pass through shared memory: what the supervisor's view shows is what was put, a
+    line is never overwritten before its release, and a ring too full for a line says so (the pipe takes it)."""
     sup = SupervisorRing(1 << 20)
+    assert sup.fd is not None
     worker = WorkerRing(os.dup(sup.fd), sup.size)
+    sup.close_fd()
     rng = random.Random(5)
     journal_end = 0
-    held: list[tuple[int, bytes]] = []
+    held: list[tuple[memoryview, bytes]] = []
     fallbacks = 0
     for i in range(400):
         line = bytes([i % 251]) * rng.randrange(1, 300_000)
@@ -215,46 +214,19 @@ def test_ring_lines_come_back_whole_in_order_and_space_is_reused_only_once_relea
         pos = worker.put(parts)
         if pos is None:  # full: the line goes by pipe; the journal writes what it holds and the ring frees up
             fallbacks += 1
-            for off, want in held:
-                assert os.pread(sup.fd, len(want), off) == want, "a line was overwritten before it was released"
+            for view, want in held:
+                assert view == want, "a line was overwritten before it was released"
             held.clear()
             upto = sup.releasable(journal_end)
             assert upto is not None
             worker.release(upto)
             continue
         journal_end += len(line)
-        held.append((sup.locate(pos, len(line), journal_end), line))
+        held.append((sup.line(pos, len(line), journal_end), line))
     assert fallbacks > 10  # the ring filled and was reused many times over
-    for off, want in held:
-        assert os.pread(sup.fd, len(want), off) == want
+    for view, want in held:
+        assert view == want
     with pytest.raises(ProtocolError):
-        sup.locate(0, 10, journal_end)  # released long ago: a reference to it is a broken worker
+        sup.line(0, 10, journal_end)  # released long ago: a reference to it is a broken worker
     with pytest.raises(ProtocolError):
-        sup.locate(worker.head, sup.size + 1, journal_end)
-
-
-def test_journal_copies_ring_slices_between_buffers_in_order(tmp_path: Path) -> None:
-    """The writer mixes buffers (pwritev) and slices of a ring (sendfile) in one job: the file holds them in
-    the order they were appended, byte for byte."""
-    ring = os.memfd_create("t")
-    payload = bytes(range(256)) * 4096  # 1 MiB
-    os.pwrite(ring, payload, 0)
-    rng = random.Random(1)
-    want = b""
-    lines: list[Line] = []
-    for i in range(60):
-        if i % 3 == 0:
-            off, n = rng.randrange(0, len(payload) // 2), rng.randrange(1, len(payload) // 2)
-            lines.append(FileSlice(ring, off, n, None))
-            want += payload[off : off + n]
-        else:
-            b = f"line {i}\n".encode() * rng.randrange(1, 50)
-            lines.append(memoryview(b) if i % 2 else b)
-            want += b
-    path = tmp_path / "out"
-    path.write_bytes(b"head\n")
-    fd = os.open(path, os.O_WRONLY)
-    _write_all(fd, lines, 5)
-    os.close(fd)
-    os.close(ring)
-    assert path.read_bytes() == b"head\n" + want
+        sup.line(worker.head, sup.size + 1, journal_end)

@@ -5,18 +5,17 @@ pipe, out of it into the supervisor, and into the file (with the pipe's page all
 each). Through the ring it is copied into shared memory by the worker and from there into the file by the
 journal's writer: the supervisor never touches its bytes.
 
-The supervisor makes the ring (a memfd) and hands the descriptor to the worker, which maps it read-write; the
-supervisor does not map it (its pages would count in its RSS too): the journal's writer copies a line from the
-descriptor into results.jsonl with sendfile. Positions count bytes ever reserved (offset = position % size),
-so "free" is ``size - (head - tail)``. A line is placed whole (the end of the ring is skipped when it would
-not fit there); the worker sends RESULT with meta ``"sh": [position, length]`` and no line. The supervisor
-appends that slice of the ring to the journal and, once the writer has written past it, sends RELEASE with
-the position everything before which is free. A line that does not fit goes through the pipe as before, so
-a slow release never stalls a worker.
+The supervisor makes the ring (a memfd), maps it read-only and hands the descriptor to the worker, which
+writes lines into it with ``pwritev`` (a worker that mapped it too would count its pages in a second RSS).
+Positions count bytes ever reserved (offset = position % size), so "free" is ``size - (head - tail)``. A
+line is placed whole (the end of the ring is skipped when it would not fit there); the worker sends RESULT
+with meta ``"sh": [position, length]`` and no line. The supervisor appends a view of the ring to the journal
+and, once the writer has written past it, sends RELEASE with the position everything before which is free.
+A line that does not fit goes through the pipe as before, so a slow release never stalls a worker.
 
 Crash safety is the pipe's: a line is referenced only by a RESULT frame sent after it was complete, a worker
-that dies leaves nothing referenced, and the supervisor's descriptor outlives the worker while slices of the
-ring wait for the writer.
+that dies leaves nothing referenced, and the supervisor's mapping outlives the worker while views of it wait
+for the writer.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import collections
 import mmap
 import os
 import struct
-import weakref
 from collections.abc import Sequence
 
 from evalsup.ipc.frames import ProtocolError
@@ -37,8 +35,8 @@ POS = struct.Struct("<Q")  # RELEASE payload: everything before this position is
 def ring_size_from_env(workers: int) -> int:
     """Bytes of each worker's ring: EVALSUP_RING_MB (default 16) shared by the workers, at least 4 MiB each;
     0 sends every result through the pipe. (3,000 x 1 MB results: 93 % of them through a 16 MiB ring with
-    one worker, 85 % through 4 MiB rings with four; the rest take the pipe. The ring's pages count in the
-    workers' RSS, so it is kept small.)"""
+    one worker, 85 % through 4 MiB rings with four; the rest take the pipe. The rings count in the
+    supervisor's RSS, so they are kept small.)"""
     try:
         mb = float(os.environ.get("EVALSUP_RING_MB", "16"))
     except ValueError:
@@ -50,14 +48,13 @@ def ring_size_from_env(workers: int) -> int:
 
 
 class WorkerRing:
-    """The worker's side: ``put(parts)`` copies one line in and returns its position, or None when it does
-    not fit now (the caller sends it through the pipe). ``release(pos)`` frees everything before ``pos``."""
+    """The worker's side: ``put(parts)`` writes one line in and returns its position, or None when it does
+    not fit now (the caller sends it through the pipe). ``release(pos)`` frees everything before ``pos``.
+    The worker does not map the ring (``pwritev`` into the memfd), so its pages count in one RSS only."""
 
     def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
         self.size = size
-        self._mm = mmap.mmap(fd, size)  # MAP_SHARED, read and write
-        os.close(fd)
-        self._view = memoryview(self._mm)
         self.head = 0
         self.tail = 0
 
@@ -68,10 +65,17 @@ class WorkerRing:
         if n == 0 or self.head + skip + n - self.tail > self.size:
             return None
         pos = self.head + skip
-        o = pos % self.size
-        for p in parts:
-            self._view[o : o + len(p)] = p
-            o += len(p)
+        o, left = pos % self.size, list(parts)
+        try:
+            while left:  # a write into memory: partial only in theory, carried on all the same
+                k = os.pwritev(self.fd, left, o)
+                o += k
+                while left and k >= len(left[0]):
+                    k -= len(left.pop(0))
+                if k:
+                    left[0] = memoryview(left[0])[k:]
+        except OSError:
+            return None  # (ENOMEM, say): this line takes the pipe
         self.head = pos + n
         return pos
 
@@ -81,16 +85,16 @@ class WorkerRing:
 
 
 class SupervisorRing:
-    """The supervisor's side: makes the memfd (``fd``: passed to the worker, and kept, for the journal's writer
-    to copy lines from with sendfile; closed when this object goes), says where a referenced line lies, and
-    tracks when the writer is past it (``releasable``). The supervisor never maps the ring: its bytes count
-    in no process's RSS but the worker's."""
+    """The supervisor's side: makes the memfd (``fd``, for the worker; ``close_fd()`` once it is passed), maps
+    it read-only, hands out views of the lines the worker references, and tracks when the journal's writer is
+    past them (``releasable``)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.fd = os.memfd_create("evalsup-results", os.MFD_CLOEXEC)
-        weakref.finalize(self, os.close, self.fd)
+        self.fd: int | None = os.memfd_create("evalsup-results", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size)
+        self._mm = mmap.mmap(self.fd, size, prot=mmap.PROT_READ)
+        self._view = memoryview(self._mm)
         self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (journal end, ring end)
         self.told = 0  # the last position sent in a RELEASE
 
@@ -104,16 +108,21 @@ class SupervisorRing:
         except OSError:
             return None
 
-    def locate(self, pos: int, n: int, journal_end: int) -> int:
-        """The offset in ``fd`` of the line at ``pos``; ``journal_end`` is where it ends in the journal's
-        stream of appended bytes (it can be released once the writer is there)."""
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def line(self, pos: int, n: int, journal_end: int) -> memoryview:
+        """The line at ``pos``, as a view of the ring (the journal's writer writes it from there);
+        ``journal_end`` is where it ends in the journal's stream of appended bytes."""
         if n <= 0 or n > self.size or pos < self.told:
             raise ProtocolError(f"ring reference {pos}+{n} outside the ring")
         o = pos % self.size
         if o + n > self.size:
             raise ProtocolError(f"ring reference {pos}+{n} crosses the ring's end")
         self._pending.append((journal_end, pos + n))
-        return o
+        return self._view[o : o + n]
 
     def releasable(self, written: int) -> int | None:
         """The position to send in a RELEASE now that the journal has written ``written`` bytes (None: nothing

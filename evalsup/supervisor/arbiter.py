@@ -19,7 +19,7 @@ from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, BufferPool, ProtocolError, quiet_gc
 from evalsup.ipc.ring import ring_size_from_env
-from evalsup.journal import Checkpoint, FileSlice, Journal, JournalError, Line, ResumeState
+from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.memory import MemoryControl
@@ -193,14 +193,12 @@ class Supervisor:
         if ref is None:
             return  # not ours any more (cannot happen while one worker owns each task)
         sh = meta.get("sh")
-        out: Line = line
-        if sh is not None:  # the line is in the worker's ring: the journal's writer copies it from there
+        if sh is not None:  # the line is in the worker's ring: the journal writes it from there
             if w.ring is None:
                 raise ProtocolError("a result in a ring that was never made")
-            n = int(sh[1])
-            out = FileSlice(w.ring.fd, w.ring.locate(int(sh[0]), n, self.journal.appended + n), n, w.ring)
+            line = w.ring.line(int(sh[0]), int(sh[1]), self.journal.appended + int(sh[1]))
             self.stats.ring_results += 1
-        self.journal.append(out)
+        self.journal.append(line)
         w.release_ring(self.journal.written)
         self._count_result(w, meta)
         if self.journal.backlog > Journal.BACKLOG_HIGH and not self._backlogged:

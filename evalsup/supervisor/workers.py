@@ -59,7 +59,7 @@ class WorkerHandle:
         loop = asyncio.get_running_loop()
         self.ring = SupervisorRing.make(ring_size)
         fds: tuple[int, ...] = ()
-        if self.ring is not None:
+        if self.ring is not None and self.ring.fd is not None:
             fds = (self.ring.fd,)
             config = {**config, "ring_fd": self.ring.fd, "ring_size": self.ring.size}
         child_in, to_child = os.pipe()
@@ -71,6 +71,8 @@ class WorkerHandle:
         finally:
             os.close(child_in)
             os.close(child_out)
+            if self.ring is not None:
+                self.ring.close_fd()  # the worker has its own; our mapping stays
         self.pid = self.proc.pid
         self.stream = PipeReader(from_child, on_frame, pool)
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
