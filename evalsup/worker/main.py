@@ -203,11 +203,14 @@ class Worker:
             if not data:
                 return  # EOF: the supervisor is done with us or gone
             parser.feed(data)
+            news = False  # anything that can let a request start (not just ring space freed)
             for kind, payload in frames:
+                news = news or kind is not Kind.RELEASE
                 await self.on_frame(kind, payload)
             frames.clear()
-            async with self.cond:
-                self.cond.notify_all()
+            if news:
+                async with self.cond:
+                    self.cond.notify_all()
 
     async def on_frame(self, kind: Kind, payload: memoryview) -> None:
         if kind is Kind.TASK:
