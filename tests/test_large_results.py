@@ -1,5 +1,6 @@
-"""Large results (read from a worker's pipe straight into one buffer each, written by the journal's thread):
-exactly once, whole lines, also when workers are killed in the middle of sending them."""
+"""Large results (through the workers' shared-memory rings, or read from a pipe straight into one buffer each;
+written by the journal's thread): exactly once, whole lines, also when workers are killed in the middle of
+sending them."""
 
 from __future__ import annotations
 
