@@ -226,7 +226,13 @@ def test_ring_lines_come_back_whole_in_order_and_space_is_reused_only_once_relea
     assert fallbacks > 10  # the ring filled and was reused many times over
     for view, want in held:
         assert view == want
+    assert held
+    last = held[-1][1]
     with pytest.raises(ProtocolError):
         sup.line(0, 10, journal_end)  # released long ago: a reference to it is a broken worker
     with pytest.raises(ProtocolError):
+        sup.line(worker.head - len(last), len(last), journal_end)  # the same line twice
+    with pytest.raises(ProtocolError):
         sup.line(worker.head, sup.size + 1, journal_end)
+    with pytest.raises(ProtocolError):
+        sup.line(1 << 40, 10, journal_end)  # far past anything the worker was allowed to write

@@ -96,3 +96,24 @@ def test_results_waiting_for_the_disk_hold_reading_and_nothing_is_lost(tmp_path:
     assert all(len(orjson.dumps(x["response"]["body"])) > 250_000 for x in recs)
     events = [orjson.loads(line) for line in (tmp_path / "t.run" / "events.jsonl").read_bytes().splitlines()]
     assert any(e.get("event") == "disk_behind" for e in events), "reading was never held"
+
+
+def test_a_worker_naming_a_ring_place_it_never_wrote_is_replaced_and_its_task_redone(tmp_path: Path,
+                                                                                      mock: MockThread) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    n = 40
+    tasks = tmp_path / "t.jsonl"
+    with open(tasks, "wb") as f:
+        for i in range(n):
+            f.write(orjson.dumps({"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
+                                  "mock": {"kb": 400}, **({"bad_ring": True} if i == 5 else {})}) + b"\n")
+    plugin = Path(__file__).resolve().parent / "plugins" / "faults.py"
+    r = run_cli("run", "-w", "2", "-c", "8", "--model", "mock-model", "--base-url", mock.url,
+                "--worker-plugin", f"{plugin}:bad_ring_reference", str(tasks), env={"EVALSUP_TEST_MARKS": str(marks)})
+    assert r.returncode == 0, r.stderr
+    assert "bad ring reference" in r.stderr
+    recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(n)})
+    assert all(x["error"] is None for x in recs)
+    s = _summary(tmp_path / "t.run")
+    assert s["worker_restarts"] >= 1 and s["results_via_ring"] > 0

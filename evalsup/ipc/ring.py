@@ -100,6 +100,7 @@ class SupervisorRing:
         self._view = memoryview(self._mm)
         self._pending: collections.deque[tuple[int, int]] = collections.deque()  # (journal end, ring end)
         self.told = 0  # the last position sent in a RELEASE
+        self._end = 0  # the end of the last line referenced
 
     @classmethod
     def make(cls, size: int) -> SupervisorRing | None:
@@ -119,11 +120,14 @@ class SupervisorRing:
     def line(self, pos: int, n: int, journal_end: int) -> memoryview:
         """The line at ``pos``, as a view of the ring (the journal's writer writes it from there);
         ``journal_end`` is where it ends in the journal's stream of appended bytes."""
-        if n <= 0 or n > self.size or pos < self.told:
-            raise ProtocolError(f"ring reference {pos}+{n} outside the ring")
+        # The worker places lines one after the other, never past what it was told is free: a reference
+        # before the last line's end or beyond the free space is a broken worker (not a line to write)
+        if n <= 0 or pos < self._end or pos + n > self.told + self.size:
+            raise ProtocolError(f"ring reference {pos}+{n} outside what the worker can have written")
         o = pos % self.size
         if o + n > self.size:
             raise ProtocolError(f"ring reference {pos}+{n} crosses the ring's end")
+        self._end = pos + n
         self._pending.append((journal_end, pos + n))
         return self._view[o : o + n]
 

@@ -194,9 +194,14 @@ class Supervisor:
             return  # not ours any more (cannot happen while one worker owns each task)
         sh = meta.get("sh")
         if sh is not None:  # the line is in the worker's ring: the journal writes it from there
-            if w.ring is None:
-                raise ProtocolError("a result in a ring that was never made")
-            line = w.ring.line(int(sh[0]), int(sh[1]), self.journal.appended + int(sh[1]))
+            try:
+                if w.ring is None:
+                    raise ProtocolError("a result in a ring that was never made")
+                line = w.ring.line(int(sh[0]), int(sh[1]), self.journal.appended + int(sh[1]))
+            except (ProtocolError, TypeError, ValueError, IndexError) as e:
+                # the task stays the worker's, so it is handed on with the others when the broken worker goes
+                w.outstanding[meta["k"]] = ref
+                raise ProtocolError(f"bad ring reference {sh!r}") from e
             self.stats.ring_results += 1
         self.journal.append(line)
         w.release_ring(self.journal.written)

@@ -36,3 +36,26 @@ def once(task: dict[str, Any], outcome: Any) -> None:
         os._exit(1)
     if act == "hang":
         time.sleep(600)  # the supervisor SIGKILLs us after --hang-timeout; the test kills leftovers by PID
+
+
+def bad_ring_reference(task: dict[str, Any], outcome: Any) -> None:
+    """The first time a task whose line has ``"bad_ring": true`` finishes, the worker's next result names a
+    place in its shared-memory ring that it never wrote (a broken worker, as the supervisor must see it).
+    First-ness is a marker file made with O_EXCL in ``$EVALSUP_TEST_MARKS``."""
+    if not task.get("bad_ring"):
+        return
+    path = os.path.join(os.environ["EVALSUP_TEST_MARKS"], f"{task.get('id')}.ring")
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    from evalsup.ipc import ring
+
+    real = ring.WorkerRing.put
+
+    def put(self: Any, parts: Any) -> int | None:
+        ring.WorkerRing.put = real  # type: ignore[method-assign]
+        real(self, parts)
+        return 1 << 40
+
+    ring.WorkerRing.put = put  # type: ignore[method-assign]
