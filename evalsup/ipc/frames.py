@@ -205,9 +205,7 @@ class FrameParser:
         if not rest:
             return
         if len(rest) >= HEADER.size:
-            length, kind = HEADER.unpack_from(rest)
-            if length > MAX_FRAME:
-                raise ProtocolError(f"frame of {length} bytes is larger than the limit")
+            length, kind = HEADER.unpack_from(rest)  # its length was checked against MAX_FRAME by _parse
             total = HEADER.size + length
             if total > self.large:
                 self._kind(kind)  # garbage is refused before a buffer is made for it

@@ -68,17 +68,12 @@ class WorkerRing:
         if n == 0 or self.head + skip + n - self.tail > self.size:
             return None
         pos = self.head + skip
-        o, left = pos % self.size, list(parts)
         try:
-            while left:  # a write into memory: partial only in theory, carried on all the same
-                k = os.pwritev(self.fd, left, o)
-                o += k
-                while left and k >= len(left[0]):
-                    k -= len(left.pop(0))
-                if k:
-                    left[0] = memoryview(left[0])[k:]
+            written = os.pwritev(self.fd, parts, pos % self.size)
         except OSError:
             return None  # (ENOMEM, say): this line takes the pipe
+        if written != n:
+            return None  # a short write into memory (out of it): the space stays free, the line takes the pipe
         self.head = pos + n
         return pos
 

@@ -204,7 +204,6 @@ class Supervisor:
                 raise ProtocolError(f"bad ring reference {sh!r}") from e
             self.stats.ring_results += 1
         self.journal.append(line)
-        w.release_ring(self.journal.written)
         self._count_result(w, meta)
         if self.journal.backlog > Journal.BACKLOG_HIGH and not self._backlogged:
             self.journal.flush()  # the writer's progress is what releases the hold: give it all there is
@@ -215,6 +214,7 @@ class Supervisor:
                     x.stream.hold("backlog")
 
     def _release_rings(self) -> None:
+        """After each write of the journal (``on_written``), the only time ``written`` moves."""
         written = self.journal.written
         for w in self.workers:
             w.release_ring(written)
@@ -605,7 +605,6 @@ class Supervisor:
             except JournalError as e:
                 self._stop(str(e), 1, "now")
                 return
-            self._release_rings()
             self._breaker_tick(now)
             for w in list(self.workers):
                 if w.alive and w.state is not State.STARTING and now - w.last_beat > cfg.hang_timeout_s:

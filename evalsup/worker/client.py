@@ -120,12 +120,9 @@ class Client:
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
         length = resp.content_length
-        if length is not None:
-            if length > self.max_response_bytes:
-                raise ResponseTooLarge(length)
-            chunks = [chunk async for chunk in _chunks(resp)]
-        else:
-            chunks = [chunk async for chunk in self._capped(resp)]
+        if length is not None and length > self.max_response_bytes:
+            raise ResponseTooLarge(length)
+        chunks = [chunk async for chunk in self._capped(resp)]
         # One join, the only copy of the body this side of aiohttp's parser: aiohttp's read() and iter_any() join
         # whatever chunks are buffered at each wake-up, then join those blocks again (a 1 MB body copied twice).
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)

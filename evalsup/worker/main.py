@@ -149,7 +149,7 @@ class Worker:
         fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
                                   "metrics": metrics, "metadata": metadata or None, "scores": scores,
                                   "score_errors": score_errors}
-        if oc.raw_json is not None and len(oc.raw_json) >= BIG_BODY and isinstance(oc.body, orjson.Fragment):
+        if oc.raw_json is not None and len(oc.raw_json) >= BIG_BODY:  # raw_json: the body is the endpoint's bytes
             # the endpoint's own bytes go out between the record's head and tail: never copied into a line
             head, tail = output_line_around(tid, **fields)
             out = [head, oc.raw_json, tail]
