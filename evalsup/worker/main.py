@@ -1,4 +1,4 @@
-"""A worker process: uvloop, one aiohttp session, a fixed pool of request coroutines.
+"""A worker process: uvloop, one aiohttp session, one coroutine per request begun (up to its limit).
 
 It reads CONFIG then TASK/PAUSE/RESUME/LIMIT/DRAIN frames on stdin, and writes READY, RESULT, HEARTBEAT
 and BYE frames on stdout (the original stdout is kept for frames; fd 1 is pointed at stderr so a stray
@@ -52,10 +52,11 @@ class Worker:
         self.reader = reader
         self.out = out
         self.concurrency = int(cfg["concurrency"])
-        self.limit = self.concurrency
+        self.limit = max(1, min(self.concurrency, int(cfg.get("limit") or self.concurrency)))
         self.queue: collections.deque[tuple[Any, bytes | memoryview]] = collections.deque()
-        self.cond = asyncio.Condition()
-        self.inflight = 0
+        self.inflight = 0  # requests begun and not answered
+        self.slots = 0  # tasks begun whose RESULT frame is not yet on its way
+        self._live: set[asyncio.Task[None]] = set()
         self.paused = False
         self.draining = False
         self.done = 0
@@ -84,22 +85,33 @@ class Worker:
                 self.ring = None  # every result through the pipe: slower, never wrong
 
     def _can_start(self) -> bool:
-        return bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self.limit
+        return (bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self.limit
+                and self.slots < self.concurrency)
 
-    async def runner(self, client: Client) -> None:
-        while True:
-            async with self.cond:
-                await self.cond.wait_for(self._can_start)
-                meta, line = self.queue.popleft()
-                self.inflight += 1
+    def _pump(self) -> None:
+        """Start every request that may start now: one task each, begun here rather than by a pool of waiting
+        coroutines (a pool on one condition woke all of its idle members for each event)."""
+        started = False
+        while self._can_start():
+            meta, line = self.queue.popleft()
+            self.inflight += 1
+            self.slots += 1
             self._started.append(meta["k"])  # goes out with the next write, in one STARTED frame for all
+            t = asyncio.create_task(self._one(meta, line))
+            self._live.add(t)
+            t.add_done_callback(self._live.discard)
+            started = True
+        if started:
             self.out.arm()
+
+    async def _one(self, meta: Any, line: bytes | memoryview) -> None:
+        """One task from start to its RESULT frame; its slot is free once the frame is on its way (a full pipe
+        holds slots, and so holds back new requests, up to --concurrency of them)."""
+        try:
             try:
-                out_line, info = await self.process(client, meta, line)
+                out_line, info = await self.process(meta, line)
             finally:
-                async with self.cond:
-                    self.inflight -= 1
-                    self.cond.notify_all()
+                self.inflight -= 1
             self.done += 1
             n = sum(map(len, out_line))
             pos = self.ring.put(out_line) if self.ring is not None and n >= RING_MIN else None
@@ -108,8 +120,12 @@ class Worker:
                 self.out.send(encode_meta(Kind.RESULT, info, b""), weight=n)
             else:
                 self.out.send_parts(encode_meta_head(Kind.RESULT, info, n), *out_line)
+            self._pump()
             await self.out.drain()  # at once, unless the pipe is full
-            self._check_drained()
+        finally:
+            self.slots -= 1
+        self._pump()
+        self._check_drained()
 
     def _gather_started(self) -> bytes | None:
         if not self._started:
@@ -123,8 +139,10 @@ class Worker:
         if key in self._started:
             self.out.flush()
 
-    async def process(self, client: Client, meta: Any, line: bytes | memoryview) -> tuple[list[bytes], dict[str, Any]]:
+    async def process(self, meta: Any, line: bytes | memoryview) -> tuple[list[bytes], dict[str, Any]]:
         """One task: its output line (as parts to write one after the other) and the RESULT meta."""
+        client = self.client
+        assert client is not None, "tasks are read only once the client exists"
         obj = orjson.loads(line)
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
@@ -209,8 +227,7 @@ class Worker:
                 await self.on_frame(kind, payload)
             frames.clear()
             if news:
-                async with self.cond:
-                    self.cond.notify_all()
+                self._pump()
 
     async def on_frame(self, kind: Kind, payload: memoryview) -> None:
         if kind is Kind.TASK:
@@ -265,14 +282,14 @@ class Worker:
                             breaker=self.breaker, pacer=self.pacer, on_trip=self._on_trip,
                             on_probe=self._on_probe, secret=key)
             self.client = client
-            tasks = [asyncio.create_task(self.runner(client)) for _ in range(self.concurrency)]
-            tasks.append(asyncio.create_task(self.heartbeat()))
+            tasks = [asyncio.create_task(self.heartbeat())]
             reading = asyncio.create_task(self.read_loop())
             drained = asyncio.create_task(self.finished.wait())
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)
             if drained.done():
                 self.out.send(encode_json(Kind.BYE, {"done": self.done}))
                 await self.out.finish()
+            tasks.extend(self._live)
             for t in [*tasks, reading, drained]:
                 t.cancel()
             await asyncio.gather(*tasks, reading, drained, return_exceptions=True)
