@@ -35,7 +35,8 @@ def run_options(f: Any) -> Any:
     opts = [
         click.option("--workers", "-w", type=click.IntRange(1, 256), default=None,
                      help="Worker processes (each an asyncio event loop with its own HTTP connections). "
-                          "Default 4, fewer under a small container memory limit or few CPUs."),
+                          "Default: start with 1 and add one while every worker is CPU-bound (large "
+                          "responses, high rates), up to min(4, 2 x CPUs), fewer under a small memory limit."),
         click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=64, show_default=True,
                      help="Requests in flight in total, split evenly among the workers."),
         click.option("--window", type=click.IntRange(0, 100_000), default=0,
@@ -155,6 +156,7 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         v = kw.get(name)
         return None if v is None else int(v * mib)
     workers = kw["workers"]
+    autoscale = workers is None
     if workers is None:
         from evalsup.config import container_limit, default_workers
 
@@ -164,6 +166,7 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
     shard = parse_shard(kw.get("shard"))
     return RunConfig(
         tasks_path=tasks, run_dir=kw["out"] or default_run_dir(tasks, shard), worker=wc, workers=workers, shard=shard,
+        autoscale=autoscale and workers > 1,
         concurrency=concurrency, window=kw["window"], max_line_mb=kw["max_line_mb"], on_invalid=kw["on_invalid"],
         fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],

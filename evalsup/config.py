@@ -53,7 +53,8 @@ class RunConfig:
     tasks_path: Path
     run_dir: Path
     worker: WorkerConfig
-    workers: int = 4
+    workers: int = 4  # with autoscale, the most there may be
+    autoscale: bool = False  # start with one worker, add one while each is CPU-bound (supervisor.scaling)
     concurrency: int = DEFAULT_CONCURRENCY  # total requests in flight across all workers
     window: int = 0  # tasks outstanding per worker; 0 = 2 x its concurrency
     max_line_mb: float = 16.0
@@ -94,10 +95,16 @@ class RunConfig:
     def max_line_bytes(self) -> int:
         return int(self.max_line_mb * MIB)
 
-    def per_worker_concurrency(self) -> list[int]:
-        """Split the total concurrency evenly (the first workers take the remainder)."""
-        base, rest = divmod(self.concurrency, self.workers)
-        return [base + (1 if i < rest else 0) for i in range(self.workers)]
+    @property
+    def first_workers(self) -> int:
+        """How many workers a run starts with."""
+        return 1 if self.autoscale else self.workers
+
+    def per_worker_concurrency(self, workers: int | None = None) -> list[int]:
+        """Split the total concurrency evenly among ``workers`` (default: all; the first take the remainder)."""
+        n = workers or self.workers
+        base, rest = divmod(self.concurrency, n)
+        return [base + (1 if i < rest else 0) for i in range(n)]
 
     def window_for(self, concurrency: int) -> int:
         return self.window if self.window > 0 else max(2, 2 * concurrency)

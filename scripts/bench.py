@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: evalsup (1, 2 and 4 workers) against three single-process asyncio baselines.
+"""Benchmark: evalsup (1, 2 and 4 workers, and its default: as many as turn out CPU-bound) against three single-process asyncio baselines.
 
 Every contender gets the same task file, the same mock endpoint (`evalsup mock`, in its own process on a
 free 127.0.0.1 port, not part of the measured tree) and the same aiohttp settings (one ClientSession,
@@ -61,12 +61,15 @@ QUICK = {"n": 2000, "kb": 4.0, "latency_ms": 50.0, "jitter_pct": 20.0, "inflight
 @dataclass(frozen=True)
 class Contender:
     name: str
-    workers: int = 0  # evalsup worker processes; 0 for a baseline script
+    workers: int = 0  # evalsup worker processes; 0 for a baseline script, AUTO for evalsup's default
     script: str = ""
 
     @property
     def is_evalsup(self) -> bool:
-        return self.workers > 0
+        return self.workers != 0
+
+
+AUTO = -1  # no --workers: evalsup starts with one and adds workers while each is CPU-bound
 
 
 CONTENDERS = [
@@ -76,6 +79,7 @@ CONTENDERS = [
     Contender("evalsup-1w", workers=1),
     Contender("evalsup-2w", workers=2),
     Contender("evalsup-4w", workers=4),
+    Contender("evalsup-auto", workers=AUTO),
 ]
 
 
@@ -86,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="scripts/bench", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="contenders: " + ", ".join(c.name for c in CONTENDERS) + " ('evalsup' selects the three evalsup ones)",
+        epilog="contenders: " + ", ".join(c.name for c in CONTENDERS) + " ('evalsup' selects the evalsup ones)",
     )
     ap.add_argument("--n", type=int, help=f"tasks (default {DEFAULTS['n']})")
     ap.add_argument("--kb", type=float, help=f"response size in KB (default {DEFAULTS['kb']:g})")
@@ -378,10 +382,19 @@ def make_tasks(path: Path, n: int) -> None:
 
 def command(c: Contender, args: argparse.Namespace, url: str, tasks: Path, out: Path) -> list[str]:
     if c.is_evalsup:
-        return [PY, "-m", "evalsup", "run", "--workers", str(c.workers), "--concurrency", str(args.inflight),
+        fixed = [] if c.workers == AUTO else ["--workers", str(c.workers)]
+        return [PY, "-m", "evalsup", "run", *fixed, "--concurrency", str(args.inflight),
                 "--model", "mock-model", "--base-url", url, "--out", str(out), "--quiet", "--json", str(tasks)]
     return [PY, str(BASELINES / c.script), "--base-url", url, "--model", "mock-model",
             "--inflight", str(args.inflight), "--out", str(out), str(tasks)]
+
+
+def auto_workers(run_dir: Path) -> int | None:
+    """How many workers evalsup's default ended with (its summary.json)."""
+    try:
+        return int(orjson.loads((run_dir / "summary.json").read_bytes())["workers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def warm_memory(workdir: Path, nbytes: int) -> None:
@@ -444,6 +457,7 @@ def run_one(c: Contender, args: argparse.Namespace, mock: Mock, tasks: Path, run
     rps = args.n / m.wall_s if m.wall_s > 0 else 0.0
     rec: dict[str, Any] = {
         "contender": c.name, "workers": c.workers or None, **vars(m),
+        **({"workers_used": auto_workers(out)} if c.workers == AUTO else {}),
         "requests_per_s": rps,
         # evalsup fsyncs its results before it exits; the baselines leave theirs in the page cache: the time an
         # fsync of the output takes after the exit is what they still owe before their results survive a crash
@@ -492,6 +506,9 @@ def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     s["ok_records"] = min(r["results"]["ok"] for r in runs)
     s["distinct_ids"] = min(r["results"]["distinct_ids"] for r in runs)
     s["lines"] = max(r["results"]["lines"] for r in runs)
+    used = sorted({r["workers_used"] for r in runs if r.get("workers_used")})
+    if used:
+        s["workers_used"] = used  # evalsup's default: the worker counts its runs ended with
     return s
 
 
@@ -525,7 +542,8 @@ def print_table(args: argparse.Namespace, summaries: list[dict[str, Any]], conso
         res = (f"[green]{s['distinct_ids']:,} once[/]" if s["all_ok"]
                else f"[red]{s['distinct_ids']:,} ids, {s['lines']:,} lines, {s['ok_records']:,} ok[/]")
         t.add_row(
-            s["contender"], _f(s["wall_s"], ".2f"), _f(s["durable_s"], ".2f"), _f(s["first_request_s"], ".2f"),
+            s["contender"] + (f" ({'/'.join(map(str, s['workers_used']))}w)" if s.get("workers_used") else ""),
+            _f(s["wall_s"], ".2f"), _f(s["durable_s"], ".2f"), _f(s["first_request_s"], ".2f"),
             _f(s["requests_per_s"], ",.0f"),
             _f(None if s["ideal_ratio"] is None else 100 * s["ideal_ratio"], ".0f") + "%",
             _f(s["cpu_s"], ".2f"), split, _f(s["peak_tree_rss_mb"], ",.0f"), _f(s["maxrss_mb"], ",.0f"),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 COLORS = {"naive_gather": "#d62728", "bounded_queue": "#1f77b4", "bounded_queue_raw": "#17becf",
-          "evalsup-1w": "#98df8a", "evalsup-2w": "#2ca02c", "evalsup-4w": "#006400"}
+          "evalsup-1w": "#98df8a", "evalsup-2w": "#2ca02c", "evalsup-4w": "#006400", "evalsup-auto": "#9467bd"}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -30,7 +30,9 @@ def table(doc: dict[str, Any]) -> str:
         xcpu = f"{s['cpu_s'] / ref['cpu_s']:.2f}" if ref and ref.get("cpu_s") else "-"
         xrss = f"{s['peak_tree_rss_mb'] / ref['peak_tree_rss_mb']:.2f}" if ref and ref.get("peak_tree_rss_mb") else "-"
         durable = f"{s['durable_s']:.1f}" if s.get("durable_s") is not None else "-"
-        rows.append(f"| {s['contender']} | {s['wall_s']:.1f} | {durable} | {s['requests_per_s']:,.0f} "
+        name = s["contender"] + (f" (ended with {'/'.join(map(str, s['workers_used']))} w)"
+                                 if s.get("workers_used") else "")
+        rows.append(f"| {name} | {s['wall_s']:.1f} | {durable} | {s['requests_per_s']:,.0f} "
                     f"| {s['ideal_ratio']:.0%} "
                     f"| {s['cpu_s']:.1f} | {split} | {s['peak_tree_rss_mb']:,.0f} | {s['peak_proc_rss_mb']:,.0f} "
                     f"| {'yes' if s['all_ok'] else 'NO'} | {xcpu} | {xrss} |")

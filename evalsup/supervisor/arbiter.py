@@ -25,6 +25,7 @@ from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RestartIntensity
 from evalsup.supervisor.progress import LineCounter, LiveDisplay, fmt_snapshot_plain
+from evalsup.supervisor.scaling import ScaleUp, cpu_seconds
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.workers import State, WorkerHandle
 from evalsup.tasks import TaskError, TaskReader, TaskRef, fingerprint, output_line, read_line_at
@@ -47,10 +48,11 @@ class Supervisor:
         self.journal = Journal(cfg.run_dir)
         self.stats = RunStats()
         self.frame_buffers = BufferPool()  # large results from the pipe are read into these, reused once written
-        self.ring_size = ring_size_from_env(cfg.workers)  # each worker's shared-memory ring (ipc.ring)
-        if self.ring_size:
+        if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
             self.journal.on_written = self._release_rings  # a ring's space is free once its lines are written
         self.workers: list[WorkerHandle] = []
+        self.active = cfg.first_workers  # worker slots in use (grows with autoscale, see supervisor.scaling)
+        self.scaler = ScaleUp()
         self.redo: collections.deque[TaskRef] = collections.deque()  # tasks to hand out before new ones
         # tasks that were being worked on when a worker died: each goes to a worker holding no other suspect,
         # so a poison task cannot take innocent tasks down with it again and again
@@ -116,20 +118,22 @@ class Supervisor:
                 self.redo.append(ref)
         self.skip_ids = d
 
-    def _worker_config(self, concurrency: int) -> dict[str, Any]:
+    def _worker_config(self, concurrency: int, limit: int) -> dict[str, Any]:
         d = self.cfg.worker.to_dict()
         d["concurrency"] = concurrency
+        d["limit"] = limit
         return d
 
     async def _start_worker(self, slot: int) -> WorkerHandle:
-        conc = self.cfg.per_worker_concurrency()[slot]
-        w = WorkerHandle(slot, conc, self.cfg.window_for(conc))
-        await w.spawn(self._worker_config(conc), lambda kind, payload: self._on_frame(w, kind, payload),
-                      self.frame_buffers, self.ring_size)
+        share = self.cfg.per_worker_concurrency(self.active)[slot]
+        # with autoscale, a worker can take all of --concurrency: its share shrinks as workers are added
+        conc = self.cfg.concurrency if self.cfg.autoscale else share
+        w = WorkerHandle(slot, conc, self.cfg.window_for(share), share)
+        await w.spawn(self._worker_config(conc, self._worker_cap(w)),
+                      lambda kind, payload: self._on_frame(w, kind, payload), self.frame_buffers,
+                      ring_size_from_env(self.active))  # a first worker alone gets all of the rings' budget
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
-            if self.memory.cap < self.cfg.concurrency:
-                w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
         elif self.cfg.max_tasks_per_worker:  # the first workers start before the memory control exists
             w.task_limit = self.cfg.max_tasks_per_worker + random.randint(0, self.cfg.max_tasks_jitter)
         if self.paused:
@@ -362,8 +366,38 @@ class Supervisor:
     # ----- memory -----
 
     def _worker_cap(self, w: WorkerHandle) -> int:
-        assert self.memory is not None
-        return max(1, self.memory.cap * w.concurrency // self.cfg.concurrency)
+        """Requests w may have in flight: its share, less under the memory control's cap."""
+        cap = self.cfg.concurrency if self.memory is None else self.memory.cap
+        return max(1, min(w.share, cap * w.share // self.cfg.concurrency))
+
+    def _maybe_scale(self) -> None:
+        """Automatic worker count (supervisor.scaling): one more while each worker is CPU-bound and there is
+        work left, memory to spare and no worker starting."""
+        now = time.monotonic()
+        takers = [w for w in self.workers if w.state is State.READY and not w.recycling]
+        self.scaler.observe(now, ((w.pid, c) for w in takers if (c := cpu_seconds(w.pid)) is not None))
+        if (self.active >= self.cfg.workers or self.paused or self.stopping is not None or self.exhausted
+                or any(w.state is State.STARTING for w in self.workers)
+                or (self.memory is not None and self.memory.cap < self.cfg.concurrency)
+                or not self.scaler.wants_more(now)):
+            return
+        loads = [round(v, 3) for v in self.scaler.loads.values()]
+        self.scaler.changed(now)
+        self.active += 1
+        shares = self.cfg.per_worker_concurrency(self.active)
+        for w in takers:
+            w.share = shares[w.slot]
+            w.window = self.cfg.window_for(w.share)
+            w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+        self.stats.scale_ups += 1
+        self.events("scale", workers=self.active, loads=loads)
+        self.log(f"workers: each one busy ({', '.join(f'{v:.0%}' for v in loads)} of a core); adding worker "
+                 f"{self.active} of at most "
+                 f"{self.cfg.workers}")
+        t = asyncio.create_task(self._start_worker(self.active - 1))
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+        t.add_done_callback(lambda _: self.credit.set())
 
     def _update_gauges(self) -> None:
         m, mem = self.metrics, self.memory
@@ -413,6 +447,8 @@ class Supervisor:
             for w, cause in dec.recycle:
                 self._begin_recycle(w, cause)
             self._unstick(mem)
+            if self.cfg.autoscale:
+                self._maybe_scale()
 
     def _unstick(self, mem: MemoryControl) -> None:
         """Paused with no request in flight (tasks may wait queued in workers) and still above the low mark:
@@ -717,7 +753,7 @@ class Supervisor:
         the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
         check = asyncio.create_task(check_endpoint(self.cfg)) if self.cfg.check else None
         try:
-            for slot in range(self.cfg.workers):
+            for slot in range(self.active):
                 await self._start_worker(slot)
             if check is not None:
                 try:
@@ -751,14 +787,14 @@ class Supervisor:
                                  f"{e.strerror}", 2) from None
             self.log(f"metrics on http://{self.cfg.metrics_host}:{self.cfg.metrics_port}/metrics")
             self._update_gauges()
-        self.events("start", workers=self.cfg.workers, concurrency=self.cfg.concurrency,
+        self.events("start", workers=self.active, max_workers=self.cfg.workers, concurrency=self.cfg.concurrency,
                     resumed=self.resumed_from is not None)
         if not self.cfg.quiet:
             self.log(self.memory.describe())
         if self.memory.cap < self.cfg.concurrency:
             self.log(f"memory: capping requests in flight at {self.memory.cap} of --concurrency {self.cfg.concurrency} "
                      "until response sizes are known (1 MiB each assumed); the cap follows what they turn out to be")
-            for w in self.workers:
+            for w in self.workers:  # started before the memory control existed
                 w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

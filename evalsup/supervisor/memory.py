@@ -79,8 +79,9 @@ class MemoryControl:
                  if wm else "")
         soft = self.recycle.soft_rss or 0
         c = self.cfg
-        shares = c.per_worker_concurrency()
-        return (f"sizing: memory limit {lim}{marks}; {c.workers} workers x {shares[0]} requests "
+        shares = c.per_worker_concurrency(c.first_workers)
+        count = f"1 worker (up to {c.workers} while CPU-bound)" if c.autoscale else f"{c.workers} workers"
+        return (f"sizing: memory limit {lim}{marks}; {count} x {shares[0]} requests "
                 f"({c.concurrency} in flight), window {c.window_for(shares[0])} tasks a worker; recycle a worker "
                 f"past {soft / MIB:,.0f} MiB RSS (kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
 

@@ -60,6 +60,7 @@ class RunStats:
     retries: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    scale_ups: int = 0  # workers added by autoscale (supervisor.scaling)
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
     scores: ScoreStats = field(default_factory=ScoreStats)
 

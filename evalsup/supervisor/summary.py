@@ -24,7 +24,8 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "requests_per_s": round(st.session_done / wall_s, 2) if wall_s > 0 else None,
         "latency_s": st.latency.summary(),
         **({"ttft_s": st.ttft.summary()} if st.ttft.n else {}),
-        "workers": sup.cfg.workers,
+        "workers": sup.active,  # at the end; with autoscale, 1 plus those added
+        **({"workers_added": st.scale_ups, "max_workers": sup.cfg.workers} if sup.cfg.autoscale else {}),
         "concurrency": sup.cfg.concurrency,
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
@@ -59,7 +60,10 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         ("this session", f"{summary['this_session']:,} in {summary['wall_s']:.1f}s "
                          f"({summary['requests_per_s'] or 0:,.1f} req/s)"),
         ("latency", "  ".join(f"{k} {v:.3f}s" for k, v in lat.items() if v is not None) or "-"),
-        ("workers", f"{summary['workers']} x concurrency {summary['concurrency']} total; "
+        ("workers", f"{summary['workers']}"
+                    + (f" (of at most {summary['max_workers']}, {summary['workers_added']} added as the others "
+                       "were CPU-bound)" if "max_workers" in summary else "")
+                    + f" x concurrency {summary['concurrency']} total; "
                     f"restarts {summary['worker_restarts']} "
                     + ", ".join(f"{k} {v}" for k, v in summary["worker_restarts_by_cause"].items() if v)),
         ("peak RSS", f"supervisor {rss['supervisor']:.0f} MB, largest worker {rss['worker_max']:.0f} MB, "

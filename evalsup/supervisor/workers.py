@@ -27,9 +27,10 @@ class State(enum.Enum):
 
 
 class WorkerHandle:
-    def __init__(self, slot: int, concurrency: int, window: int) -> None:
+    def __init__(self, slot: int, concurrency: int, window: int, share: int | None = None) -> None:
         self.slot = slot  # which of the N places it fills (its replacement takes the same slot)
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # the most requests it can hold in flight (its connection pool)
+        self.share = share or concurrency  # its part of --concurrency now (less than the above while scaling)
         self.window = window
         self.proc: asyncio.subprocess.Process | None = None
         self.stream: PipeReader | None = None

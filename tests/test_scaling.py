@@ -1,0 +1,91 @@
+"""Automatic worker count: without --workers a run starts with one worker and adds workers only while each
+one is CPU-bound (supervisor.scaling). Real runs, real worker processes, CPU measured from /proc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from evalsup.mock.server import MockThread
+from evalsup.supervisor.scaling import ScaleUp, cpu_seconds
+from tests.conftest import ROOT, assert_exactly_once, run_cli, write_tasks
+
+BURN = str(ROOT / "tests" / "plugins" / "busy.py") + ":burn"
+
+
+def _summary(run: Path) -> dict[str, object]:
+    return dict(orjson.loads((run / "summary.json").read_bytes()))
+
+
+def test_cpu_bound_worker_gets_company_and_every_result_is_written_once(tmp_path: Path, mock: MockThread) -> None:
+    # 4 ms of CPU per task on top of the request: one worker cannot keep up with 32 requests in flight at 5 ms
+    tasks = write_tasks(tmp_path / "t.jsonl", 2500)
+    run = tmp_path / "run"
+    p = run_cli("run", str(tasks), "--base-url", mock.url, "--model", "mock-model", "--concurrency", "32",
+                "--out", str(run), "--worker-plugin", BURN, "--json", "--quiet")
+    assert p.returncode == 0, p.stderr
+    s = _summary(run)
+    assert s["workers"] >= 2 and s["workers_added"] >= 1, s  # type: ignore[operator]
+    assert s["workers"] <= s["max_workers"]  # type: ignore[operator]
+    events = [orjson.loads(line) for line in (run / "events.jsonl").read_bytes().splitlines()]
+    scale = [e for e in events if e["event"] == "scale"]
+    assert scale and all(min(e["loads"]) >= 0.6 for e in scale), scale
+    assert_exactly_once(run, {f"t{i}" for i in range(2500)})
+
+
+def test_light_run_keeps_one_worker(tmp_path: Path, mock: MockThread) -> None:
+    # ~150 requests a second of small answers: a few percent of a core; lasts long enough to be measured
+    mock.configure(latency_ms=100, jitter_ms=5)
+    tasks = write_tasks(tmp_path / "t.jsonl", 700)
+    run = tmp_path / "run"
+    p = run_cli("run", str(tasks), "--base-url", mock.url, "--model", "mock-model", "--concurrency", "16",
+                "--out", str(run), "--json", "--quiet")
+    assert p.returncode == 0, p.stderr
+    s = _summary(run)
+    assert s["workers"] == 1 and s["workers_added"] == 0, s
+    assert_exactly_once(run, {f"t{i}" for i in range(700)})
+
+
+def test_explicit_workers_are_kept(tmp_path: Path, mock: MockThread) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", 600)
+    run = tmp_path / "run"
+    p = run_cli("run", str(tasks), "--base-url", mock.url, "--model", "mock-model", "--workers", "3",
+                "--concurrency", "32", "--out", str(run), "--worker-plugin", BURN, "--json", "--quiet")
+    assert p.returncode == 0, p.stderr
+    s = _summary(run)
+    assert s["workers"] == 3 and "workers_added" not in s, s
+    assert len({r["metrics"]["worker"] for r in assert_exactly_once(run, {f"t{i}" for i in range(600)})}) == 3
+
+
+def test_scale_up_needs_every_worker_busy_over_a_full_window() -> None:
+    s = ScaleUp(busy=0.6, window_s=2.0, settle_s=3.0)
+    s.observe(0.0, [(1, 0.0), (2, 0.0)])
+    s.observe(1.0, [(1, 0.9), (2, 0.9)])
+    assert not s.wants_more(1.0), "half a window is not enough to judge"
+    s.observe(2.0, [(1, 1.8), (2, 1.1)])
+    assert s.loads == pytest.approx({1: 0.9, 2: 0.55})
+    assert not s.wants_more(2.0), "worker 2 has CPU to spare"
+    s.observe(4.0, [(1, 3.6), (2, 2.9)])
+    assert s.wants_more(4.0)  # both at 0.9 over the last two seconds
+    s.changed(4.0)
+    s.observe(4.5, [(1, 4.0), (2, 3.4), (3, 0.1)])
+    s.observe(7.0, [(1, 6.0), (2, 5.4), (3, 2.1)])
+    assert not s.wants_more(6.9)
+    assert s.wants_more(7.1), "settled, and every worker (the new one too) busy"
+    s.observe(9.0, [(1, 7.0), (3, 4.0)])  # worker 2 went away (recycled): forgotten, not counted idle
+    assert 2 not in s.loads
+
+
+def test_cpu_seconds_reads_this_process() -> None:
+    import os
+    import time
+
+    before = cpu_seconds(os.getpid())
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    after = cpu_seconds(os.getpid())
+    assert before is not None and after is not None and after - before >= 0.03
+    assert cpu_seconds(2 ** 22 + 12345) is None  # no such process
