@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark: evalsup (1, 2 and 4 workers, and its default: as many as turn out CPU-bound) against three single-process asyncio baselines.
+"""Benchmark: evalsup (1, 2, 4 workers; and its default, which adds workers while they are CPU-bound) against
+three single-process asyncio baselines.
 
 Every contender gets the same task file, the same mock endpoint (`evalsup mock`, in its own process on a
 free 127.0.0.1 port, not part of the measured tree) and the same aiohttp settings (one ClientSession,
