@@ -89,3 +89,27 @@ def test_cpu_seconds_reads_this_process() -> None:
     after = cpu_seconds(os.getpid())
     assert before is not None and after is not None and after - before >= 0.03
     assert cpu_seconds(2 ** 22 + 12345) is None  # no such process
+
+
+def test_a_lone_worker_may_hold_the_share_of_one_and_is_recycled_once_it_has_company(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from evalsup.config import RunConfig, WorkerConfig
+    from evalsup.supervisor.memory import MemoryControl
+
+    mib = 1 << 20
+    cfg = RunConfig(tasks_path=tmp_path / "t.jsonl", run_dir=tmp_path, workers=4, autoscale=True,
+                    worker=WorkerConfig(base_url="http://127.0.0.1:9/v1", concurrency=64), memory_limit=1000 * mib)
+    alone = MemoryControl(cfg, tmp_path / "a.jsonl")
+    fixed = MemoryControl(replace(cfg, autoscale=False), tmp_path / "f.jsonl")
+    try:
+        # the one worker carries every request: it may grow to what one of four could not
+        assert alone.recycle.decide(300 * mib, 0, None) is None
+        assert fixed.recycle.decide(300 * mib, 0, None) is not None  # one of four fixed workers: too big
+        hard = alone.recycle.hard_rss
+        alone.set_workers(2)
+        assert alone.recycle.decide(300 * mib, 0, None) == "rss", "one of two: drained and replaced"
+        assert alone.recycle.hard_rss == hard, "a worker grown while alone is drained, never killed for it"
+    finally:
+        alone.close()
+        fixed.close()

@@ -384,6 +384,8 @@ class Supervisor:
         loads = [round(v, 3) for v in self.scaler.loads.values()]
         self.scaler.changed(now)
         self.active += 1
+        if self.memory is not None:
+            self.memory.set_workers(self.active)
         shares = self.cfg.per_worker_concurrency(self.active)
         for w in takers:
             w.share = shares[w.slot]

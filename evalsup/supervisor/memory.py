@@ -54,7 +54,7 @@ class MemoryControl:
             self.budget.avg_bytes = float(MIB) * self.budget.parse_factor
         soft = cfg.max_worker_rss
         if soft is None:
-            soft = int(self.limit * cfg.high_frac / (cfg.workers + 1)) if self.limit else GIB
+            soft = self._share(cfg.first_workers) if self.limit else GIB
         self.recycle = RecyclePolicy(soft, int(soft * cfg.hard_rss_factor), cfg.max_tasks_per_worker,
                                      cfg.max_tasks_jitter)
         self.cap = cfg.concurrency
@@ -71,6 +71,19 @@ class MemoryControl:
         self.last_ws = 0
         self._file: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed in close()
         self._sup_pid = os.getpid()
+
+    def _share(self, workers: int) -> int:
+        """A worker's part of the high mark: the supervisor counts as one more."""
+        return int((self.limit or 0) * self.cfg.high_frac / (workers + 1))
+
+    def set_workers(self, n: int) -> None:
+        """``n`` workers now share the load (autoscale added one): each one's part of the limit shrinks, so a
+        worker grown large while it carried more is recycled (drained, not killed: the hard limit stays)."""
+        if self.cfg.max_worker_rss is not None or not self.limit:
+            return
+        soft = self._share(n)
+        self.recycle.soft_rss = soft
+        self.recycle.hard_rss = max(int(soft * self.cfg.hard_rss_factor), self.recycle.hard_rss or 0)
 
     def describe(self) -> str:
         lim = f"{self.limit / MIB:,.0f} MiB ({self.limit_from})" if self.limit else "none found"
