@@ -155,11 +155,12 @@ def test_sigkill_random_workers_during_a_run(tmp_path: Path, mock: MockThread, s
     assert len({x["metrics"]["worker"] for x in recs}) > workers  # the replacements did work too
 
 
-def test_poison_task_is_written_as_worker_crashed(tmp_path: Path, mock: MockThread) -> None:
+@pytest.mark.parametrize("how", ["crash", "raise"])  # the worker process dies; user code raises in it
+def test_poison_task_is_written_as_worker_crashed(tmp_path: Path, mock: MockThread, how: str) -> None:
     n = 300
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
-    mark_lines(tasks, {150: {"crash": True}})
-    r = run_cli(*run_args(mock, tasks, "-w", "2", "--worker-plugin", f"{PLUGIN}:crash_marked"))
+    mark_lines(tasks, {150: {how: True}})
+    r = run_cli(*run_args(mock, tasks, "-w", "2", "--worker-plugin", f"{PLUGIN}:{how}_marked"))
     assert r.returncode == 0, r.stderr
     assert_clean_exit(r)
     run_dir = tmp_path / "tasks.run"

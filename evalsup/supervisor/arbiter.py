@@ -394,8 +394,7 @@ class Supervisor:
         self.stats.scale_ups += 1
         self.events("scale", workers=self.active, loads=loads)
         self.log(f"workers: each one busy ({', '.join(f'{v:.0%}' for v in loads)} of a core); adding worker "
-                 f"{self.active} of at most "
-                 f"{self.cfg.workers}")
+                 f"{self.active} of at most {self.cfg.workers}")
         t = asyncio.create_task(self._start_worker(self.active - 1))
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)

@@ -110,6 +110,13 @@ class Worker:
         try:
             try:
                 out_line, info = await self.process(meta, line)
+            except Exception as e:
+                # A bug (or a plugin's exception) must not leave the task unanswered, which would hold the run
+                # forever: the worker dies, and the supervisor hands the task on, then records it as failed
+                # after --max-task-crashes. Only the type goes out: a message may quote anything.
+                print(f"evalsup worker {self.pid}: line {meta.get('n')}: {type(e).__name__}; exiting",
+                      file=sys.stderr, flush=True)
+                os._exit(70)
             finally:
                 self.inflight -= 1
             self.done += 1

@@ -19,6 +19,12 @@ def crash_marked(task: dict[str, Any], outcome: Any) -> None:
         os._exit(1)
 
 
+def raise_marked(task: dict[str, Any], outcome: Any) -> None:
+    """Raise (a bug in user code, not a crash) on every task whose line has ``"raise": true``."""
+    if task.get("raise"):
+        raise RuntimeError("plugin bug")
+
+
 def once(task: dict[str, Any], outcome: Any) -> None:
     """The first time any worker finishes a task whose line has ``"once": "crash"`` or ``"once": "hang"``,
     exit at once or block the worker (its event loop, so its heartbeats too). Later attempts of the same
