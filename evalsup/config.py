@@ -175,7 +175,8 @@ def container_limit() -> tuple[int | None, str]:
 
 
 def default_workers(limit: int | None, cpus: int | None = None) -> int:
-    """4 workers, fewer when the CPUs or the memory limit cannot carry them (half the limit for baselines)."""
+    """The most workers a run may have without --workers (it starts with one, see supervisor.scaling): 4,
+    fewer when the CPUs or the memory limit cannot carry them (half the limit for baselines)."""
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = min(4, max(1, 2 * cpus))

@@ -61,8 +61,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
                          f"({summary['requests_per_s'] or 0:,.1f} req/s)"),
         ("latency", "  ".join(f"{k} {v:.3f}s" for k, v in lat.items() if v is not None) or "-"),
         ("workers", f"{summary['workers']}"
-                    + (f" (of at most {summary['max_workers']}, {summary['workers_added']} added as the others "
-                       "were CPU-bound)" if "max_workers" in summary else "")
+                    + (f" (automatic: {summary['workers_added']} added while all were CPU-bound, at most "
+                       f"{summary['max_workers']})" if "max_workers" in summary else "")
                     + f" x concurrency {summary['concurrency']} total; "
                     f"restarts {summary['worker_restarts']} "
                     + ", ".join(f"{k} {v}" for k, v in summary["worker_restarts_by_cause"].items() if v)),
