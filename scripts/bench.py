@@ -390,14 +390,6 @@ def command(c: Contender, args: argparse.Namespace, url: str, tasks: Path, out: 
             "--inflight", str(args.inflight), "--out", str(out), str(tasks)]
 
 
-def auto_workers(run_dir: Path) -> int | None:
-    """How many workers evalsup's default ended with (its summary.json)."""
-    try:
-        return int(orjson.loads((run_dir / "summary.json").read_bytes())["workers"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def warm_memory(workdir: Path, nbytes: int) -> None:
     """Write and delete a file of ``nbytes``, so that the run after it writes into memory the guest has touched.
 
@@ -458,7 +450,6 @@ def run_one(c: Contender, args: argparse.Namespace, mock: Mock, tasks: Path, run
     rps = args.n / m.wall_s if m.wall_s > 0 else 0.0
     rec: dict[str, Any] = {
         "contender": c.name, "workers": c.workers or None, **vars(m),
-        **({"workers_used": auto_workers(out)} if c.workers == AUTO else {}),
         "requests_per_s": rps,
         # evalsup fsyncs its results before it exits; the baselines leave theirs in the page cache: the time an
         # fsync of the output takes after the exit is what they still owe before their results survive a crash
@@ -483,6 +474,8 @@ def run_one(c: Contender, args: argparse.Namespace, mock: Mock, tasks: Path, run
     if c.is_evalsup:
         with contextlib.suppress(orjson.JSONDecodeError, OSError):
             rec["evalsup_summary"] = orjson.loads((rundir / "stdout").read_bytes() or b"null")
+        if c.workers == AUTO and isinstance(rec.get("evalsup_summary"), dict):
+            rec["workers_used"] = rec["evalsup_summary"].get("workers")  # how many its default ended with
     if m.exit_code != 0 or not res["exactly_once"]:
         rec["stderr_tail"] = (rundir / "stderr").read_text(errors="replace")[-3000:]
     if not args.keep:

@@ -370,7 +370,7 @@ class Supervisor:
         cap = self.cfg.concurrency if self.memory is None else self.memory.cap
         return max(1, min(w.share, cap * w.share // self.cfg.concurrency))
 
-    def _maybe_scale(self) -> None:
+    def _maybe_scale(self, mem: MemoryControl) -> None:
         """Automatic worker count (supervisor.scaling): one more while each worker is CPU-bound and there is
         work left, memory to spare and no worker starting."""
         now = time.monotonic()
@@ -378,14 +378,13 @@ class Supervisor:
         self.scaler.observe(now, ((w.pid, c) for w in takers if (c := cpu_seconds(w.pid)) is not None))
         if (self.active >= self.cfg.workers or self.paused or self.stopping is not None or self.exhausted
                 or any(w.state is State.STARTING for w in self.workers)
-                or (self.memory is not None and self.memory.cap < self.cfg.concurrency)
+                or mem.cap < self.cfg.concurrency
                 or not self.scaler.wants_more(now)):
             return
         loads = [round(v, 3) for v in self.scaler.loads.values()]
         self.scaler.changed(now)
         self.active += 1
-        if self.memory is not None:
-            self.memory.set_workers(self.active)
+        mem.set_workers(self.active)
         shares = self.cfg.per_worker_concurrency(self.active)
         for w in takers:
             w.share = shares[w.slot]
@@ -449,7 +448,7 @@ class Supervisor:
                 self._begin_recycle(w, cause)
             self._unstick(mem)
             if self.cfg.autoscale:
-                self._maybe_scale()
+                self._maybe_scale(mem)
 
     def _unstick(self, mem: MemoryControl) -> None:
         """Paused with no request in flight (tasks may wait queued in workers) and still above the low mark:

@@ -16,16 +16,12 @@ from collections.abc import Iterable
 __all__ = ["ScaleUp", "cpu_seconds"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PROC_STAT = os.path.exists("/proc/self/stat")
 
 
 def cpu_seconds(pid: int) -> float | None:
     """User plus system CPU seconds of ``pid`` (all its threads); None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        if os.path.exists("/proc/self/stat"):
-            return None
+    if not _PROC_STAT:
         import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs; only where /proc is missing
 
         try:
@@ -33,6 +29,9 @@ def cpu_seconds(pid: int) -> float | None:
         except (psutil.Error, OSError):
             return None
         return float(t.user + t.system)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
     except OSError:
         return None
     fields = data.rpartition(b")")[2].split()  # the name may hold spaces; what follows it does not
