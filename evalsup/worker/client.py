@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 
 from evalsup.tasks import join_url
+from evalsup.worker.bodies import BodyParser
 from evalsup.worker.breaker import LocalBreaker, endpoint_side
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy, parse_retry_after
@@ -34,7 +35,7 @@ class Outcome:
     error: dict[str, str] | None  # None on success
     attempts: int
     latency_s: float  # from the first attempt's start to the end of the last
-    parsed: Any = None  # the parsed body (for usage, scorers)
+    parsed: Any = None  # the parsed body, or only its usage when nothing reads more (worker.bodies)
     ttft_s: float | None = None
     itl_s: float | None = None
     raw_json: bytes | None = None  # the endpoint's own bytes when ``body`` is them (a Fragment)
@@ -97,7 +98,7 @@ class Client:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
                  policy: RetryPolicy, max_response_bytes: int, seed: int, breaker: LocalBreaker,
                  pacer: Pacer, on_trip: Callable[[str], None], on_probe: Callable[[bool, str], None],
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, whole_bodies: bool = True) -> None:
         self.session = session
         self.base_url = base_url
         self.headers = headers
@@ -109,6 +110,8 @@ class Client:
         self.on_trip = on_trip
         self.on_probe = on_probe
         self.secret = secret.encode() if secret else None
+        # whole_bodies: something (a scorer, a plugin) reads the parsed body; else a large one only needs checking
+        self.bodies = BodyParser(whole_bodies)
         self.parked = 0
         self.retries = 0
 
@@ -182,7 +185,7 @@ class Client:
             return Attempt(None, b"", None, request_id, None,
                            {"code": "connection_error", "message": f"{type(e).__name__}: {e}"[:300]})
         try:
-            parsed = orjson.loads(raw)
+            parsed = self.bodies.parse(raw) if status == 200 else orjson.loads(raw)
         except orjson.JSONDecodeError:
             # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another attempt
             return Attempt(None if status == 200 else status, raw, None, request_id, retry_after,

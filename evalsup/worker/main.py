@@ -287,7 +287,8 @@ class Worker:
             client = Client(session, self.cfg["base_url"], headers, policy,
                             int(float(self.cfg["max_response_mb"]) * (1 << 20)), seed=self.pid,
                             breaker=self.breaker, pacer=self.pacer, on_trip=self._on_trip,
-                            on_probe=self._on_probe, secret=key)
+                            on_probe=self._on_probe, secret=key,
+                            whole_bodies=self.scoring is not None or self.plugin is not None)
             self.client = client
             tasks = [asyncio.create_task(self.heartbeat())]
             reading = asyncio.create_task(self.read_loop())
