@@ -46,6 +46,18 @@ def test_2000_tasks_4_workers_exactly_once(tmp_path: Path, mock: MockThread) -> 
     assert "2,000 done" in r.stdout  # the table
 
 
+def test_a_run_too_short_for_a_memory_sample_says_so(tmp_path: Path, mock: MockThread) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 5)
+    r = run_cli("run", "-w", "1", "--monitor-interval", "60", "--model", "mock-model", "--base-url", mock.url,
+                str(tasks))
+    assert r.returncode == 0, r.stderr
+    summary = orjson.loads((tmp_path / "tasks.run" / "summary.json").read_bytes())
+    assert summary["total"] == 5
+    # no sample was taken: no figure, rather than a peak of 0 MB
+    assert summary["peak_rss_mb"] == {"supervisor": None, "worker_max": None, "total": None}
+    assert "not sampled" in r.stdout and "0 MB" not in r.stdout
+
+
 def test_batch_form_all_endpoints_and_metadata(tmp_path: Path, mock: MockThread) -> None:
     lines = [
         {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",

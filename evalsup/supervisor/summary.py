@@ -37,7 +37,8 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "worker_restarts_by_cause": dict(st.restarts),
         "recycles": dict(st.recycles),
         "poisoned": list(st.poisoned),
-        "peak_rss_mb": {k: round(v / MB, 1) for k, v in st.peak_rss.items()},
+        # sampled every --monitor-interval: a run shorter than that has no figure (null), not 0 MB
+        "peak_rss_mb": {k: round(v / MB, 1) if st.peak_rss["total"] else None for k, v in st.peak_rss.items()},
         "results_via_ring": st.ring_results,  # large lines passed in shared memory (EVALSUP_RING_MB), this session
         **(sup.memory.summary() if sup.memory is not None else {}),
         "finished": sup.finished,
@@ -67,7 +68,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
                     f"restarts {summary['worker_restarts']} "
                     + ", ".join(f"{k} {v}" for k, v in summary["worker_restarts_by_cause"].items() if v)),
         ("peak RSS", f"supervisor {rss['supervisor']:.0f} MB, largest worker {rss['worker_max']:.0f} MB, "
-                     f"all {rss['total']:.0f} MB"),
+                     f"all {rss['total']:.0f} MB" if rss["total"] else
+                     "not sampled (the run ended before the first sample)"),
         ("results", summary["run_dir"] + "/results.jsonl"),
     ]
     rows.extend(score_rows(summary.get("scores", {})))
