@@ -24,8 +24,11 @@ except ImportError:  # a dependency; without it every body is parsed whole
 #: Bodies at least this large (and at most LARGEST) are only checked when nothing needs them whole. Below it
 #: orjson's whole parse costs a few microseconds, no more than simdjson's call.
 LARGE = 1 << 16
-#: simdjson's parser keeps buffers as large as the largest body it has checked: past this, orjson.
+#: Past this, orjson: simdjson's buffers for a body (its text and a tape of 8 bytes per value, so up to
+#: several times the body's size) are not kept around for rare giants.
 LARGEST = 16 << 20
+#: A parser, and the buffers it grew to, is kept for bodies up to this size; a larger one gets its own.
+KEEP = 2 << 20
 _BOM = b"\xef\xbb\xbf"  # simdjson skips it; orjson (and a JSON reader of the output) does not
 
 
@@ -51,9 +54,13 @@ class BodyParser:
         return {} if usage is None else {"usage": usage}
 
     def _usage(self, raw: bytes) -> Any:
-        if self._parser is None:
-            self._parser = simdjson.Parser()
-        doc = self._parser.parse(raw)
+        if len(raw) > KEEP:
+            parser = simdjson.Parser()  # dropped with its buffers once this body is checked
+        else:
+            if self._parser is None:
+                self._parser = simdjson.Parser()
+            parser = self._parser
+        doc = parser.parse(raw)
         usage = doc.get("usage") if isinstance(doc, simdjson.Object) else None
         if isinstance(usage, simdjson.Object):
             return usage.as_dict()
