@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, assert_exactly_once, read_results, run_cli
 
 from evalsup.mock.server import MockThread
-from evalsup.worker.bodies import HAVE_SIMDJSON, LARGE, BodyParser
+from evalsup.worker.bodies import HAVE_SIMDJSON, LARGE, BodyParser, one_line
 
 PAD = "x" * (2 * LARGE + 100)  # still LARGE when cut in half
 USAGE = {"prompt_tokens": 3, "completion_tokens": 70_000, "total_tokens": 70_003}
@@ -47,9 +47,9 @@ def test_a_checked_body_is_json_exactly_when_orjson_says_so(name: str) -> None:
         with pytest.raises(orjson.JSONDecodeError):
             orjson.loads(raw)
         with pytest.raises(orjson.JSONDecodeError):
-            p.parse(raw)
+            p.parse(raw, one_line(raw))
         return
-    got = p.parse(raw)
+    got = p.parse(raw, one_line(raw))
     full = orjson.loads(raw)
     if isinstance(full, dict) and p.checked_only:
         assert got == {"usage": full["usage"]}  # only what evalsup reads is taken out
@@ -62,16 +62,17 @@ def test_a_checked_body_is_json_exactly_when_orjson_says_so(name: str) -> None:
 @pytest.mark.skipif(not HAVE_SIMDJSON, reason="pysimdjson is a dependency; without it every body is whole")
 def test_only_large_one_line_bodies_are_checked_without_being_built() -> None:
     p = BodyParser(whole=False)
-    assert p.parse(_big()) == {"usage": USAGE} and p.checked_only == 1
+    assert p.parse(_big(), True) == {"usage": USAGE} and p.checked_only == 1
     small = b'{"choices":[],"usage":{"total_tokens":1}}'
-    assert p.parse(small) == orjson.loads(small)  # small: orjson's whole parse is as cheap
+    assert p.parse(small, True) == orjson.loads(small)  # small: orjson's whole parse is as cheap
     pretty = orjson.dumps(orjson.loads(_big()), option=orjson.OPT_INDENT_2)
-    assert p.parse(pretty) == orjson.loads(pretty)  # several lines: re-encoded into the record, so built whole
+    # several lines: re-encoded into the record, so built whole
+    assert not one_line(pretty) and p.parse(pretty, False) == orjson.loads(pretty)
     assert p.checked_only == 1
     for _ in range(3):  # the parser is used again and again (its document's views are gone each time)
-        assert p.parse(_big()) == {"usage": USAGE}
+        assert p.parse(_big(), True) == {"usage": USAGE}
     whole = BodyParser(whole=True)
-    assert whole.parse(_big()) == orjson.loads(_big()) and whole.checked_only == 0
+    assert whole.parse(_big(), True) == orjson.loads(_big()) and whole.checked_only == 0
 
 
 def _tasks(path: Path, rows: list[dict[str, Any]]) -> Path:

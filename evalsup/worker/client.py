@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 
 from evalsup.tasks import join_url
-from evalsup.worker.bodies import BodyParser
+from evalsup.worker.bodies import BodyParser, one_line
 from evalsup.worker.breaker import LocalBreaker, endpoint_side
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy, parse_retry_after
@@ -52,11 +52,13 @@ class Attempt:
     ttft_s: float | None = None
     itl_s: float | None = None
     final: bool = False  # not worth retrying whatever the status (e.g. too large)
+    one_line: bool | None = None  # whether raw has no line break, when already known
 
 
-def body_value(raw: bytes, parsed: Any) -> Any:
-    """The endpoint's own bytes go into the output line unchanged when they are one line of JSON."""
-    if raw and b"\n" not in raw and b"\r" not in raw:
+def body_value(raw: bytes, parsed: Any, single: bool | None = None) -> Any:
+    """The endpoint's own bytes go into the output line unchanged when they are one line of JSON
+    (``single``: whether they are, if known)."""
+    if raw and (one_line(raw) if single is None else single):
         return orjson.Fragment(raw)
     return parsed
 
@@ -184,14 +186,15 @@ class Client:
         except (aiohttp.ClientError, ValueError) as e:
             return Attempt(None, b"", None, request_id, None,
                            {"code": "connection_error", "message": f"{type(e).__name__}: {e}"[:300]})
+        single = one_line(raw) if status == 200 else None
         try:
-            parsed = self.bodies.parse(raw) if status == 200 else orjson.loads(raw)
+            parsed = self.bodies.parse(raw, single) if single is not None else orjson.loads(raw)
         except orjson.JSONDecodeError:
             # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another attempt
             return Attempt(None if status == 200 else status, raw, None, request_id, retry_after,
                            {"code": "invalid_json", "message": f"HTTP {status}: response body is not valid JSON"})
         if status == 200:
-            return Attempt(200, raw, parsed, request_id, None, None)
+            return Attempt(200, raw, parsed, request_id, None, None, one_line=single)
         return Attempt(status, raw, parsed, request_id, retry_after,
                        {"code": f"http_{status}", "message": _error_message(parsed, status)})
 
@@ -245,7 +248,7 @@ class Client:
             await asyncio.sleep(self.policy.wait_s(attempts, a.retry_after, self.rng))
 
     def _outcome(self, a: Attempt, attempts: int, start: float) -> Outcome:
-        body = body_value(a.raw, a.parsed) if a.parsed is not None else None
+        body = body_value(a.raw, a.parsed, a.one_line) if a.parsed is not None else None
         return Outcome(a.status, body, len(a.raw), a.request_id, a.error, attempts, time.monotonic() - start,
                        a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None)
 
