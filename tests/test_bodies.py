@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, assert_exactly_once, read_results, run_cli
 
 from evalsup.mock.server import MockThread
-from evalsup.worker.bodies import HAVE_SIMDJSON, LARGE, BodyParser, one_line
+from evalsup.worker.bodies import HAVE_SIMDJSON, LARGE, BodyParser, UsageOnly, one_line
 
 PAD = "x" * (2 * LARGE + 100)  # still LARGE when cut in half
 USAGE = {"prompt_tokens": 3, "completion_tokens": 70_000, "total_tokens": 70_003}
@@ -35,6 +35,8 @@ BODIES = {
     "integer past 64 bits": (_big(b',"n":123456789012345678901234567890'), True),  # simdjson refuses, orjson not
     "an array": (b'["%s"]' % PAD.encode(), True),
     "too deep": (b"[" * 2000 + b"1" + b"]" * 2000 + b" " * LARGE, False),
+    # simdjson's get() takes the first "usage", orjson (and a reader of the line) the last: built whole
+    "two usage keys": (_big(b',"usage":{"total_tokens":1}'), True),
 }
 
 
@@ -51,28 +53,30 @@ def test_a_checked_body_is_json_exactly_when_orjson_says_so(name: str) -> None:
         return
     got = p.parse(raw, one_line(raw))
     full = orjson.loads(raw)
-    if isinstance(full, dict) and p.checked_only:
-        assert got == {"usage": full["usage"]}  # only what evalsup reads is taken out
-    elif p.checked_only:
-        assert got == {}
+    if isinstance(got, UsageOnly):  # only what evalsup reads is taken out
+        assert got == ({"usage": full["usage"]} if isinstance(full, dict) else {})
     else:
         assert got == full
+    assert isinstance(got, UsageOnly) == (name in ("valid", "an array")), "checked, or built when in doubt"
 
 
 @pytest.mark.skipif(not HAVE_SIMDJSON, reason="pysimdjson is a dependency; without it every body is whole")
 def test_only_large_one_line_bodies_are_checked_without_being_built() -> None:
     p = BodyParser(whole=False)
-    assert p.parse(_big(), True) == {"usage": USAGE} and p.checked_only == 1
+    got = p.parse(_big(), True)
+    assert isinstance(got, UsageOnly) and got == {"usage": USAGE}
     small = b'{"choices":[],"usage":{"total_tokens":1}}'
-    assert p.parse(small, True) == orjson.loads(small)  # small: orjson's whole parse is as cheap
+    got = p.parse(small, True)  # small: orjson's whole parse is as cheap
+    assert not isinstance(got, UsageOnly) and got == orjson.loads(small)
     pretty = orjson.dumps(orjson.loads(_big()), option=orjson.OPT_INDENT_2)
     # several lines: re-encoded into the record, so built whole
-    assert not one_line(pretty) and p.parse(pretty, False) == orjson.loads(pretty)
-    assert p.checked_only == 1
+    assert not one_line(pretty)
+    got = p.parse(pretty, False)
+    assert not isinstance(got, UsageOnly) and got == orjson.loads(pretty)
     for _ in range(3):  # the parser is used again and again (its document's views are gone each time)
         assert p.parse(_big(), True) == {"usage": USAGE}
-    whole = BodyParser(whole=True)
-    assert whole.parse(_big(), True) == orjson.loads(_big()) and whole.checked_only == 0
+    got = BodyParser(whole=True).parse(_big(), True)
+    assert not isinstance(got, UsageOnly) and got == orjson.loads(_big())
 
 
 def _tasks(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -99,6 +103,7 @@ def test_large_bodies_are_written_and_counted_as_the_endpoint_sent_them(tmp_path
         assert len(body["choices"][0]["message"]["content"]) > 60_000
     # the tokens in the summary are the sum of the bodies' usage, read without building the bodies
     s = orjson.loads((tmp_path / "big.run" / "summary.json").read_bytes())
+    assert s["large_bodies_checked"] == len(ok)  # each answer checked, none built (no scorer, no plugin)
     assert s["tokens"]["completion"] == sum(x["response"]["body"]["usage"]["completion_tokens"] for x in ok)
     assert s["tokens"]["prompt"] == sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in ok)
 
@@ -114,3 +119,16 @@ def test_scorers_see_a_large_body_whole(tmp_path: Path, mock: MockThread) -> Non
     assert len(recs) == 10
     for x in recs:
         assert x["scores"]["length"] == len(x["response"]["body"]["choices"][0]["message"]["content"]) > 150_000
+    assert orjson.loads((tmp_path / "sc.run" / "summary.json").read_bytes())["large_bodies_checked"] == 0
+
+
+def test_a_worker_plugin_sees_a_large_body_whole(tmp_path: Path, mock: MockThread) -> None:
+    plugin = ROOT / "tests" / "plugins" / "whole_body.py"
+    rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"kb": 200}} for i in range(10)]
+    tasks = _tasks(tmp_path / "pl.jsonl", rows)
+    r = run_cli("run", "-w", "1", "--model", "mock-model", "--base-url", mock.url, "--worker-plugin",
+                f"{plugin}:needs_text", "--max-task-crashes", "1", str(tasks))
+    assert r.returncode == 0, r.stderr  # the plugin raises (and its task is worker_crashed) on a usage-only body
+    recs = assert_exactly_once(tmp_path / "pl.run", {x["id"] for x in rows})
+    assert all(x["error"] is None for x in recs), [x["error"] for x in recs if x["error"]][:2]
+    assert orjson.loads((tmp_path / "pl.run" / "summary.json").read_bytes())["large_bodies_checked"] == 0

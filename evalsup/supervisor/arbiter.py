@@ -250,6 +250,8 @@ class Supervisor:
                                    max(0, int(meta.get("att", 1)) - 1))
         if meta.get("sc"):
             self.stats.scores.add(meta["sc"])
+        if "chk" in meta:
+            self.stats.bodies_checked += 1
         self.stats.prompt_tokens += int(meta.get("pt") or 0)
         self.stats.completion_tokens += int(meta.get("ct") or 0)
         if self.memory is not None and meta["ok"]:

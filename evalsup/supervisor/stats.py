@@ -62,6 +62,7 @@ class RunStats:
     completion_tokens: int = 0
     scale_ups: int = 0  # workers added by autoscale (supervisor.scaling)
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
+    bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)
 
     @property

@@ -40,6 +40,8 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         # sampled every --monitor-interval: a run shorter than that has no figure (null), not 0 MB
         "peak_rss_mb": {k: round(v / MB, 1) if st.peak_rss["total"] else None for k, v in st.peak_rss.items()},
         "results_via_ring": st.ring_results,  # large lines passed in shared memory (EVALSUP_RING_MB), this session
+        # large answers checked to be JSON by simdjson without being built (no scorer or plugin reads them)
+        "large_bodies_checked": st.bodies_checked,
         **(sup.memory.summary() if sup.memory is not None else {}),
         "finished": sup.finished,
         "stopped": sup.stop_message or None,

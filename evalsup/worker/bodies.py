@@ -37,38 +37,52 @@ def one_line(raw: bytes) -> bool:
     return b"\n" not in raw and b"\r" not in raw
 
 
+class UsageOnly(dict[str, Any]):
+    """What was taken out of a body that was checked, not built: its ``usage``, if it has one."""
+
+
+_NO = object()  # _usage's answer when simdjson cannot tell: orjson decides
+
+
 class BodyParser:
-    """``parse(raw)``: the body parsed by orjson, or, for a large one-line body when ``whole`` is False, a dict
-    that holds only the body's ``usage`` (empty when it has none). Raises orjson.JSONDecodeError when the
-    body is not JSON, whichever way it was checked."""
+    """``parse(raw, single)``: the body parsed by orjson, or, for a large one-line body when ``whole`` is
+    False, a UsageOnly. Raises orjson.JSONDecodeError when the body is not JSON, whichever way it was
+    checked."""
 
     def __init__(self, whole: bool) -> None:
         self.whole = whole or not HAVE_SIMDJSON
         self._parser: Any = None
-        self.checked_only = 0  # bodies checked without being built (for tests and the curious)
 
     def parse(self, raw: bytes, single: bool) -> Any:
         """``single``: ``one_line(raw)``, which the caller needs too."""
         if self.whole or not single or not LARGE <= len(raw) <= LARGEST or raw.startswith(_BOM):
             return orjson.loads(raw)
-        try:
-            usage = self._usage(raw)
-        except Exception:  # refused, a big integer, a parser still in use: orjson decides
+        usage = self._usage(raw)
+        if usage is _NO:
+            # outside the failed check, whose buffers (as large as the body, or larger) are gone by now
             return orjson.loads(raw)
-        self.checked_only += 1
-        return {} if usage is None else {"usage": usage}
+        return UsageOnly() if usage is None else UsageOnly(usage=usage)
 
     def _usage(self, raw: bytes) -> Any:
+        """The body's usage (None without one), or _NO: refused, a big integer, a parser still in use, or a
+        body with two "usage" keys (simdjson would take the first, a reader of the line the last)."""
         if len(raw) > KEEP:
             parser = simdjson.Parser()  # dropped with its buffers once this body is checked
         else:
             if self._parser is None:
                 self._parser = simdjson.Parser()
             parser = self._parser
-        doc = parser.parse(raw)
-        usage = doc.get("usage") if isinstance(doc, simdjson.Object) else None
-        if isinstance(usage, simdjson.Object):
-            return usage.as_dict()
-        if isinstance(usage, simdjson.Array):
-            return usage.as_list()
-        return usage  # views into the parser's document go with this frame: the next parse can reuse it
+        try:
+            doc = parser.parse(raw)
+            if not isinstance(doc, simdjson.Object):
+                return None
+            if sum(k == "usage" for k in doc) > 1:  # the keys only: no value is built
+                return _NO
+            usage = doc.get("usage")
+            if isinstance(usage, simdjson.Object):
+                return usage.as_dict()
+            if isinstance(usage, simdjson.Array):
+                return usage.as_list()
+            return usage  # views into the parser's document go with this frame: the next parse can reuse it
+        except Exception:
+            return _NO

@@ -25,6 +25,7 @@ from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, enco
 from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
+from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.breaker import LocalBreaker
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.pacing import Pacer
@@ -185,6 +186,8 @@ class Worker:
                 "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s,
                 "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
                 "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores}
+        if isinstance(oc.parsed, UsageOnly):
+            info["chk"] = 1  # checked by simdjson, not built (counted in the summary)
         return out, info
 
     def send_leak_report(self) -> None:
