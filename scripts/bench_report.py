@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -15,27 +16,36 @@ COLORS = {"naive_gather": "#d62728", "bounded_queue": "#1f77b4", "bounded_queue_
           "evalsup-1w": "#98df8a", "evalsup-2w": "#2ca02c", "evalsup-4w": "#006400", "evalsup-auto": "#9467bd"}
 
 
+def user_cpu(doc: dict[str, Any], contender: str) -> float | None:
+    """The median user CPU of a contender's runs (system time swings on a VM; user time does not)."""
+    vals = [r["cpu_user_s"] for r in doc.get("runs", []) if r["contender"] == contender and r.get("cpu_user_s")]
+    return statistics.median(vals) if vals else None
+
+
 def table(doc: dict[str, Any]) -> str:
     c = doc["config"]
     ref = next((s for s in doc["summary"] if s["contender"] == "bounded_queue_raw"), None)
+    ref_user = user_cpu(doc, "bounded_queue_raw")
     head = (f"**n={c['n']:,}, {c['kb']:g} KB responses, latency {c['latency_ms']:g} ms ±{c['jitter_pct']:g}%, "
             f"{c['inflight']} in flight** (Little's-law ideal {c['ideal_rps']:,.0f} req/s, {c['repeat']} run(s), "
             "medians; ratios against the raw-bytes bounded queue)\n\n")
     cols = ["contender", "wall s", "to disk s", "req/s", "of ideal", "CPU s (tree)", "supervisor/workers CPU s",
-            "peak RSS tree MB", "largest process MB", "exactly once", "x CPU", "x RSS"]
+            "peak RSS tree MB", "largest process MB", "exactly once", "x CPU", "x user CPU", "x RSS"]
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for s in doc["summary"]:
         split = (f"{s['cpu_main_s']:.1f} / {s['cpu_children_s']:.1f}"
                  if s["contender"].startswith("evalsup") and s.get("cpu_main_s") is not None else "-")
         xcpu = f"{s['cpu_s'] / ref['cpu_s']:.2f}" if ref and ref.get("cpu_s") else "-"
         xrss = f"{s['peak_tree_rss_mb'] / ref['peak_tree_rss_mb']:.2f}" if ref and ref.get("peak_tree_rss_mb") else "-"
+        user = user_cpu(doc, s["contender"])
+        xuser = f"{user / ref_user:.2f}" if user and ref_user else "-"
         durable = f"{s['durable_s']:.1f}" if s.get("durable_s") is not None else "-"
         name = s["contender"] + (f" (ended with {'/'.join(map(str, s['workers_used']))} w)"
                                  if s.get("workers_used") else "")
         rows.append(f"| {name} | {s['wall_s']:.1f} | {durable} | {s['requests_per_s']:,.0f} "
                     f"| {s['ideal_ratio']:.0%} "
                     f"| {s['cpu_s']:.1f} | {split} | {s['peak_tree_rss_mb']:,.0f} | {s['peak_proc_rss_mb']:,.0f} "
-                    f"| {'yes' if s['all_ok'] else 'NO'} | {xcpu} | {xrss} |")
+                    f"| {'yes' if s['all_ok'] else 'NO'} | {xcpu} | {xuser} | {xrss} |")
     return head + "\n".join(rows) + "\n"
 
 
