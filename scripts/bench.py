@@ -591,11 +591,10 @@ def main(argv: list[str] | None = None) -> int:
     tasks = workdir / "tasks.jsonl"
     make_tasks(tasks, args.n)
     # Warm the page cache, and write the .pyc files of what the contenders import before any timed run.
-    # compileall writes them even under PYTHONDONTWRITEBYTECODE (set here, and on many CI images), which
-    # would otherwise have every evalsup process compile its ~40 modules from source (~40 ms each).
+    # compileall writes them even under PYTHONDONTWRITEBYTECODE (set on the project's machines), which would
+    # otherwise have every evalsup process compile its ~40 modules from source (~40 ms each). -q: only errors.
     src = args.evalsup_src or ROOT
-    subprocess.run([PY, "-m", "compileall", "-q", str(src / "evalsup"), str(BASELINES)], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run([PY, "-m", "compileall", "-q", str(src / "evalsup"), str(BASELINES)], check=True)
     subprocess.run([PY, "-c", "import aiohttp, orjson, uvloop, psutil, evalsup.worker.main, evalsup.cli"],
                    check=True, cwd=src)
     mock = Mock(workdir, args.latency_ms, args.latency_ms * args.jitter_pct / 100, args.kb)

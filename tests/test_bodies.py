@@ -75,6 +75,11 @@ def test_only_large_one_line_bodies_are_checked_without_being_built() -> None:
     assert not isinstance(got, UsageOnly) and got == orjson.loads(pretty)
     for _ in range(3):  # the parser is used again and again (its document's views are gone each time)
         assert p.parse(_big(), True) == {"usage": USAGE}
+    held = p._parser.parse(_big())  # a view of the kept parser's document left alive: it cannot parse again
+    got = p.parse(_big(), True)
+    assert not isinstance(got, UsageOnly) and got == orjson.loads(_big())  # orjson answered instead
+    assert isinstance(p.parse(_big(), True), UsageOnly)  # and the next body has a parser of its own
+    del held
     got = BodyParser(whole=True).parse(_big(), True)
     assert not isinstance(got, UsageOnly) and got == orjson.loads(_big())
 

@@ -85,4 +85,6 @@ class BodyParser:
                 return usage.as_list()
             return usage  # views into the parser's document go with this frame: the next parse can reuse it
         except Exception:
+            if parser is self._parser:
+                self._parser = None  # a fresh one next time, should this one be stuck (views of it kept)
             return _NO
