@@ -489,9 +489,9 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
 
 
 def summarise(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("wall_s", "requests_per_s", "ideal_ratio", "cpu_s", "cpu_user_s", "cpu_main_s", "cpu_children_s",
-            "cpu_sampled_s", "peak_tree_rss_mb", "peak_proc_rss_mb", "maxrss_mb", "first_request_s",
-            "after_last_request_s", "other_cores", "sync_after_exit_s", "durable_s")
+    keys = ("wall_s", "requests_per_s", "ideal_ratio", "cpu_s", "cpu_main_s", "cpu_children_s", "cpu_sampled_s",
+            "peak_tree_rss_mb", "peak_proc_rss_mb", "maxrss_mb", "first_request_s", "after_last_request_s",
+            "other_cores", "sync_after_exit_s", "durable_s")
     s: dict[str, Any] = {"contender": name, "runs": len(runs), **{k: median_of(runs, k) for k in keys}}
     s["mock_busy"] = statistics.median([r["mock"]["busy"] or 0.0 for r in runs])
     s["mock_max_in_flight"] = max(r["mock"]["max_in_flight"] or 0 for r in runs)

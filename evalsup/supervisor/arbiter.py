@@ -392,7 +392,6 @@ class Supervisor:
             w.share = shares[w.slot]
             w.window = self.cfg.window_for(w.share)
             w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
-        self.stats.scale_ups += 1
         self.events("scale", workers=self.active, loads=loads)
         self.log(f"workers: each one busy ({', '.join(f'{v:.0%}' for v in loads)} of a core); adding worker "
                  f"{self.active} of at most {self.cfg.workers}")

@@ -60,7 +60,6 @@ class RunStats:
     retries: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    scale_ups: int = 0  # workers added by autoscale (supervisor.scaling)
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
     bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)

@@ -25,7 +25,8 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "latency_s": st.latency.summary(),
         **({"ttft_s": st.ttft.summary()} if st.ttft.n else {}),
         "workers": sup.active,  # at the end; with autoscale, 1 plus those added
-        **({"workers_added": st.scale_ups, "max_workers": sup.cfg.workers} if sup.cfg.autoscale else {}),
+        **({"workers_added": sup.active - sup.cfg.first_workers, "max_workers": sup.cfg.workers}
+           if sup.cfg.autoscale else {}),
         "concurrency": sup.cfg.concurrency,
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
