@@ -52,7 +52,11 @@ class IdSet:
                 if id_at(earlier) == task_id:
                     return earlier
             i = (i + 1) & self._mask
-        self._insert(h, offset)
+        hashes[i] = h  # i is the empty slot the search ended at: no second probe to find it
+        self._offsets[i] = offset
+        self._count += 1
+        if self._count * 4 > len(hashes) * 3:
+            self._grow()
         self._log.append(h)
         self._log.append(offset)
         return None

@@ -216,3 +216,47 @@ def test_intensity_steady_slow_restarts_never_trip() -> None:
 def test_intensity_zero_tolerance() -> None:
     ri = RestartIntensity(max_restarts=0, period_s=1.0)
     assert ri.record(0.0) is True
+
+
+# ------------------------------------------------------------------------------------------ LocalBreaker (worker)
+
+
+def _trips(outcomes: list[bool]) -> list[int]:
+    """Where a fresh worker breaker trips over ``outcomes`` (True: failed endpoint-side), re-armed after each."""
+    from evalsup.worker.breaker import LocalBreaker
+
+    b = LocalBreaker()
+    at = []
+    for i, failed in enumerate(outcomes):
+        if b.record(failed):
+            at.append(i)
+            b.tripped = False  # as after the supervisor closed it again, but keeping the window
+    return at
+
+
+def test_breaker_trips_on_a_run_of_failures_or_most_recent_attempts_failing() -> None:
+    T, F = True, False
+    assert _trips([T] * 5) == [4]  # an outage: five endpoint-side failures in a row
+    assert _trips([F, T, T] * 10) == []  # two of three attempts failing, never five in a row
+    assert _trips([T, T, T, T, F]) == [4]  # 80 % of at least 5 attempts
+    # failures that left the 20-attempt window no longer count: 13 of 20 (never 80 % on the way), then 4
+    # successes and 4 failures leave 12 of the last 20; a count that kept the old ones would reach 17 and trip
+    assert _trips(([F, T, T] * 7)[:20] + [F] * 4 + [T] * 4) == []
+
+
+def test_breaker_trips_where_the_window_says() -> None:
+    """Over long random histories the breaker trips exactly where the definition does: five endpoint-side
+    failures in a row, or at least 80 % of the last 20 attempts (once there are 5)."""
+    import random
+
+    rng = random.Random(7)
+    for p in (0.5, 0.7, 0.8, 0.9):
+        outcomes = [rng.random() < p for _ in range(3000)]
+        expected = []
+        run = 0
+        for i, failed in enumerate(outcomes):
+            run = run + 1 if failed else 0
+            window = outcomes[max(0, i - 19) : i + 1]
+            if run >= 5 or (len(window) >= 5 and sum(window) >= 0.8 * len(window)):
+                expected.append(i)
+        assert _trips(outcomes) == expected

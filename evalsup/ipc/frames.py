@@ -53,6 +53,9 @@ class Kind(enum.IntEnum):
     RETURNED = 19  # json {"keys": [...]}: on DRAIN, the tasks it had not begun, handed back
 
 
+_KINDS: dict[int, Kind] = {int(k): k for k in Kind}
+
+
 class ProtocolError(Exception):
     """The other side sent something that is not a frame."""
 
@@ -222,10 +225,10 @@ class FrameParser:
 
     @staticmethod
     def _kind(kind: int) -> Kind:
-        try:
-            return Kind(kind)
-        except ValueError as e:
-            raise ProtocolError(f"unknown frame kind {kind}") from e
+        k = _KINDS.get(kind)  # a dict, not Kind(kind): the enum's call costs ~1 us a frame
+        if k is None:
+            raise ProtocolError(f"unknown frame kind {kind}")
+        return k
 
     def _parse(self, view: memoryview) -> memoryview:
         pos, n = 0, len(view)
@@ -242,7 +245,10 @@ class FrameParser:
         return view[pos:]
 
 
-READ_SIZE = 1 << 16  # a read of small frames: many of them in one system call
+# A read of small frames: many of them in one system call. 256 KiB (up to the ring's RING_MIN) rather than
+# 64 KiB: a 100 KB result is then a view of one read, not a copy of its first part into a buffer of its own
+# and a second read for the rest (supervisor 0.81-0.86 s against 0.90-0.94 s at 10,000 x 100 KB).
+READ_SIZE = 1 << 18
 
 
 class PipeReader:
@@ -398,6 +404,14 @@ class FrameWriter:
             self._writer.writelines(data)
         except (ConnectionError, RuntimeError):
             self.closed = True
+
+    def must_drain(self) -> bool:
+        """Whether ``drain()`` could have anything to wait for: the transport holds bytes the pipe has not
+        taken yet, or is closing. Where it does not, a caller per frame spares the coroutines of ``drain()``."""
+        if self.closed:
+            return False
+        t = self._writer.transport
+        return t.get_write_buffer_size() > 0 or t.is_closing()
 
     async def drain(self) -> None:
         """Wait while the pipe is full; returns at once otherwise (frames still gathering are not forced out)."""

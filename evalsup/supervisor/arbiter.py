@@ -602,7 +602,8 @@ class Supervisor:
             if task is None:
                 return
             w.send_task(*task)
-            await w.pipe_room()
+            if w.out is not None and w.out.must_drain():
+                await w.pipe_room()
 
     async def _drain_outstanding(self) -> None:
         while self._outstanding() and self.stopping != "now":

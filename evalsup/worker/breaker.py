@@ -28,6 +28,7 @@ class LocalBreaker:
         self.recent: collections.deque[bool] = collections.deque(maxlen=window)
         self.run = run  # this many endpoint-side failures in a row trip at once (an outage hits all in flight)
         self.consecutive = 0
+        self.failures = 0  # of the attempts in `recent` (kept, not summed per attempt)
         self.min_attempts = min_attempts
         self.ratio = ratio
         self.open = False
@@ -37,12 +38,19 @@ class LocalBreaker:
 
     def record(self, failed_endpoint_side: bool) -> bool:
         """Record one attempt; True when this worker should now trip (tell the supervisor)."""
-        self.recent.append(failed_endpoint_side)
-        self.consecutive = self.consecutive + 1 if failed_endpoint_side else 0
+        recent = self.recent
+        if len(recent) == recent.maxlen and recent[0]:
+            self.failures -= 1  # the oldest goes out of the window
+        recent.append(failed_endpoint_side)
+        if failed_endpoint_side:
+            self.failures += 1
+            self.consecutive += 1
+        else:
+            self.consecutive = 0
         if self.tripped or self.open:
             return False
-        n = len(self.recent)
-        if self.consecutive >= self.run or (n >= self.min_attempts and sum(self.recent) >= self.ratio * n):
+        n = len(recent)
+        if self.consecutive >= self.run or (n >= self.min_attempts and self.failures >= self.ratio * n):
             self.tripped = True
             return True
         return False
@@ -54,6 +62,7 @@ class LocalBreaker:
                 self.tripped = False
                 self.probes = 0
                 self.recent.clear()
+                self.failures = 0
                 self.consecutive = 0
             self.changed.notify_all()
 

@@ -116,6 +116,7 @@ class Client:
         self.bodies = BodyParser(whole_bodies)
         self.parked = 0
         self.retries = 0
+        self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
 
     def _scrub(self, raw: bytes) -> bytes:
         # An endpoint may echo request headers in an error; the key must never reach a file.
@@ -125,15 +126,30 @@ class Client:
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
         length = resp.content_length
-        if length is not None and length > self.max_response_bytes:
+        cap = self.max_response_bytes
+        if length is not None and length > cap:
             raise ResponseTooLarge(length)
-        chunks = [chunk async for chunk in self._capped(resp)]
+        # A plain loop, not the async generators below: each of those costs the loop's registry of async
+        # generators an entry per response (~5 us a request at 4 KB, docs/benchmarks.md sixth round).
+        content = resp.content
+        chunks: list[bytes] = []
+        n = 0
+        while True:
+            chunk, _ = await content.readchunk()
+            if chunk:
+                n += len(chunk)
+                if n > cap:
+                    raise ResponseTooLarge(n)
+                chunks.append(chunk)
+            elif content.at_eof():
+                break
         # One join, the only copy of the body this side of aiohttp's parser: aiohttp's read() and iter_any() join
         # whatever chunks are buffered at each wake-up, then join those blocks again (a 1 MB body copied twice).
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _capped(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """The body's chunks as they come, raising ResponseTooLarge past --max-response-mb."""
+        """The body's chunks as they come, raising ResponseTooLarge past --max-response-mb (the stream's
+        reader: it hands each chunk on as it comes)."""
         n = 0
         async for chunk in _chunks(resp):
             n += len(chunk)
@@ -158,7 +174,8 @@ class Client:
             async with self.session.post(url, data=payload, headers=self.headers) as resp:
                 status = resp.status
                 request_id = resp.headers.get("x-request-id")
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                if status != 200:
+                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                 if stream and status == 200 and resp.content_type == "text/event-stream":
                     raw, parsed, asm = await self._read_stream(resp, start)
                     raw = self._scrub(raw)
@@ -199,7 +216,11 @@ class Client:
                        {"code": f"http_{status}", "message": _error_message(parsed, status)})
 
     async def execute(self, path: str, body: dict[str, Any]) -> Outcome:
-        url = join_url(self.base_url, path)
+        url = self._urls.get(path)
+        if url is None:
+            url = join_url(self.base_url, path)
+            if len(self._urls) < 64:  # bounded, whatever paths a task file names
+                self._urls[path] = url
         stream = bool(body.get("stream"))
         if stream and path in ("/v1/chat/completions", "/v1/completions"):
             opts = body.get("stream_options")
@@ -212,8 +233,10 @@ class Client:
         budget_used = 0  # attempts that count against --max-attempts (reset when the breaker closes)
         probing = False
         while True:
-            await self.pacer.request_slot()
-            await self.pacer.charge_tokens(estimate)
+            if self.pacer.rps is not None:  # (no coroutine to make and await per request without a limit)
+                await self.pacer.request_slot()
+            if self.pacer.tpm is not None:
+                await self.pacer.charge_tokens(estimate)
             attempts += 1
             budget_used += 1
             a = await self.attempt(url, payload, stream)

@@ -129,7 +129,8 @@ class Worker:
             else:
                 self.out.send_parts(encode_meta_head(Kind.RESULT, info, n), *out_line)
             self._pump()
-            await self.out.drain()  # at once, unless the pipe is full
+            if self.out.must_drain():
+                await self.out.drain()  # at once, unless the pipe is full
         finally:
             self.slots -= 1
         self._pump()
