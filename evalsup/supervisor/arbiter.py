@@ -683,12 +683,12 @@ class Supervisor:
         }
 
     async def _progress(self) -> None:
+        if self.cfg.quiet:
+            return  # before rich's import (~15 ms of start-up)
         import sys
 
         from rich.console import Console
 
-        if self.cfg.quiet:
-            return
         console = Console(stderr=True)
         if console.is_terminal and self.cfg.log_format == "text":
             display = LiveDisplay(console)
