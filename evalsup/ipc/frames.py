@@ -245,10 +245,9 @@ class FrameParser:
         return view[pos:]
 
 
-# A read of small frames: many of them in one system call (a worker's write of 4 KB results is up to 256 KiB).
-# 256 KiB rather than 64 KiB: a 100 KB result that takes the pipe (its ring full) is a view of one read, not
-# a copy of its first part into a buffer of its own and a second read for the rest (every 100 KB result by
-# pipe: the supervisor 0.81-0.86 s against 0.90-0.94 s of CPU at 10,000 x 100 KB).
+# A read of small frames: many of them in one system call. 256 KiB (up to the ring's RING_MIN) rather than
+# 64 KiB: a 100 KB result is then a view of one read, not a copy of its first part into a buffer of its own
+# and a second read for the rest (supervisor 0.81-0.86 s against 0.90-0.94 s at 10,000 x 100 KB).
 READ_SIZE = 1 << 18
 
 

@@ -28,11 +28,12 @@ from collections.abc import Sequence
 
 from evalsup.ipc.frames import ProtocolError
 
-# Lines at least this large go through the ring. 10,000 x 100 KB, one worker, 5 runs each: the supervisor
-# 0.95-1.03 s of CPU by ring against 1.14-1.21 s by pipe (its read of every line out of the pipe is gone),
-# the tree 4.80-5.28 s against 4.91-5.28 s (median 4.84 against 4.97); four workers (4 MiB rings) about
-# equal, 6.07-6.24 s against 5.98-6.27 s. Small lines stay in the pipe, many to a write and a read.
-RING_MIN = 1 << 16
+# Lines at least this large go through the ring. Below it the pipe is cheaper: 3,000 x 100 KB, 4 workers, tree
+# CPU 2.6-2.7 s by pipe against 2.7-3.0 s by ring (the ring's write, frame and RELEASE per line cost more than
+# the copies they save); at 1 MB the ring wins (see docs/benchmarks.md). Measured again at 10,000 x 100 KB (sixth
+# round): from 64 KiB, the supervisor's CPU fell by 0.15-0.2 s and the workers' rose as much (four workers: 8 %
+# more tree CPU), and the ring's 16 MiB showed in the tree's RSS (89 against 76 MB).
+RING_MIN = 1 << 18
 POS = struct.Struct("<Q")  # RELEASE payload: everything before this position is free
 
 
