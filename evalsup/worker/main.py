@@ -39,9 +39,10 @@ from evalsup.worker.scoring import Scoring
 # 5 ms cost 3-7 % more CPU than 20 ms at 4 KB (10,000 tasks, A/B); 100 ms saved ~6 % against 20 ms.
 FLUSH_DELAY_S = 0.1
 # ...but results do not wait for the timer once there are enough of them for the supervisor's next refill
-# (its credit window is twice the concurrency, refilled an eighth at a time), nor when no task is left
-# queued here: the queue covers one endpoint latency of work, and a fast endpoint must not starve on it.
-FLUSH_RESULTS_SHARE = 2  # a write at once when concurrency / this many results wait
+# (its credit window is twice the worker's share of the concurrency, refilled an eighth at a time), nor when
+# no task is left queued here: the queue covers one endpoint latency of work, and a fast endpoint must not
+# starve on it.
+FLUSH_RESULTS_SHARE = 2  # a write at once when (requests allowed in flight) / this many results wait
 BIG_BODY = 1 << 14  # a response body this large is written around, not copied into its output line
 
 
@@ -83,7 +84,6 @@ class Worker:
         self._bg: set[asyncio.Task[Any]] = set()
         self._started: list[int] = []  # keys of tasks begun since the last write
         self._unsent = 0  # results queued for the pipe since the last write
-        self._flush_at = max(1, self.concurrency // FLUSH_RESULTS_SHARE)
         out.gather = self._gather_started
         self.ring: WorkerRing | None = None  # large results go here, not through the pipe (ipc.ring)
         if cfg.get("ring_fd") is not None:
@@ -136,7 +136,8 @@ class Worker:
             else:
                 self.out.send_parts(encode_meta_head(Kind.RESULT, info, n), *out_line)
             self._unsent += 1
-            if self._unsent >= self._flush_at or not self.queue:
+            # against the limit, not the concurrency: the supervisor's window for this worker follows its share
+            if self._unsent * FLUSH_RESULTS_SHARE >= self.limit or not self.queue:
                 self.out.flush()  # the supervisor's next refill (or this worker's next task) waits on these
             self._pump()
             if self.out.must_drain():
