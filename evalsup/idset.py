@@ -52,11 +52,7 @@ class IdSet:
                 if id_at(earlier) == task_id:
                     return earlier
             i = (i + 1) & self._mask
-        hashes[i] = h  # i is the empty slot the search ended at: no second probe to find it
-        self._offsets[i] = offset
-        self._count += 1
-        if self._count * 4 > len(hashes) * 3:
-            self._grow()
+        self._store(i, h, offset)  # i is the empty slot the search ended at: no second probe to find it
         self._log.append(h)
         self._log.append(offset)
         return None
@@ -78,10 +74,14 @@ class IdSet:
         i = h & self._mask
         while hashes[i] != _EMPTY:
             i = (i + 1) & self._mask
-        hashes[i] = h
+        self._store(i, h, offset)
+
+    def _store(self, i: int, h: int, offset: int) -> None:
+        """Put (h, offset) in empty slot i; grow past three quarters full."""
+        self._hashes[i] = h
         self._offsets[i] = offset
         self._count += 1
-        if self._count * 4 > len(hashes) * 3:
+        if self._count * 4 > len(self._hashes) * 3:
             self._grow()
 
     def take_log(self) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,16 +86,6 @@ def estimate_tokens(body: dict[str, Any]) -> int:
     return chars // 4 + 1 + (int(max_out) if isinstance(max_out, int | float) else 256)
 
 
-async def _chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The body as aiohttp's parser handed it over, chunk by chunk, without joining (`readchunk`)."""
-    while True:
-        chunk, _ = await resp.content.readchunk()
-        if chunk:
-            yield chunk
-        elif resp.content.at_eof():
-            return
-
-
 class Client:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
                  policy: RetryPolicy, max_response_bytes: int, seed: int, breaker: LocalBreaker,
@@ -124,15 +114,13 @@ class Client:
             return raw.replace(self.secret, b"[redacted]")
         return raw
 
-    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
-        length = resp.content_length
-        cap = self.max_response_bytes
-        if length is not None and length > cap:
-            raise ResponseTooLarge(length)
-        # A plain loop, not the async generators below: each of those costs the loop's registry of async
-        # generators an entry per response (~5 us a request at 4 KB, docs/benchmarks.md sixth round).
+    async def _each_chunk(self, resp: aiohttp.ClientResponse, take: Callable[[bytes], object]) -> None:
+        """Hand the body to ``take`` chunk by chunk as aiohttp's parser hands it over (`readchunk`), without
+        joining, raising ResponseTooLarge past --max-response-mb. A plain loop rather than an async generator:
+        each of those costs the loop's registry of async generators an entry per response (~5 us a request at
+        4 KB, docs/benchmarks.md sixth round)."""
         content = resp.content
-        chunks: list[bytes] = []
+        cap = self.max_response_bytes
         n = 0
         while True:
             chunk, _ = await content.readchunk()
@@ -140,27 +128,23 @@ class Client:
                 n += len(chunk)
                 if n > cap:
                     raise ResponseTooLarge(n)
-                chunks.append(chunk)
+                take(chunk)
             elif content.at_eof():
-                break
+                return
+
+    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
+        length = resp.content_length
+        if length is not None and length > self.max_response_bytes:
+            raise ResponseTooLarge(length)
+        chunks: list[bytes] = []
+        await self._each_chunk(resp, chunks.append)
         # One join, the only copy of the body this side of aiohttp's parser: aiohttp's read() and iter_any() join
         # whatever chunks are buffered at each wake-up, then join those blocks again (a 1 MB body copied twice).
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _capped(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """The body's chunks as they come, raising ResponseTooLarge past --max-response-mb (the stream's
-        reader: it hands each chunk on as it comes)."""
-        n = 0
-        async for chunk in _chunks(resp):
-            n += len(chunk)
-            if n > self.max_response_bytes:
-                raise ResponseTooLarge(n)
-            yield chunk
-
     async def _read_stream(self, resp: aiohttp.ClientResponse, start: float) -> tuple[bytes, Any, StreamAssembler]:
         asm = StreamAssembler(start)
-        async for chunk in self._capped(resp):
-            asm.feed(chunk)
+        await self._each_chunk(resp, asm.feed)
         body = asm.body()  # raises StreamCut when the stream stopped early
         raw = orjson.dumps(body)
         return raw, body, asm
