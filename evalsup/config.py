@@ -3,49 +3,20 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+from evalsup.ipc.messages import WorkerConfig
 
 DEFAULT_CONCURRENCY = 64
 MIB = 1 << 20
 
+__all__ = ["ConfigError", "RunConfig", "WorkerConfig"]
+
 
 class ConfigError(Exception):
     """A setting that cannot work; the message says which and how to fix it."""
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """What a worker needs; sent to it as the CONFIG frame (never holds the API key itself)."""
-
-    base_url: str
-    concurrency: int
-    api_key_env: str = "OPENAI_API_KEY"
-    api_key_file: str | None = None
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    stream: bool = False
-    max_attempts: int = 5
-    max_retry_wait_s: float = 60.0
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 120.0
-    total_timeout_s: float = 600.0
-    max_response_mb: float = 64.0
-    heartbeat_s: float = 1.0
-    insecure: bool = False
-    trace_memory: bool = False
-    plugin: str | None = None  # module:function called on each finished task (tests, hooks)
-    scorers: tuple[str, ...] = ()
-    scorer_timeout_s: float = 30.0
-    scorer_threads: int = 4
-    score_strip: bool = True
-    score_ignore_case: bool = False
-    score_pattern: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

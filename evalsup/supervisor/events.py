@@ -29,3 +29,14 @@ class EventLog:
             with contextlib.suppress(OSError):
                 self._f.close()
             self._f = None
+
+
+def write_leaks(run_dir: Path, pid: int, text: str) -> str:
+    """A worker's top allocation sites (LEAKS frame) to leaks/worker-PID.txt; returns what to tell the user."""
+    d = run_dir / "leaks"
+    try:
+        d.mkdir(exist_ok=True)
+        (d / f"worker-{pid}.txt").write_text(text)
+    except OSError as e:
+        return f"cannot write leak report of worker {pid}: {e.strerror}"
+    return f"worker {pid}: top allocation sites written to {d / f'worker-{pid}.txt'}"

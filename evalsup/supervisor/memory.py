@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +21,7 @@ from evalsup.config import RunConfig
 from evalsup.supervisor.cgroup import CgroupProbe, CgroupSample
 from evalsup.supervisor.policies import InflightBudget, PressureSignal, RecyclePolicy, Watermark
 from evalsup.supervisor.rss import rss_bytes
+from evalsup.supervisor.workers import State, WorkerView
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -28,8 +30,10 @@ MIB = 1 << 20
 @dataclass
 class MemoryDecision:
     throttle: str | None = None  # "pause" | "resume" | None
-    recycle: list[tuple[Any, str]] = field(default_factory=list)  # (worker handle, "rss"|"tasks"|"hard_kill")
+    recycle: list[tuple[int, str]] = field(default_factory=list)  # (worker id, "rss"|"tasks"|"hard_kill")
     inflight_cap: int | None = None  # total requests in flight allowed now (None: no change)
+    rss: dict[int, int] = field(default_factory=dict)  # worker id -> RSS just sampled
+    notes: list[str] = field(default_factory=list)  # what to tell the user
 
 
 class MemoryControl:
@@ -71,6 +75,7 @@ class MemoryControl:
         self.last_ws = 0
         self._file: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed in close()
         self._sup_pid = os.getpid()
+        self._stuck_since: float | None = None
 
     def _share(self, workers: int) -> int:
         """A worker's part of the high mark: the supervisor counts as one more."""
@@ -98,7 +103,8 @@ class MemoryControl:
                 f"({c.concurrency} in flight), window {c.window_for(shares[0])} tasks a worker; recycle a worker "
                 f"past {soft / MIB:,.0f} MiB RSS (kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
 
-    def tick(self, workers: list[Any], paused: bool, log: Any, done: int = 0) -> MemoryDecision:
+    def tick(self, workers: Iterable[WorkerView], paused: bool, done: int = 0) -> MemoryDecision:
+        """Sample and decide; the arbiter applies the decision (records the RSS, throttles, recycles)."""
         now = time.time()
         dec = MemoryDecision()
         sample = self.probe.sample()
@@ -109,13 +115,12 @@ class MemoryControl:
             r = rss_bytes(w.pid) if w.pid else None
             if r is None:
                 continue
-            w.rss = r
-            w.peak_rss = max(w.peak_rss, r)
+            dec.rss[w.id] = r
             per_worker[w.pid] = r
-            if w.alive and w.state.value in ("ready", "draining"):
+            if w.state in (State.READY, State.DRAINING):
                 d = self.recycle.decide(r, w.done, w.task_limit)
-                if d == "hard_kill" or (d is not None and w.state.value == "ready" and not w.recycling):
-                    dec.recycle.append((w, d))
+                if d == "hard_kill" or (d is not None and w.state is State.READY and not w.recycling):
+                    dec.recycle.append((w.id, d))
         total = sup_rss + sum(per_worker.values())
         ws = sample.working_set_bytes
         if self.cfg.memory_limit and not sample.limit_bytes:
@@ -140,13 +145,31 @@ class MemoryControl:
             if cap != self.cap:
                 if cap < self.cfg.concurrency and not self.cap_announced and self.budget.observations:
                     self.cap_announced = True
-                    log(f"memory: responses average {self.budget.avg_bytes / 3 / MIB:,.2f} MiB; capping requests in "
+                    dec.notes.append(
+                        f"memory: responses average {self.budget.avg_bytes / 3 / MIB:,.2f} MiB; capping requests in "
                         f"flight at {cap} of --concurrency {self.cfg.concurrency} to stay under "
                         f"{self.cfg.high_frac:.0%} of the {self.limit / MIB:,.0f} MiB limit")
                 self.cap = cap
                 dec.inflight_cap = cap
         self._record(now, sample, ws, sup_rss, per_worker, paused or dec.throttle == "pause", done)
         return dec
+
+    def give_back(self, now: float, paused: bool, any_started: bool,
+                  workers: Iterable[WorkerView]) -> WorkerView | None:
+        """Paused with no request in flight (tasks may wait queued in workers) and still above the low mark:
+        idle workers' RSS (CPython keeps what it freed) holds the pause forever. The largest worker is to be
+        recycled to give memory back, one every 2 s."""
+        if not paused or any_started:
+            self._stuck_since = None
+            return None
+        if self._stuck_since is None:
+            self._stuck_since = now
+            return None
+        if now - self._stuck_since < 2.0:
+            return None
+        self._stuck_since = now
+        idle = [w for w in workers if w.state is State.READY and not w.recycling]
+        return max(idle, key=lambda x: x.rss) if idle else None
 
     def _baseline(self, sup_rss: int, per_worker: dict[int, int]) -> int:
         # what the processes cost with nothing in flight: about 60 MiB a worker, 80 MiB the supervisor

@@ -47,3 +47,17 @@ class Metrics:
             self.ttft.observe(ttft)
         if retries:
             self.retries.inc(retries)
+
+    def update(self, inflight: int, throttled: bool, down: bool, worker_rss: dict[int, int], supervisor_rss: int,
+               working_set: int, limit: int | None) -> None:
+        """The gauges, every monitor tick: ``worker_rss`` maps a worker's slot to its RSS (0: not sampled)."""
+        self.inflight.set(inflight)
+        self.throttled.set(1 if throttled else 0)
+        self.endpoint_down.set(1 if down else 0)
+        self.worker_rss.clear()
+        for slot, rss in worker_rss.items():
+            if rss:
+                self.worker_rss.labels(str(slot)).set(rss)
+        self.supervisor_rss.set(supervisor_rss)
+        self.cgroup_usage.set(working_set)
+        self.cgroup_limit.set(limit or 0)

@@ -225,6 +225,18 @@ class RecyclePolicy:
         return None
 
 
+def task_count_step(done: int, task_limit: int | None, window: int) -> Literal["recycle", "warm"] | None:
+    """Recycling on task count, as each result comes: at the limit, recycle; within a window's worth (or a
+    tenth of the limit) of it, warm up the successor now, so the recycle costs no throughput."""
+    if task_limit is None:
+        return None
+    if done >= task_limit:
+        return "recycle"
+    if done >= task_limit - max(window, task_limit // 10):
+        return "warm"
+    return None
+
+
 class RestartIntensity:
     """Erlang-style restart intensity: :meth:`record` returns True when more than ``max_restarts``
     restarts fall within the last ``period_s`` seconds (inclusive). Feed it unplanned restarts only

@@ -6,9 +6,16 @@ run starts at once; until it is known, the bar shows what is done.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -101,3 +108,49 @@ class LiveDisplay:
 
     def stop(self) -> None:
         self.live.stop()
+
+
+class RateWindow:
+    """Tasks a second over the last ~30 s, from (time, done) samples taken when a snapshot is made."""
+
+    def __init__(self) -> None:
+        self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=120)
+
+    def rate(self, now: float, done: int) -> float:
+        self._samples.append((now, done))
+        t0, d0 = self._samples[0]
+        for t, d in self._samples:
+            if now - t <= 30:
+                t0, d0 = t, d
+                break
+        return (done - d0) / (now - t0) if now - t0 > 0.5 else 0.0
+
+
+async def show_progress(quiet: bool, log_format: str, log_interval_s: float, snapshot: Callable[[], dict[str, Any]],
+                        log: Callable[[str], None]) -> None:
+    """Until cancelled: the live display on a terminal, else a plain (or JSON) line every --log-interval."""
+    if quiet:
+        return  # before rich's import (~15 ms of start-up)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if console.is_terminal and log_format == "text":
+        display = LiveDisplay(console)
+        display.start()
+        try:
+            while True:
+                display.update(snapshot())
+                await asyncio.sleep(0.5)
+        finally:
+            display.update(snapshot())
+            display.stop()
+    else:
+        while True:
+            await asyncio.sleep(log_interval_s)
+            s = snapshot()
+            if log_format == "json":
+                sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": "info", "progress": s})
+                                 .decode() + "\n")
+                sys.stderr.flush()
+            else:
+                log(fmt_snapshot_plain(s))

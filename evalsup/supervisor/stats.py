@@ -7,6 +7,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalsup.ipc.messages import ResultMeta
 from evalsup.scorers import ScoreStats
 
 _RATIO = 1.02  # 2 % bucket width
@@ -67,6 +68,39 @@ class RunStats:
     @property
     def done(self) -> int:
         return self.succeeded + self.failed
+
+    def on_result(self, meta: ResultMeta) -> None:
+        """Count one result written (its RESULT frame's meta, see ipc.messages)."""
+        if meta["ok"]:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        self.session_done += 1
+        self.latency.add(float(meta["lat"]))
+        self.retries += max(0, int(meta.get("att", 1)) - 1)
+        code = meta.get("ec")
+        if code:
+            self.errors[code] = self.errors.get(code, 0) + 1
+        ttft = meta.get("ttft")
+        if ttft is not None:
+            self.ttft.add(float(ttft))
+        scores = meta.get("sc")
+        if scores:
+            self.scores.add(scores)
+        if "chk" in meta:
+            self.bodies_checked += 1
+        self.prompt_tokens += int(meta.get("pt") or 0)
+        self.completion_tokens += int(meta.get("ct") or 0)
+
+    def on_poisoned(self, task_id: str) -> None:
+        self.failed += 1
+        self.session_done += 1
+        self.poisoned.append(task_id)
+
+    def on_memory(self, supervisor_rss: int, worker_rss: list[int]) -> None:
+        self.peak_rss["worker_max"] = max(self.peak_rss["worker_max"], *worker_rss, 0)
+        self.peak_rss["supervisor"] = max(self.peak_rss["supervisor"], supervisor_rss)
+        self.peak_rss["total"] = max(self.peak_rss["total"], supervisor_rss + sum(worker_rss))
 
     def counters(self) -> dict[str, Any]:
         """What carries over a resume in the checkpoint."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from evalsup.ipc import FrameWriter, Kind, encode_json
 from evalsup.ipc.frames import BufferPool, PipeReader, encode_frame, encode_meta, widen_pipe
@@ -22,12 +23,70 @@ class State(enum.Enum):
     STARTING = "starting"
     READY = "ready"
     DRAINING = "draining"  # asked to finish what it holds and exit (recycle, shutdown)
-    KILLED = "killed"  # killed by us (hang, hard memory limit, stop)
+    KILLED = "killed"  # killed by us (hang, hard memory limit, stop, broken pipe)
     GONE = "gone"
 
 
+# the only moves a worker's life may make; anything else is a bug (WorkerHandle._to raises)
+_MOVES: dict[State, frozenset[State]] = {
+    State.STARTING: frozenset({State.READY, State.DRAINING, State.KILLED, State.GONE}),
+    State.READY: frozenset({State.DRAINING, State.KILLED, State.GONE}),
+    State.DRAINING: frozenset({State.KILLED, State.GONE}),
+    State.KILLED: frozenset({State.GONE}),
+    State.GONE: frozenset(),
+}
+
+
+class Exit(enum.Enum):
+    """How a worker's life ended, classified once when its process is reaped."""
+
+    DRAINED = "drained"  # asked to go (recycle, shutdown) and went
+    STOPPED = "stop"  # killed by us because the run is stopping
+    HARD_KILL = "hard_kill"  # killed past the hard RSS limit
+    HUNG = "hung"  # killed for missing heartbeats
+    CRASHED = "crashed"  # exited unasked, or its pipe broke
+
+    @property
+    def planned(self) -> bool:
+        """We ended it on purpose: no restart to count, no successor owed beyond a recycle's."""
+        return self in (Exit.DRAINED, Exit.STOPPED, Exit.HARD_KILL)
+
+    @property
+    def died(self) -> bool:
+        """It went while working: the tasks it had begun are suspects."""
+        return self in (Exit.CRASHED, Exit.HUNG, Exit.HARD_KILL)
+
+
+class WorkerView(Protocol):
+    """What the deciding rooms (memory, scaling, progress) may read of a worker; only the arbiter acts on one."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def rss(self) -> int: ...
+    @property
+    def done(self) -> int: ...
+    @property
+    def task_limit(self) -> int | None: ...
+    @property
+    def recycling(self) -> bool: ...
+    @property
+    def alive(self) -> bool: ...
+
+
+_ids = itertools.count(1)
+
+
 class WorkerHandle:
-    def __init__(self, slot: int, concurrency: int, window: int, share: int | None = None) -> None:
+    def __init__(self, slot: int, concurrency: int, window: int, held: dict[int, TaskRef],
+                 share: int | None = None, wid: int | None = None) -> None:
+        self.id = next(_ids) if wid is None else wid  # unique in the run: its account in the task ledger
         self.slot = slot  # which of the N places it fills (its replacement takes the same slot)
         self.concurrency = concurrency  # the most requests it can hold in flight (its connection pool)
         self.share = share or concurrency  # its part of --concurrency now (less than the above while scaling)
@@ -37,20 +96,43 @@ class WorkerHandle:
         self.out: FrameWriter | None = None
         self.pid = 0
         self.state = State.STARTING
-        self.outstanding: dict[int, TaskRef] = {}  # offset -> task
+        self.held = held  # the tasks it holds: the ledger's account, read here for credits (offset -> task)
         self.last_beat = time.monotonic()
         self.started = time.monotonic()
         self.done = 0
         self.task_limit: int | None = None
-        self.kill_cause: str | None = None  # why we killed it: "hung", "hard_kill", "stop"
+        self.kill_cause: Exit | None = None
         self.fatal: str | None = None
         self.rss = 0
         self.parked = 0  # requests parked by the breaker (from heartbeats)
+        self.inflight = 0  # requests on the wire (from heartbeats)
         self.recycling = False  # being replaced: gets no new task
         self.replaced = False  # its replacement has been started
         self.peak_rss = 0
         self.reader_task: asyncio.Task[None] | None = None
         self.ring: SupervisorRing | None = None
+
+    def _to(self, state: State) -> None:
+        if state not in _MOVES[self.state]:
+            raise RuntimeError(f"worker {self.pid}: {self.state.value} -> {state.value} is not a move a worker makes")
+        self.state = state
+
+    def ready(self) -> None:
+        """Its READY frame came: it takes tasks from now on (a READY after a drain or kill changes nothing)."""
+        if self.state is State.STARTING:
+            self._to(State.READY)
+        self.last_beat = time.monotonic()
+
+    def exited(self) -> Exit:
+        """Its process is reaped: how its life ended, decided here once."""
+        if self.state is State.KILLED:
+            cause = self.kill_cause or Exit.CRASHED
+        elif self.state is State.DRAINING:
+            cause = Exit.DRAINED
+        else:
+            cause = Exit.CRASHED
+        self._to(State.GONE)
+        return cause
 
     async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None],
                     pool: BufferPool | None = None, ring_size: int = 0) -> None:
@@ -86,7 +168,7 @@ class WorkerHandle:
     def credits(self) -> int:
         if self.state is not State.READY or self.recycling:
             return 0
-        return self.window - len(self.outstanding)
+        return self.window - len(self.held)
 
     @property
     def refill(self) -> int:
@@ -98,8 +180,8 @@ class WorkerHandle:
         return self.state in (State.STARTING, State.READY, State.DRAINING)
 
     def send_task(self, ref: TaskRef, line: bytes) -> None:
+        """Send a task the ledger has just assigned to this worker."""
         assert self.out is not None
-        self.outstanding[ref.offset] = ref
         self.out.send(encode_meta(Kind.TASK, {"k": ref.offset, "n": ref.line_no}, line))
 
     async def pipe_room(self) -> None:
@@ -120,17 +202,20 @@ class WorkerHandle:
 
     def drain(self, report: bool = False) -> None:
         if self.state in (State.STARTING, State.READY):
-            self.state = State.DRAINING
+            self._to(State.DRAINING)
             self.send(Kind.DRAIN, {"report": report})
 
-    def kill(self, cause: str) -> None:
+    def kill(self, cause: Exit) -> None:
         if self.proc is None or self.state in (State.KILLED, State.GONE):
             return
-        self.state = State.KILLED
+        self._to(State.KILLED)
         self.kill_cause = cause
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGKILL)
 
     def close_input(self) -> None:
+        """Shutdown: nothing more goes to it; it finishes what it holds and exits at its input's end."""
+        if self.state in (State.STARTING, State.READY):
+            self._to(State.DRAINING)
         if self.out is not None:
             self.out.close()

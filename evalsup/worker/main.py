@@ -22,6 +22,7 @@ import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head, quiet_gc, widen_pipe
+from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
@@ -46,20 +47,20 @@ FLUSH_RESULTS_SHARE = 2  # a write at once when (requests allowed in flight) / t
 BIG_BODY = 1 << 14  # a response body this large is written around, not copied into its output line
 
 
-def _api_key(cfg: dict[str, Any]) -> str | None:
-    if cfg.get("api_key_file"):
-        with open(cfg["api_key_file"], encoding="utf-8") as f:
+def _api_key(cfg: WorkerConfig) -> str | None:
+    if cfg.api_key_file:
+        with open(cfg.api_key_file, encoding="utf-8") as f:
             return f.read().strip() or None
-    return os.environ.get(cfg.get("api_key_env") or "OPENAI_API_KEY") or None
+    return os.environ.get(cfg.api_key_env or "OPENAI_API_KEY") or None
 
 
 class Worker:
-    def __init__(self, cfg: dict[str, Any], reader: asyncio.StreamReader, out: FrameWriter) -> None:
+    def __init__(self, cfg: WorkerConfig, reader: asyncio.StreamReader, out: FrameWriter) -> None:
         self.cfg = cfg
         self.reader = reader
         self.out = out
-        self.concurrency = int(cfg["concurrency"])
-        self.limit = max(1, min(self.concurrency, int(cfg.get("limit") or self.concurrency)))
+        self.concurrency = cfg.concurrency
+        self.limit = max(1, min(self.concurrency, cfg.limit or self.concurrency))
         self.queue: collections.deque[tuple[Any, bytes | memoryview]] = collections.deque()
         self.inflight = 0  # requests begun and not answered
         self.slots = 0  # tasks begun whose RESULT frame is not yet on its way
@@ -68,17 +69,14 @@ class Worker:
         self.draining = False
         self.done = 0
         self.finished = asyncio.Event()
-        self.defaults = RequestDefaults(cfg.get("model"), cfg.get("max_tokens"), cfg.get("temperature"),
-                                        bool(cfg.get("stream")))
-        self.plugin = load_callable(cfg["plugin"]) if cfg.get("plugin") else None
+        self.defaults = RequestDefaults(cfg.model, cfg.max_tokens, cfg.temperature, cfg.stream)
+        self.plugin = load_callable(cfg.plugin) if cfg.plugin else None
         self.scoring: Scoring | None = None
-        if cfg.get("scorers"):
-            opts = ScorerOptions(bool(cfg.get("score_strip", True)), bool(cfg.get("score_ignore_case")),
-                                 cfg.get("score_pattern"))
-            self.scoring = Scoring(list(cfg["scorers"]), opts, float(cfg.get("scorer_timeout_s", 30.0)),
-                                   int(cfg.get("scorer_threads", 4)))
+        if cfg.scorers:
+            opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern)
+            self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.pid = os.getpid()
-        self.breaker = LocalBreaker(run=max(1, min(5, int(cfg["max_attempts"]))))
+        self.breaker = LocalBreaker(run=max(1, min(5, cfg.max_attempts)))
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -86,9 +84,9 @@ class Worker:
         self._unsent = 0  # results queued for the pipe since the last write
         out.gather = self._gather_started
         self.ring: WorkerRing | None = None  # large results go here, not through the pipe (ipc.ring)
-        if cfg.get("ring_fd") is not None:
+        if cfg.ring_fd is not None:
             try:
-                self.ring = WorkerRing(int(cfg["ring_fd"]), int(cfg["ring_size"]))
+                self.ring = WorkerRing(cfg.ring_fd, cfg.ring_size)
             except (OSError, ValueError):
                 self.ring = None  # every result through the pipe: slower, never wrong
 
@@ -227,7 +225,7 @@ class Worker:
             self.finished.set()
 
     async def heartbeat(self) -> None:
-        interval = float(self.cfg.get("heartbeat_s", 1.0))
+        interval = self.cfg.heartbeat_s
         while True:
             c = self.client
             self.out.send(encode_json(Kind.HEARTBEAT, {
@@ -291,17 +289,18 @@ class Worker:
             self._check_drained()
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.cfg["total_timeout_s"], sock_connect=self.cfg["connect_timeout_s"],
-                                        sock_read=self.cfg["read_timeout_s"])
-        connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not self.cfg.get("insecure"))
+        cfg = self.cfg
+        timeout = aiohttp.ClientTimeout(total=cfg.total_timeout_s, sock_connect=cfg.connect_timeout_s,
+                                        sock_read=cfg.read_timeout_s)
+        connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not cfg.insecure)
         headers = {"Content-Type": "application/json"}
-        key = _api_key(self.cfg)
+        key = _api_key(cfg)
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        policy = RetryPolicy(max_attempts=int(self.cfg["max_attempts"]), cap_s=float(self.cfg["max_retry_wait_s"]))
+        policy = RetryPolicy(max_attempts=cfg.max_attempts, cap_s=cfg.max_retry_wait_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            client = Client(session, self.cfg["base_url"], headers, policy,
-                            int(float(self.cfg["max_response_mb"]) * (1 << 20)), seed=self.pid,
+            client = Client(session, cfg.base_url, headers, policy,
+                            int(cfg.max_response_mb * (1 << 20)), seed=self.pid,
                             breaker=self.breaker, pacer=self.pacer, on_trip=self._on_trip,
                             on_probe=self._on_probe, secret=key,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
@@ -348,12 +347,12 @@ async def amain() -> int:
     if kind is not Kind.CONFIG:
         print(f"evalsup worker: expected CONFIG, got {kind.name}", file=sys.stderr)
         return 2
-    cfg = decode_json(payload)
-    if cfg.get("trace_memory"):
-        import tracemalloc
-
-        tracemalloc.start(10)
     try:
+        cfg = WorkerConfig.from_wire(decode_json(payload))
+        if cfg.trace_memory:
+            import tracemalloc
+
+            tracemalloc.start(10)
         worker = Worker(cfg, reader, out)
     except Exception as e:
         out.send(encode_json(Kind.FATAL, {"message": f"{type(e).__name__}: {e}"}))

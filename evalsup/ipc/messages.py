@@ -1,0 +1,135 @@
+"""The typed contract at the process boundary: what each frame's payload holds, and the worker's config.
+
+Frames are ``ipc.frames.Kind`` + payload. The meta of TASK and RESULT frames keeps short keys on the wire
+(they cross the pipe once per task); the TypedDicts below name and explain each. The worker's settings cross
+as one CONFIG frame, a dict of ``WorkerConfig``'s fields, and are rebuilt into the frozen dataclass on the
+worker's side (``WorkerConfig.from_wire``): the defaults live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+from typing import Any, NotRequired, TypedDict
+
+
+class TaskMeta(TypedDict):
+    """supervisor -> worker, before the task line's bytes."""
+
+    k: int  # key: the task line's byte offset in the input (unique in the run)
+    n: int  # line number (1-based), for messages
+
+
+class ResultMeta(TypedDict):
+    """worker -> supervisor, before the finished output line's bytes (or with ``sh`` and no bytes)."""
+
+    k: int  # the task's key
+    ok: bool  # the record has no error
+    lat: float  # seconds from the first attempt to the last byte
+    att: int  # attempts made
+    rb: int  # bytes of the response body (the memory budget learns response sizes from it)
+    ec: str | None  # the record's error code, or None
+    ttft: float | None  # time to first token of a streamed answer
+    pt: int  # prompt tokens (usage)
+    ct: int  # completion tokens (usage)
+    sc: dict[str, Any] | None  # scores by scorer name
+    chk: NotRequired[int]  # present: a large body checked by simdjson rather than built (worker.bodies)
+    sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
+
+
+class Heartbeat(TypedDict):
+    inflight: int  # requests on the wire
+    queued: int  # tasks held and not begun
+    parked: int  # requests parked by the breaker
+    done: int
+    retries: int
+
+
+class Ready(TypedDict):
+    pid: int
+    concurrency: int
+
+
+class Trip(TypedDict):
+    reason: str  # why the worker thinks the endpoint is down
+
+
+class ProbeResult(TypedDict):
+    ok: bool
+    detail: str
+
+
+class Returned(TypedDict):
+    keys: list[int]  # tasks handed back unbegun on DRAIN
+
+
+class Message(TypedDict):
+    message: str  # FATAL: why the worker cannot go on
+
+
+class Leaks(TypedDict):
+    text: str  # LEAKS: top allocation sites (tracemalloc)
+
+
+class Limit(TypedDict):
+    inflight: int  # LIMIT: cap on requests in flight in this worker
+
+
+class Rate(TypedDict):
+    rps: float | None  # RATE: this worker's share of the global limits
+    tpm: float | None
+    arrivals: str  # "uniform" | "poisson"
+
+
+class Drain(TypedDict):
+    report: bool  # DRAIN: send LEAKS before exiting
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker needs; sent to it as the CONFIG frame (never holds the API key itself)."""
+
+    base_url: str
+    concurrency: int
+    limit: int | None = None  # requests it may have in flight at first (None: its concurrency)
+    api_key_env: str = "OPENAI_API_KEY"
+    api_key_file: str | None = None
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stream: bool = False
+    max_attempts: int = 5
+    max_retry_wait_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 120.0
+    total_timeout_s: float = 600.0
+    max_response_mb: float = 64.0
+    heartbeat_s: float = 1.0
+    insecure: bool = False
+    trace_memory: bool = False
+    plugin: str | None = None  # module:function called on each finished task (tests, hooks)
+    scorers: tuple[str, ...] = ()
+    scorer_timeout_s: float = 30.0
+    scorer_threads: int = 4
+    score_strip: bool = True
+    score_ignore_case: bool = False
+    score_pattern: str | None = None
+    ring_fd: int | None = None  # the shared-memory ring for large result lines (ipc.ring), if any
+    ring_size: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> WorkerConfig:
+        """Rebuild from a CONFIG frame; an unknown field is a protocol error (both sides are one version)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown worker config field(s): {', '.join(sorted(unknown))}")
+        if "scorers" in d:
+            d = {**d, "scorers": tuple(d["scorers"])}
+        return cls(**d)

@@ -1,0 +1,197 @@
+"""What workers say: one handler per frame kind (``Inbox.handlers``), a worker's exit, and the endpoint's
+breaker. Handlers update the ledger and the counts, and act only through the verbs of ``core``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from evalsup.config import RunConfig
+from evalsup.ipc import Kind, decode_json, split_meta
+from evalsup.ipc.frames import KEY, ProtocolError
+from evalsup.ipc.messages import ResultMeta
+from evalsup.ipc.ring import ring_size_from_env
+from evalsup.journal import Journal
+from evalsup.supervisor.core import RunStopped, SupervisorCore
+from evalsup.supervisor.events import write_leaks
+from evalsup.supervisor.policies import task_count_step
+from evalsup.supervisor.workers import Exit, State, WorkerHandle
+
+MIB = 1 << 20
+Handler = Callable[[WorkerHandle, memoryview], None]
+
+__all__ = ["Inbox", "RunStopped"]
+
+
+class Inbox(SupervisorCore):
+    def __init__(self, cfg: RunConfig, log: Any = None) -> None:
+        super().__init__(cfg, log)
+        if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
+            self.journal.on_written = self._release_rings  # a ring's space is free once its lines are written
+        self.journal.on_error = lambda message: self.stop(
+            f"{message}; the run directory still describes what is safely on disk", 1, "now")
+        self.journal.on_backlog_low = self._on_backlog_low
+        self.handlers: dict[Kind, Handler] = {
+            Kind.RESULT: self._on_result, Kind.RETURNED: self._on_returned, Kind.STARTED: self._on_started,
+            Kind.HEARTBEAT: self._on_heartbeat, Kind.TRIP: self._on_trip, Kind.PROBE_RESULT: self._on_probe_result,
+            Kind.READY: self._on_ready, Kind.FATAL: self._on_fatal, Kind.LEAKS: self._on_leaks,
+        }
+
+    # ----- what workers say -----
+
+    async def _reap(self, w: WorkerHandle) -> None:
+        assert w.proc is not None and w.stream is not None
+        err = await w.stream.closed
+        if err is not None:
+            self.log(f"worker {w.pid}: broken pipe ({err})")
+            w.kill(Exit.CRASHED)
+        rc = await w.proc.wait()
+        self._on_exit(w, rc)
+
+    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: memoryview) -> None:
+        handler = self.handlers.get(kind)
+        if handler is not None:
+            handler(w, payload)
+
+    def _on_result(self, w: WorkerHandle, payload: memoryview) -> None:
+        raw, line = split_meta(payload)
+        meta = cast(ResultMeta, raw)
+        ref = self.ledger.finished(w.id, meta["k"])
+        if ref is None:
+            return  # not ours any more (cannot happen while one worker holds each task)
+        sh = meta.get("sh")
+        if sh is not None:  # the line is in the worker's ring: the journal writes it from there
+            try:
+                if w.ring is None:
+                    raise ProtocolError("a result in a ring that was never made")
+                line = w.ring.line(int(sh[0]), int(sh[1]), self.journal.appended + int(sh[1]))
+            except (ProtocolError, TypeError, ValueError, IndexError) as e:
+                # the task stays the worker's, so it is handed on with the others when the broken worker goes
+                self.ledger.unfinish(w.id, ref)
+                raise ProtocolError(f"bad ring reference {sh!r}") from e
+            self.stats.ring_results += 1
+        self.journal.append(line)
+        self.stats.on_result(meta)
+        if self.metrics is not None:
+            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), max(0, int(meta["att"]) - 1))
+        if self.memory is not None and meta["ok"]:
+            self.memory.budget.observe(int(meta.get("rb", 0)))
+        w.done += 1
+        if w.credits >= w.refill or self.exhausted or self.ledger.suspects or self.stopping is not None:
+            self.credit.set()  # wake the dispatcher only when it has something to do: a refill, the end
+        step = task_count_step(w.done, w.task_limit, w.window) if not w.recycling else None
+        if step == "recycle":
+            self.recycle(w, "tasks")
+        elif step == "warm":
+            self.replace(w)  # warm up its successor, so the recycle costs no throughput
+        if self.journal.backlog > Journal.BACKLOG_HIGH and not self._backlogged:
+            self.journal.flush()  # the writer's progress is what releases the hold: give it all there is
+            self._backlogged = True  # the disk is behind: read no more results until it catches up
+            self.events("disk_behind", backlog=self.journal.backlog)
+            for x in self.workers:
+                if x.stream is not None:
+                    x.stream.hold("backlog")
+
+    def _on_returned(self, w: WorkerHandle, payload: memoryview) -> None:
+        self.ledger.returned(w.id, decode_json(payload).get("keys", []))
+        self.credit.set()
+
+    def _on_started(self, w: WorkerHandle, payload: memoryview) -> None:
+        for (k,) in KEY.iter_unpack(payload):
+            self.ledger.started(w.id, k)
+
+    def _on_heartbeat(self, w: WorkerHandle, payload: memoryview) -> None:
+        beat = decode_json(payload)
+        w.last_beat = time.monotonic()
+        w.parked = int(beat.get("parked", 0))
+        w.inflight = int(beat.get("inflight", 0))
+
+    def _on_ready(self, w: WorkerHandle, payload: memoryview) -> None:
+        w.ready()
+        self.credit.set()
+
+    def _on_fatal(self, w: WorkerHandle, payload: memoryview) -> None:
+        w.fatal = str(decode_json(payload).get("message"))
+
+    def _on_leaks(self, w: WorkerHandle, payload: memoryview) -> None:
+        self.log(write_leaks(self.cfg.run_dir, w.pid, str(decode_json(payload).get("text", ""))))
+
+    def _release_rings(self) -> None:
+        """After each write of the journal (``on_written``), the only time ``written`` moves."""
+        written = self.journal.written
+        for w in self.workers:
+            w.release_ring(written)
+
+    def _on_backlog_low(self) -> None:
+        if self._backlogged:
+            self._backlogged = False
+            for x in self.workers:
+                if x.stream is not None:
+                    x.stream.release("backlog")
+
+    def _on_exit(self, w: WorkerHandle, rc: int) -> None:
+        how = w.exited()
+        if w in self.workers:
+            self.workers.remove(w)
+        for ref in self.ledger.gone(w.id, died=how.died):
+            self.poison(ref)
+        self.credit.set()
+        self._send_rates()
+        if w.fatal and self.stopping is None:
+            self.stop(f"worker could not start: {w.fatal}", 2, "now")
+            return
+        if self.stopping is not None or how.planned:
+            return
+        cause = "hung" if how is Exit.HUNG else "crashed"
+        self.stats.restarts[cause] += 1
+        self.events("restart", cause=cause, pid=w.pid, exit=rc)
+        if self.metrics is not None:
+            self.metrics.restarts.labels(cause).inc()
+        if self.intensity.record(time.monotonic()):
+            self.stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
+                      f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", 1, "now")
+            return
+        self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
+                 f"{self.ledger.waiting()} task(s) handed on; "
+                 + ("its successor was already starting" if w.replaced else "starting a new one"))
+        self.replace(w)
+
+    # ----- the endpoint -----
+
+    def _on_trip(self, w: WorkerHandle, payload: memoryview) -> None:
+        reason = str(decode_json(payload).get("reason", ""))
+        if self.breaker.trip(time.monotonic(), reason):
+            self.log(f"endpoint looks down ({reason}); pausing dispatch and probing it, no task is failed meanwhile "
+                     f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
+            self.events("breaker_open", reason=reason)
+            self._broadcast(Kind.BREAKER_OPEN)
+        elif self.breaker.open:
+            w.send(Kind.BREAKER_OPEN)
+
+    def _on_probe_result(self, w: WorkerHandle, payload: memoryview) -> None:
+        r = decode_json(payload)
+        ok, detail = bool(r.get("ok")), str(r.get("detail", ""))
+        now = time.monotonic()
+        if self.breaker.probe_result(ok, now):
+            self.log(f"endpoint is back after {now - self.breaker.opened_at:.1f}s; resuming")
+            self.events("breaker_close", down_s=round(now - self.breaker.opened_at, 3))
+            self._broadcast(Kind.BREAKER_CLOSE)
+            self.credit.set()
+        elif self.breaker.open and not ok:
+            self.log(f"endpoint still down ({detail}); next probe in {self.breaker.interval:g}s")
+
+    def _breaker_tick(self, now: float) -> None:
+        b = self.breaker
+        if not b.open:
+            return
+        if b.down_too_long(now):
+            self.stop(f"the endpoint has been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
+                      f"({b.reason})", 1, "now")
+            return
+        if b.probe_due(now):
+            ready = [w for w in self.workers if w.state is State.READY]
+            if ready:
+                max(ready, key=lambda x: x.parked).send(Kind.PROBE)
+                b.probe_sent(now)
+
