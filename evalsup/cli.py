@@ -158,7 +158,8 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
     workers = kw["workers"]
     autoscale = workers is None
     if workers is None:
-        from evalsup.config import container_limit, default_workers
+        from evalsup.config import default_workers
+        from evalsup.supervisor.cgroup import container_limit
 
         limit = mb("memory_limit_mb") or container_limit()[0]
         workers = default_workers(limit)

@@ -137,14 +137,6 @@ def parse_shard(value: str | None, env: dict[str, str] | None = None) -> tuple[i
 WORKER_BASELINE = 100 * MIB  # what one idle worker costs (interpreter, aiohttp, uvloop), with headroom
 
 
-def container_limit() -> tuple[int | None, str]:
-    """The effective memory limit of this process's cgroup and where it came from."""
-    from evalsup.supervisor.cgroup import CgroupProbe
-
-    s = CgroupProbe.detect().sample()
-    return s.limit_bytes, s.source
-
-
 def default_workers(limit: int | None, cpus: int | None = None) -> int:
     """The most workers a run may have without --workers (it starts with one, see supervisor.scaling): 4,
     fewer when the CPUs or the memory limit cannot carry them (half the limit for baselines)."""

@@ -140,7 +140,7 @@ def load_scorer(spec: str, options: ScorerOptions) -> tuple[str, ScoreFn]:
     if ":" not in spec:
         raise ValueError(f"unknown scorer {spec!r}: use one of {', '.join(BUILTINS)}, module:function "
                          "or path/to/file.py:function")
-    from evalsup.worker.plugin import load_callable
+    from evalsup.plugin import load_callable
 
     user = load_callable(spec)
     return spec.rpartition(":")[2], user

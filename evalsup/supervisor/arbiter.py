@@ -20,8 +20,8 @@ import orjson
 
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.ipc import Kind
-from evalsup.ipc.frames import quiet_gc
 from evalsup.journal import JournalError
+from evalsup.process import quiet_gc
 from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.inbox import Inbox, RunStopped
 from evalsup.supervisor.memory import MemoryControl

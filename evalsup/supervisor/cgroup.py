@@ -375,3 +375,9 @@ def _working_set(usage: int | None, inactive_file: int | None) -> int | None:
     if inactive_file is None:
         return usage
     return max(usage - inactive_file, 0)
+
+
+def container_limit() -> tuple[int | None, str]:
+    """The effective memory limit of this process's cgroup and where it came from."""
+    s = CgroupProbe.detect().sample()
+    return s.limit_bytes, s.source

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from evalsup.ipc import FrameWriter, Kind, encode_json
-from evalsup.ipc.frames import BufferPool, PipeReader, encode_frame, encode_meta, widen_pipe
+from evalsup.ipc.frames import BufferPool, encode_frame, encode_meta, widen_pipe
 from evalsup.ipc.ring import POS, SupervisorRing
+from evalsup.supervisor.pipes import PipeReader
 from evalsup.tasks import TaskRef
 
 

@@ -21,16 +21,17 @@ import aiohttp
 import orjson
 
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
-from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head, quiet_gc, widen_pipe
+from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head, widen_pipe
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
+from evalsup.plugin import load_callable
+from evalsup.process import quiet_gc
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
 from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.breaker import LocalBreaker
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.pacing import Pacer
-from evalsup.worker.plugin import load_callable
 from evalsup.worker.retry import RetryPolicy
 from evalsup.worker.scoring import Scoring
 
