@@ -49,7 +49,13 @@ def run_options(f: Any) -> Any:
         click.option("--max-tokens", type=int, default=None, help="max_tokens for requests that do not set it."),
         click.option("--temperature", type=float, default=None, help="temperature for requests that do not set it."),
         click.option("--max-attempts", type=click.IntRange(1, 100), default=5, show_default=True,
-                     help="Attempts per task for retryable failures (connection errors, timeouts, 429, 5xx)."),
+                     help="Attempts a task may use up on failures of its own (connection errors, timeouts, 5xx, "
+                          "broken answers). Waiting on 429 / Retry-After and parking while the whole endpoint "
+                          "is down use none."),
+        click.option("--max-rate-limited-wait", type=click.FloatRange(0), default=1800.0, show_default=True,
+                     help="Seconds a task may spend waiting on 429 (and 503 with Retry-After) answers, which "
+                          "are the server's flow control and use no attempt; past it the task is written as "
+                          "failed (rate_limited)."),
         click.option("--timeout", "total_timeout", type=float, default=600.0, show_default=True,
                      help="Total seconds one attempt may take."),
         click.option("--connect-timeout", type=float, default=10.0, show_default=True,
@@ -142,7 +148,8 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
     wc = WorkerConfig(
         base_url=base_url, concurrency=0, api_key_env=kw["api_key_env"], api_key_file=kw["api_key_file"],
         model=kw["model"], max_tokens=kw["max_tokens"], temperature=kw["temperature"],
-        max_attempts=kw["max_attempts"], connect_timeout_s=kw["connect_timeout"],
+        max_attempts=kw["max_attempts"], max_rate_limited_s=kw["max_rate_limited_wait"],
+        connect_timeout_s=kw["connect_timeout"],
         read_timeout_s=kw["read_timeout"], total_timeout_s=kw["total_timeout"],
         max_response_mb=kw["max_response_mb"], insecure=kw["insecure"], plugin=kw["worker_plugin"],
         trace_memory=kw.get("trace_memory", False), stream=kw.get("stream", False),
@@ -254,6 +261,7 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
         names = ("model", "max_tokens", "temperature", "api_key_file", "worker_plugin", "out")
         kw: dict[str, Any] = dict.fromkeys(names)
         kw.update(workers=workers, concurrency=concurrency, window=0, fresh=False, max_attempts=5,
+                  max_rate_limited_wait=1800.0,
                   total_timeout=600.0, connect_timeout=10.0, read_timeout=120.0, max_response_mb=64.0,
                   max_line_mb=16.0, on_invalid="error", api_key_env="EVALSUP_DEMO_NO_KEY", insecure=False,
                   grace=20.0, hang_timeout=60.0, max_task_crashes=3, max_restarts=10, quiet=False,

@@ -221,42 +221,110 @@ def test_intensity_zero_tolerance() -> None:
 # ------------------------------------------------------------------------------------------ LocalBreaker (worker)
 
 
-def _trips(outcomes: list[bool]) -> list[int]:
-    """Where a fresh worker breaker trips over ``outcomes`` (True: failed endpoint-side), re-armed after each."""
+def _trips(events: list[tuple[int, str]]) -> list[int]:
+    """Where a fresh worker breaker trips over ``events`` of (task, what): "ok", "down" (endpoint-side),
+    "refused" (the connection itself), "mine" (a failure that is not endpoint-side); re-armed after each."""
     from evalsup.worker.breaker import LocalBreaker
 
-    b = LocalBreaker()
+    b = LocalBreaker(spread=3)
     at = []
-    for i, failed in enumerate(outcomes):
-        if b.record(failed):
+    for i, (task, what) in enumerate(events):
+        if what == "ok":
+            b.success()
+        elif b.record(task, what in ("down", "refused"), what == "refused"):
             at.append(i)
-            b.tripped = False  # as after the supervisor closed it again, but keeping the window
+            b.set_open(True)
+            b.set_open(False)  # as after the supervisor closed it again
     return at
 
 
-def test_breaker_trips_on_a_run_of_failures_or_most_recent_attempts_failing() -> None:
-    T, F = True, False
-    assert _trips([T] * 5) == [4]  # an outage: five endpoint-side failures in a row
-    assert _trips([F, T, T] * 10) == []  # two of three attempts failing, never five in a row
-    assert _trips([T, T, T, T, F]) == [4]  # 80 % of at least 5 attempts
-    # failures that left the 20-attempt window no longer count: 13 of 20 (never 80 % on the way), then 4
-    # successes and 4 failures leave 12 of the last 20; a count that kept the old ones would reach 17 and trip
-    assert _trips(([F, T, T] * 7)[:20] + [F] * 4 + [T] * 4) == []
+def test_one_task_failing_for_itself_never_trips_the_breaker() -> None:
+    assert _trips([(7, "down")] * 50) == []  # one poison task, retried over and over, alone at the end
+    assert _trips([(7, "down"), (1, "ok")] * 20) == []  # among tasks that succeed
+    assert _trips([(i, "mine") for i in range(50)]) == []  # 400s, broken answers: never the endpoint's
 
 
-def test_breaker_trips_where_the_window_says() -> None:
-    """Over long random histories the breaker trips exactly where the definition does: five endpoint-side
-    failures in a row, or at least 80 % of the last 20 attempts (once there are 5)."""
+def test_the_breaker_trips_on_distinct_tasks_or_a_refused_connection() -> None:
+    assert _trips([(1, "down"), (2, "down"), (1, "down"), (3, "down")]) == [3]  # three distinct tasks
+    assert _trips([(1, "down"), (2, "down"), (9, "ok"), (3, "down"), (4, "down")]) == []  # a success between
+    assert _trips([(1, "refused")]) == [0]  # no connection at all: the endpoint, whatever the task
+
+
+def test_the_breaker_trips_where_the_definition_says() -> None:
+    """Over long random histories: a trip exactly when the connection was refused, or when the endpoint-side
+    failures since the last success (or the last trip) cover three distinct tasks."""
     import random
 
     rng = random.Random(7)
-    for p in (0.5, 0.7, 0.8, 0.9):
-        outcomes = [rng.random() < p for _ in range(3000)]
-        expected = []
-        run = 0
-        for i, failed in enumerate(outcomes):
-            run = run + 1 if failed else 0
-            window = outcomes[max(0, i - 19) : i + 1]
-            if run >= 5 or (len(window) >= 5 and sum(window) >= 0.8 * len(window)):
-                expected.append(i)
-        assert _trips(outcomes) == expected
+    for p in (0.3, 0.6, 0.9):
+        events = [(rng.randrange(6), rng.choice(["down", "down", "mine", "refused"]) if rng.random() < p else "ok")
+                  for _ in range(3000)]
+        expected, failing = [], set()
+        for i, (task, what) in enumerate(events):
+            if what == "ok":
+                failing = set()
+            elif what in ("down", "refused"):
+                failing.add(task)
+                if what == "refused" or len(failing) >= 3:
+                    expected.append(i)
+                    failing = set()
+        assert _trips(events) == expected
+
+
+def test_retry_steps() -> None:
+    from evalsup.worker.errors import Code, answer, from_status, transport
+    from evalsup.worker.retry import RetryPolicy, Step
+
+    p = RetryPolicy(max_attempts=3, max_limited_s=60)
+    assert p.step(None, 1, 0) is Step.DONE
+    assert p.step(transport(Code.TIMEOUT_READ, "slow"), 1, 0) is Step.RETRY
+    assert p.step(transport(Code.TIMEOUT_READ, "slow"), 3, 0) is Step.DONE  # its attempts are used up
+    assert p.step(answer(Code.INVALID_RESPONSE, "no choices"), 2, 0) is Step.RETRY
+    assert p.step(answer(Code.TOO_LARGE, "big"), 1, 0) is Step.DONE
+    assert p.step(from_status(400, "bad", None), 1, 0) is Step.DONE
+    assert p.step(from_status(429, "slow down", None), 3, 0) is Step.WAIT  # flow control, whatever was used
+    assert p.step(from_status(503, "busy", 2.0), 3, 59) is Step.WAIT
+    assert p.step(from_status(503, "down", None), 1, 0) is Step.RETRY  # a 503 without Retry-After: a failure
+    assert p.step(from_status(429, "slow down", 1.0), 1, 60) is Step.GIVE_UP
+    assert p.step(from_status(401, "bad key", None), 1, 0) is Step.AUTH
+    assert p.flow_wait_s(1, 30.0, 50.0, __import__("random").Random(1)) == 10.0  # never past the budget
+
+
+def test_auth_watch_tells_a_lost_key_from_one_task_refused() -> None:
+    import asyncio
+
+    from evalsup.worker.breaker import AuthWatch
+
+    async def go() -> None:
+        w = AuthWatch(spread=3)
+        assert not w.refuse(1, inflight=10)
+        waiting = asyncio.create_task(w.wait())
+        await asyncio.sleep(0)
+        w.success()  # others succeed: the refusal was task 1's own
+        await asyncio.wait_for(waiting, 1)
+        assert not w.refuse(2, inflight=10) and not w.refuse(3, inflight=10)
+        assert w.refuse(4, inflight=10)  # three distinct tasks since the last success: the key is lost
+        w.success()
+        stuck = asyncio.create_task(w.wait())
+        await asyncio.sleep(0.05)
+        assert not stuck.done()  # held for the supervisor's stop, never written as failed
+        stuck.cancel()
+        assert AuthWatch().refuse(1, inflight=1)  # the only request in flight: nothing else can vouch for the key
+
+    asyncio.run(go())
+
+
+def test_endpoint_breaker_tells_a_false_alarm_from_an_outage() -> None:
+    from evalsup.supervisor.breaker import EndpointBreaker
+
+    b = EndpointBreaker(first_probe_s=1.0)
+    assert b.trip(10.0, "three tasks failed")
+    assert b.probe_due(10.0)  # at once
+    b.probe_sent(10.0)
+    assert b.probe_result(True, 10.1) and not b.was_down and b.false_alarms == 1
+    assert b.trip(20.0, "refused")
+    b.probe_sent(20.0)
+    assert not b.probe_result(False, 20.1)
+    assert not b.probe_due(20.5) and b.probe_due(21.2)  # then at growing intervals
+    b.probe_sent(21.2)
+    assert b.probe_result(True, 21.3) and b.was_down

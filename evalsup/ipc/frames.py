@@ -35,8 +35,8 @@ class Kind(enum.IntEnum):
     LIMIT = 6  # json {"inflight": n}: cap on requests in flight in this worker
     RATE = 7  # json {"rps": x | None, "tpm": y | None, "arrivals": "uniform" | "poisson"}: this worker's share
     BREAKER_OPEN = 8  # the endpoint is down: start nothing, park what fails endpoint-side
-    BREAKER_CLOSE = 9  # it is back: carry on
-    PROBE = 20  # try one parked request (or GET /models) and say how it went
+    BREAKER_CLOSE = 9  # json {"was_down": bool}: it is back (or was never down): carry on
+    PROBE = 20  # check the endpoint with a request of its own (GET /models) and say how it went
     RELEASE = 21  # u64 position: the worker's result ring is free before it (see ipc.ring)
     # worker -> supervisor
     READY = 10  # json {"pid": ..., "concurrency": ...}
@@ -50,6 +50,7 @@ class Kind(enum.IntEnum):
     PROBE_RESULT = 17  # json {"ok": bool, "detail": str}
     STARTED = 18  # 8-byte keys: the worker began these tasks (a crash blames only started tasks)
     RETURNED = 19  # json {"keys": [...]}: on DRAIN, the tasks it had not begun, handed back
+    AUTH = 22  # json {"message": str}: the endpoint refused the key for several tasks (worker.breaker.AuthWatch)
 
 
 _KINDS: dict[int, Kind] = {int(k): k for k in Kind}

@@ -26,7 +26,8 @@ class ResultMeta(TypedDict):
     k: int  # the task's key
     ok: bool  # the record has no error
     lat: float  # seconds from the first attempt to the last byte
-    att: int  # attempts made
+    att: int  # attempts counted against --max-attempts
+    rt: int  # requests re-sent: retries, 429 waits and requests parked through an outage
     rb: int  # bytes of the response body (the memory budget learns response sizes from it)
     ec: str | None  # the record's error code, or None
     ttft: float | None  # time to first token of a streamed answer
@@ -64,7 +65,7 @@ class Returned(TypedDict):
 
 
 class Message(TypedDict):
-    message: str  # FATAL: why the worker cannot go on
+    message: str  # FATAL: why the worker cannot go on; AUTH: what the endpoint said when it refused the key
 
 
 class Leaks(TypedDict):
@@ -79,6 +80,10 @@ class Rate(TypedDict):
     rps: float | None  # RATE: this worker's share of the global limits
     tpm: float | None
     arrivals: str  # "uniform" | "poisson"
+
+
+class BreakerClose(TypedDict):
+    was_down: bool  # a probe failed while open: parked attempts are not counted against --max-attempts
 
 
 class Drain(TypedDict):
@@ -100,6 +105,7 @@ class WorkerConfig:
     stream: bool = False
     max_attempts: int = 5
     max_retry_wait_s: float = 60.0
+    max_rate_limited_s: float = 1800.0  # the most a task may wait on 429s (then a rate_limited record)
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 120.0
     total_timeout_s: float = 600.0

@@ -214,10 +214,18 @@ class Supervisor(Inbox):
 
     async def _ticker(self) -> None:
         cfg = self.cfg
-        last_flush = last_cp = time.monotonic()
+        last_flush = last_cp = prev = time.monotonic()
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
+            missed = now - prev - 0.25
+            prev = now
+            if missed > 2.0:
+                # the supervisor itself did not run (the tree was frozen: docker pause, SIGSTOP, a suspended
+                # laptop): its workers could not beat either, and must not be taken for hung
+                for w in self.workers:
+                    w.last_beat += missed
+                    w.started += missed
             try:
                 if now - last_cp >= cfg.checkpoint_interval_s:
                     await self.checkpoint()

@@ -1,5 +1,10 @@
 """The circuit breaker's policy: when the endpoint is down, wait and probe instead of failing tasks.
 
+A worker trips it on evidence that the endpoint as a whole fails (worker.breaker.LocalBreaker); the first
+probe (a request of the worker's own, GET /models) goes at once, and later ones at growing intervals. It
+closes on a good probe, saying whether the endpoint had been down (some probe failed): if not, the trip was a
+false alarm (tasks failing for themselves) and the attempts parked meanwhile count against their tasks.
+
 No I/O and no clock reads: the supervisor passes the time in and carries out the decisions (pause
 dispatch, broadcast open/close, send a probe).
 """
@@ -21,6 +26,8 @@ class EndpointBreaker:
         self.probe_sent_at = 0.0
         self.opened = 0  # how many times it opened
         self.down_s = 0.0  # total time open (closed episodes)
+        self.was_down = False  # in this opening, a probe failed: the endpoint was down, not just some tasks
+        self.false_alarms = 0  # openings closed by their first probe
 
     def trip(self, now: float, reason: str) -> bool:
         """A worker saw most attempts fail endpoint-side; True when this opens the breaker."""
@@ -30,8 +37,9 @@ class EndpointBreaker:
         self.reason = reason
         self.opened_at = now
         self.interval = self.first_probe_s
-        self.next_probe_at = now + self.interval
+        self.next_probe_at = now  # check at once: a false alarm must cost the tasks as little as possible
         self.probe_out = False
+        self.was_down = False
         self.opened += 1
         return True
 
@@ -54,9 +62,12 @@ class EndpointBreaker:
         if ok:
             self.open = False
             self.down_s += now - self.opened_at
+            if not self.was_down:
+                self.false_alarms += 1
             return True
-        self.interval = min(self.max_probe_s, self.interval * 2)
+        self.was_down = True
         self.next_probe_at = now + self.interval
+        self.interval = min(self.max_probe_s, self.interval * 2)
         return False
 
     def down_too_long(self, now: float) -> bool:

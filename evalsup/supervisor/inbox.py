@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from evalsup.config import RunConfig
+from evalsup.exitcodes import RESUMABLE
 from evalsup.ipc import Kind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, ProtocolError
 from evalsup.ipc.messages import ResultMeta
@@ -36,6 +37,7 @@ class Inbox(SupervisorCore):
             Kind.RESULT: self._on_result, Kind.RETURNED: self._on_returned, Kind.STARTED: self._on_started,
             Kind.HEARTBEAT: self._on_heartbeat, Kind.TRIP: self._on_trip, Kind.PROBE_RESULT: self._on_probe_result,
             Kind.READY: self._on_ready, Kind.FATAL: self._on_fatal, Kind.LEAKS: self._on_leaks,
+            Kind.AUTH: self._on_auth,
         }
 
     # ----- what workers say -----
@@ -74,7 +76,7 @@ class Inbox(SupervisorCore):
         self.journal.append(line)
         self.stats.on_result(meta)
         if self.metrics is not None:
-            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), max(0, int(meta["att"]) - 1))
+            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
@@ -173,13 +175,24 @@ class Inbox(SupervisorCore):
         r = decode_json(payload)
         ok, detail = bool(r.get("ok")), str(r.get("detail", ""))
         now = time.monotonic()
-        if self.breaker.probe_result(ok, now):
-            self.log(f"endpoint is back after {now - self.breaker.opened_at:.1f}s; resuming")
-            self.events("breaker_close", down_s=round(now - self.breaker.opened_at, 3))
-            self._broadcast(Kind.BREAKER_CLOSE)
+        b = self.breaker
+        if b.probe_result(ok, now):
+            if b.was_down:
+                self.log(f"endpoint is back after {now - b.opened_at:.1f}s; resuming")
+            else:
+                self.log(f"endpoint answers ({detail}): the failures were those tasks' own; they use up their "
+                         "attempts (--max-attempts)")
+            self.events("breaker_close", down_s=round(now - b.opened_at, 3), was_down=b.was_down)
+            self._broadcast(Kind.BREAKER_CLOSE, {"was_down": b.was_down})
             self.credit.set()
         elif self.breaker.open and not ok:
             self.log(f"endpoint still down ({detail}); next probe in {self.breaker.interval:g}s")
+
+    def _on_auth(self, w: WorkerHandle, payload: memoryview) -> None:
+        said = str(decode_json(payload).get("message", ""))[:200]
+        self.events("auth_refused", pid=w.pid)
+        self.stop(f"the endpoint refused the API key for several tasks ({said}); no task was failed for it: fix "
+                  "the key (OPENAI_API_KEY or --api-key-file) and rerun the same command to resume", RESUMABLE, "now")
 
     def _breaker_tick(self, now: float) -> None:
         b = self.breaker

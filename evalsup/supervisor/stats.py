@@ -77,7 +77,7 @@ class RunStats:
             self.failed += 1
         self.session_done += 1
         self.latency.add(float(meta["lat"]))
-        self.retries += max(0, int(meta.get("att", 1)) - 1)
+        self.retries += int(meta["rt"])
         code = meta.get("ec")
         if code:
             self.errors[code] = self.errors.get(code, 0) + 1

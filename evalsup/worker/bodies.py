@@ -38,7 +38,10 @@ def one_line(raw: bytes) -> bool:
 
 
 class UsageOnly(dict[str, Any]):
-    """What was taken out of a body that was checked, not built: its ``usage``, if it has one."""
+    """What was taken out of a body that was checked, not built: its ``usage``, if it has one, and whether
+    it has the key an answer must have (``has_answer``)."""
+
+    has_answer = True
 
 
 _NO = object()  # _usage's answer when simdjson cannot tell: orjson decides
@@ -53,19 +56,24 @@ class BodyParser:
         self.whole = whole or not HAVE_SIMDJSON
         self._parser: Any = None
 
-    def parse(self, raw: bytes, single: bool) -> Any:
-        """``single``: ``one_line(raw)``, which the caller needs too."""
+    def parse(self, raw: bytes, single: bool, need: str | None = None) -> Any:
+        """``single``: ``one_line(raw)``, which the caller needs too; ``need``: a top-level key whose presence
+        a UsageOnly reports (``has_answer``)."""
         if self.whole or not single or not LARGE <= len(raw) <= LARGEST or raw.startswith(_BOM):
             return orjson.loads(raw)
-        usage = self._usage(raw)
+        usage, has = self._usage(raw, need)
         if usage is _NO:
             # outside the failed check, whose buffers (as large as the body, or larger) are gone by now
             return orjson.loads(raw)
-        return UsageOnly() if usage is None else UsageOnly(usage=usage)
+        out = UsageOnly() if usage is None else UsageOnly(usage=usage)
+        if not has:
+            out.has_answer = False
+        return out
 
-    def _usage(self, raw: bytes) -> Any:
+    def _usage(self, raw: bytes, need: str | None = None) -> tuple[Any, bool]:
         """The body's usage (None without one), or _NO: refused, a big integer, a parser still in use, or a
-        body with two "usage" keys (simdjson would take the first, a reader of the line the last)."""
+        body with two "usage" keys (simdjson would take the first, a reader of the line the last); and whether
+        the top-level object has the key ``need``."""
         if len(raw) > KEEP:
             parser = simdjson.Parser()  # dropped with its buffers once this body is checked
         else:
@@ -75,16 +83,18 @@ class BodyParser:
         try:
             doc = parser.parse(raw)
             if not isinstance(doc, simdjson.Object):
-                return None
-            if sum(k == "usage" for k in doc) > 1:  # the keys only: no value is built
-                return _NO
+                return None, need is None
+            keys = list(doc)  # the keys only: no value is built
+            if sum(k == "usage" for k in keys) > 1:
+                return _NO, True
+            has = need is None or need in keys
             usage = doc.get("usage")
             if isinstance(usage, simdjson.Object):
-                return usage.as_dict()
+                return usage.as_dict(), has
             if isinstance(usage, simdjson.Array):
-                return usage.as_list()
-            return usage  # views into the parser's document go with this frame: the next parse can reuse it
+                return usage.as_list(), has
+            return usage, has  # views into the parser's document go with this frame: the next parse can reuse it
         except Exception:
             if parser is self._parser:
                 self._parser = None  # a fresh one next time, should this one be stuck (views of it kept)
-            return _NO
+            return _NO, True

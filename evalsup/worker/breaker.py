@@ -1,83 +1,91 @@
-"""The worker's side of the circuit breaker.
+"""The worker's side of the circuit breaker: evidence that the endpoint as a whole is failing.
 
-The worker watches its recent attempts; when most of them failed for an endpoint-side reason
-(connection refused or reset, timeouts, 500/502/503/504) it trips and tells the supervisor, which opens
-the breaker for every worker. While open, no request starts and a request that failed endpoint-side is
-parked instead of using up its attempts. The supervisor asks for probes; a parked request (or, with none,
-a GET of /models) is tried once, and the result goes back. On close, parked requests carry on with a
-fresh attempt budget: tasks are not failed while the endpoint is down.
+Evidence is the connection itself refused, or endpoint-side failures (resets, timeouts, 500/502/503/504) of
+``spread`` distinct tasks with no success in between: one task that always fails is that task's problem, and
+uses up its own attempts. On evidence the worker trips and tells the supervisor, which opens the breaker for
+every worker and checks the endpoint with a request of its own (GET /models), never with a parked task.
+While open, no request starts, and a request whose attempt failed endpoint-side is parked. On close the
+supervisor says whether the endpoint had been down (a probe failed): then the parked attempts are not
+counted against --max-attempts (no task pays for an outage); if it was up after all, they are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-
-ENDPOINT_STATUSES = frozenset({500, 502, 503, 504})
-
-
-def endpoint_side(status: int | None, code: str | None) -> bool:
-    """Did this failed attempt fail because the endpoint is unwell (rather than the request)?"""
-    if status is None:
-        return code in ("connection_error", "timeout_connect", "timeout_read", "timeout_total")
-    return status in ENDPOINT_STATUSES
 
 
 class LocalBreaker:
-    def __init__(self, window: int = 20, min_attempts: int = 5, ratio: float = 0.8, run: int = 5) -> None:
-        self.recent: collections.deque[bool] = collections.deque(maxlen=window)
-        self.run = run  # this many endpoint-side failures in a row trip at once (an outage hits all in flight)
-        self.consecutive = 0
-        self.failures = 0  # of the attempts in `recent` (kept, not summed per attempt)
-        self.min_attempts = min_attempts
-        self.ratio = ratio
+    def __init__(self, spread: int = 3) -> None:
+        self.spread = spread
+        self.failing: set[int] = set()  # distinct tasks failing endpoint-side since the last success
         self.open = False
         self.tripped = False  # we told the supervisor; reset on close
-        self.probes = 0  # probe turns granted and not yet taken
-        self.changed = asyncio.Condition()
+        self.was_down = False  # how the last opening ended: the endpoint had been down
+        self._closed = asyncio.Event()
+        self._closed.set()
 
-    def record(self, failed_endpoint_side: bool) -> bool:
-        """Record one attempt; True when this worker should now trip (tell the supervisor)."""
-        recent = self.recent
-        if len(recent) == recent.maxlen and recent[0]:
-            self.failures -= 1  # the oldest goes out of the window
-        recent.append(failed_endpoint_side)
-        if failed_endpoint_side:
-            self.failures += 1
-            self.consecutive += 1
-        else:
-            self.consecutive = 0
+    def record(self, key: int, endpoint_side: bool, refused: bool = False) -> bool:
+        """Record one failed attempt of task ``key``; True when this worker should now trip."""
+        if not endpoint_side:
+            return False
+        self.failing.add(key)
         if self.tripped or self.open:
             return False
-        n = len(recent)
-        if self.consecutive >= self.run or (n >= self.min_attempts and self.failures >= self.ratio * n):
+        if refused or len(self.failing) >= self.spread:
             self.tripped = True
             return True
         return False
 
-    async def set_open(self, is_open: bool) -> None:
-        async with self.changed:
-            self.open = is_open
-            if not is_open:
-                self.tripped = False
-                self.probes = 0
-                self.recent.clear()
-                self.failures = 0
-                self.consecutive = 0
-            self.changed.notify_all()
+    def success(self) -> None:
+        self.failing.clear()
 
-    async def grant_probe(self) -> None:
-        async with self.changed:
-            self.probes += 1
-            self.changed.notify_all()
+    def set_open(self, is_open: bool, was_down: bool = False) -> None:
+        self.open = is_open
+        if is_open:
+            self._closed.clear()
+        else:
+            self.tripped = False
+            self.was_down = was_down
+            self.failing.clear()
+            self._closed.set()
 
-    async def wait_turn(self) -> str:
-        """Park until the breaker closes ("closed") or this request may be the probe ("probe")."""
-        async with self.changed:
-            while True:
-                if not self.open:
-                    return "closed"
-                if self.probes > 0:
-                    self.probes -= 1
-                    return "probe"
-                await self.changed.wait()
+    async def wait_closed(self) -> bool:
+        """Park until the breaker closes; True when the endpoint had been down (the attempt is not counted)."""
+        await self._closed.wait()
+        return self.was_down
+
+
+class AuthWatch:
+    """401/403 for ``spread`` distinct tasks with no success in between, or for every request in flight:
+    the key was refused (revoked mid-run), and the run must stop resumably rather than fail every task.
+
+    A refused request waits here for the verdict: after a success, it was that task's own refusal (written as
+    a failed record); once the key is judged lost it waits for good, and the supervisor stops the run, so the
+    task is redone by the rerun with a good key."""
+
+    def __init__(self, spread: int = 3) -> None:
+        self.spread = spread
+        self.refused: set[int] = set()
+        self.lost = False
+        self._released = asyncio.Event()
+
+    def refuse(self, key: int, inflight: int) -> bool:
+        """Task ``key`` was refused; True when this makes the key lost (tell the supervisor, once)."""
+        self.refused.add(key)
+        if not self.lost and (len(self.refused) >= self.spread or len(self.refused) >= inflight):
+            self.lost = True
+            return True
+        return False
+
+    def success(self) -> None:
+        if self.refused and not self.lost:
+            self.refused.clear()
+            self._released.set()
+            self._released = asyncio.Event()
+
+    async def wait(self) -> None:
+        """Returns when the refusal was the task's own (a success came first); never once the key is lost."""
+        if not self.lost:
+            await self._released.wait()
+        if self.lost:
+            await asyncio.Event().wait()  # until the supervisor stops the run and this worker with it

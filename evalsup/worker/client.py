@@ -13,10 +13,12 @@ import aiohttp
 import orjson
 
 from evalsup.tasks import join_url
-from evalsup.worker.bodies import BodyParser, one_line
-from evalsup.worker.breaker import LocalBreaker, endpoint_side
+from evalsup.worker import errors
+from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
+from evalsup.worker.breaker import AuthWatch, LocalBreaker
+from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
-from evalsup.worker.retry import RetryPolicy, parse_retry_after
+from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
 from evalsup.worker.sse import StreamAssembler, StreamCut
 
 
@@ -39,6 +41,7 @@ class Outcome:
     ttft_s: float | None = None
     itl_s: float | None = None
     raw_json: bytes | None = None  # the endpoint's own bytes when ``body`` is them (a Fragment)
+    sent: int = 1  # requests sent: attempts, and the ones no attempt was counted for (429 waits, outages)
 
 
 @dataclass(slots=True)
@@ -47,11 +50,9 @@ class Attempt:
     raw: bytes
     parsed: Any
     request_id: str | None
-    retry_after: float | None
-    error: dict[str, str] | None
+    failure: Failure | None  # None on success
     ttft_s: float | None = None
     itl_s: float | None = None
-    final: bool = False  # not worth retrying whatever the status (e.g. too large)
     one_line: bool | None = None  # whether raw has no line break, when already known
 
 
@@ -90,7 +91,8 @@ class Client:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
                  policy: RetryPolicy, max_response_bytes: int, seed: int, breaker: LocalBreaker,
                  pacer: Pacer, on_trip: Callable[[str], None], on_probe: Callable[[bool, str], None],
-                 secret: str | None = None, whole_bodies: bool = True) -> None:
+                 secret: str | None = None, whole_bodies: bool = True, auth: AuthWatch | None = None,
+                 on_auth: Callable[[str], None] | None = None, inflight: Callable[[], int] = lambda: 1) -> None:
         self.session = session
         self.base_url = base_url
         self.headers = headers
@@ -101,12 +103,16 @@ class Client:
         self.pacer = pacer
         self.on_trip = on_trip
         self.on_probe = on_probe
+        self.auth = auth or AuthWatch()
+        self.on_auth = on_auth or (lambda message: None)
+        self.inflight = inflight  # requests this worker has begun and not answered (AuthWatch's evidence)
         self.secret = secret.encode() if secret else None
         # whole_bodies: something (a scorer, a plugin) reads the parsed body; else a large one only needs checking
         self.bodies = BodyParser(whole_bodies)
         self.parked = 0
         self.retries = 0
         self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
+        self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
 
     def _scrub(self, raw: bytes) -> bytes:
         # An endpoint may echo request headers in an error; the key must never reach a file.
@@ -149,7 +155,8 @@ class Client:
         raw = orjson.dumps(body)
         return raw, body, asm
 
-    async def attempt(self, url: str, payload: bytes, stream: bool) -> Attempt:
+    async def attempt(self, url: str, payload: bytes, stream: bool, need: str | None = None) -> Attempt:
+        """One request; ``need``: the key a 200 body must have to be an answer (errors.answer_key)."""
         start = time.monotonic()
         status: int | None = None
         request_id: str | None = None
@@ -163,43 +170,51 @@ class Client:
                 if stream and status == 200 and resp.content_type == "text/event-stream":
                     raw, parsed, asm = await self._read_stream(resp, start)
                     raw = self._scrub(raw)
-                    return Attempt(200, raw, parsed, request_id, None, None, asm.ttft_s, asm.itl_s)
+                    return Attempt(200, raw, parsed, request_id, None, asm.ttft_s, asm.itl_s)
                 raw = self._scrub(await self._read(resp))
         except ResponseTooLarge as e:
-            return Attempt(status, b"", None, request_id, None,
-                           {"code": "response_too_large",
-                            "message": f"response of {e.args[0]} bytes exceeds --max-response-mb"}, final=True)
+            return Attempt(status, b"", None, request_id, errors.answer(
+                Code.TOO_LARGE, f"response of {e.args[0]} bytes exceeds --max-response-mb", status))
         except StreamCut as e:
-            return Attempt(None, b"", None, request_id, None, {"code": "stream_cut", "message": str(e)})
+            return Attempt(None, b"", None, request_id, errors.transport(Code.STREAM_CUT, str(e)))
         except aiohttp.ConnectionTimeoutError:
-            return Attempt(None, b"", None, None, None,
-                           {"code": "timeout_connect", "message": "no connection within --connect-timeout"})
+            return Attempt(None, b"", None, None, errors.transport(
+                Code.TIMEOUT_CONNECT, "no connection within --connect-timeout"))
         except aiohttp.SocketTimeoutError:
-            return Attempt(None, b"", None, request_id, None,
-                           {"code": "timeout_read", "message": "no data within --read-timeout"})
+            return Attempt(None, b"", None, request_id, errors.transport(
+                Code.TIMEOUT_READ, "no data within --read-timeout"))
         except TimeoutError:
-            return Attempt(None, b"", None, request_id, None,
-                           {"code": "timeout_total", "message": "the attempt took longer than --timeout"})
+            return Attempt(None, b"", None, request_id, errors.transport(
+                Code.TIMEOUT_TOTAL, "the attempt took longer than --timeout"))
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
-            code = "stream_cut" if stream else "connection_error"
-            msg = f"{type(e).__name__}: {e}"[:300]
-            return Attempt(None, b"", None, request_id, None, {"code": code, "message": msg})
+            code = Code.STREAM_CUT if stream else Code.CONNECTION
+            return Attempt(None, b"", None, request_id, errors.transport(code, f"{type(e).__name__}: {e}"[:300]))
+        except aiohttp.ClientConnectorError as e:  # the connection itself: refused, no route, no such host
+            return Attempt(None, b"", None, None, errors.transport(
+                Code.CONNECTION_REFUSED, f"{type(e).__name__}: {e}"[:300]))
         except (aiohttp.ClientError, ValueError) as e:
-            return Attempt(None, b"", None, request_id, None,
-                           {"code": "connection_error", "message": f"{type(e).__name__}: {e}"[:300]})
+            return Attempt(None, b"", None, request_id, errors.transport(
+                Code.CONNECTION, f"{type(e).__name__}: {e}"[:300]))
         single = one_line(raw) if status == 200 else None
         try:
-            parsed = self.bodies.parse(raw, single) if single is not None else orjson.loads(raw)
+            parsed = self.bodies.parse(raw, single, need) if single is not None else orjson.loads(raw)
         except orjson.JSONDecodeError:
-            # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another attempt
-            return Attempt(None if status == 200 else status, raw, None, request_id, retry_after,
-                           {"code": "invalid_json", "message": f"HTTP {status}: response body is not valid JSON"})
+            if status == 200:  # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another
+                return Attempt(200, raw, None, request_id, errors.answer(
+                    Code.INVALID_JSON, "HTTP 200: response body is not valid JSON"))
+            parsed = None
         if status == 200:
-            return Attempt(200, raw, parsed, request_id, None, None, one_line=single)
-        return Attempt(status, raw, parsed, request_id, retry_after,
-                       {"code": f"http_{status}", "message": _error_message(parsed, status)})
+            if need is not None and not (parsed.has_answer if isinstance(parsed, UsageOnly)
+                                         else isinstance(parsed, dict) and need in parsed):
+                return Attempt(200, raw, None, request_id, errors.answer(
+                    Code.INVALID_RESPONSE, f"HTTP 200 without {need!r}: not an answer for this endpoint"))
+            return Attempt(200, raw, parsed, request_id, None, one_line=single)
+        assert status is not None
+        return Attempt(status, raw, parsed, request_id,
+                       errors.from_status(status, _error_message(parsed, status), retry_after))
 
-    async def execute(self, path: str, body: dict[str, Any]) -> Outcome:
+    async def execute(self, path: str, body: dict[str, Any], key: int = 0) -> Outcome:
+        """All the attempts of task ``key``, as the retry policy steps them (``retry.RetryPolicy.step``)."""
         url = self._urls.get(path)
         if url is None:
             url = join_url(self.base_url, path)
@@ -211,60 +226,117 @@ class Client:
             if not isinstance(opts, dict) or "include_usage" not in opts:
                 body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
         payload = orjson.dumps(body)
+        need = answer_key(path)
+        model = body.get("model")
+        if isinstance(model, str):
+            self._last = (path, model)
         estimate = estimate_tokens(body) if self.pacer.tpm else 0
         start = time.monotonic()
-        attempts = 0  # real attempts, for metrics
-        budget_used = 0  # attempts that count against --max-attempts (reset when the breaker closes)
-        probing = False
+        used = 0  # attempts counted against --max-attempts
+        limited_s = 0.0  # time spent waiting on the server's flow control (429)
+        waits = sent = 0
+        policy = self.policy
         while True:
             if self.pacer.rps is not None:  # (no coroutine to make and await per request without a limit)
                 await self.pacer.request_slot()
             if self.pacer.tpm is not None:
                 await self.pacer.charge_tokens(estimate)
-            attempts += 1
-            budget_used += 1
-            a = await self.attempt(url, payload, stream)
-            ok = a.error is None
-            if self.pacer.tpm and ok and isinstance(a.parsed, dict):
-                usage = a.parsed.get("usage")
-                if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-                    self.pacer.correct_tokens(usage["total_tokens"] - estimate)
-            down = not ok and endpoint_side(a.status, a.error["code"] if a.error else None)
-            if self.breaker.record(down):
-                self.breaker.open = True
-                self.on_trip(a.error["message"] if a.error else "failures")
-            if probing:
-                self.on_probe(not down, a.error["message"] if a.error else "ok")
-                probing = False
-            if ok or a.final or not self.policy.retryable(a.status):
-                return self._outcome(a, attempts, start)
-            if down and self.breaker.open:
+            used += 1
+            sent += 1
+            a = await self.attempt(url, payload, stream, need)
+            f = a.failure
+            if f is None:
+                self.breaker.success()
+                self.auth.success()
+                if self.pacer.tpm and isinstance(a.parsed, dict):
+                    usage = a.parsed.get("usage")
+                    if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
+                        self.pacer.correct_tokens(usage["total_tokens"] - estimate)
+                return self._outcome(a, used, start, sent)
+            if self.breaker.record(key, f.endpoint_side, f.refused):
+                self.breaker.open = True  # at once here; the supervisor opens it for every worker
+                self.on_trip(f.message)
+            step = policy.step(f, used, limited_s)
+            if step is Step.WAIT:
+                used -= 1  # the server's flow control is not the task's failure
+                waits += 1
+                w = policy.flow_wait_s(waits, f.retry_after, limited_s, self.rng)
+                limited_s += w
+                self.retries += 1
+                await asyncio.sleep(w)
+                continue
+            if step is Step.GIVE_UP:
+                msg = f"still rate-limited ({f.code}) after {limited_s:.0f}s of waiting (--max-rate-limited-wait)"
+                return self._outcome(a, used, start, sent, {"code": Code.RATE_LIMITED.value, "message": msg})
+            if step is Step.AUTH:
+                if self.auth.refuse(key, self.inflight()):
+                    self.on_auth(f.message)
                 self.parked += 1
                 try:
-                    turn = await self.breaker.wait_turn()
+                    await self.auth.wait()  # returns only when the refusal was this task's own
                 finally:
                     self.parked -= 1
-                probing = turn == "probe"
-                if turn == "closed":
-                    budget_used = 0
+                return self._outcome(a, used, start, sent)
+            if f.endpoint_side and self.breaker.open:
+                self.parked += 1
+                try:
+                    was_down = await self.breaker.wait_closed()
+                finally:
+                    self.parked -= 1
                 self.retries += 1
+                if was_down:
+                    used -= 1  # no task pays for an outage of the whole endpoint
+                    continue
+                if step is Step.DONE:  # a false alarm: the failure was the task's own
+                    return self._outcome(a, used, start, sent)
+                await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
                 continue
-            if budget_used >= self.policy.max_attempts:
-                return self._outcome(a, attempts, start)
+            if step is Step.DONE:
+                return self._outcome(a, used, start, sent)
             self.retries += 1
-            await asyncio.sleep(self.policy.wait_s(attempts, a.retry_after, self.rng))
+            await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
 
-    def _outcome(self, a: Attempt, attempts: int, start: float) -> Outcome:
+    def _outcome(self, a: Attempt, attempts: int, start: float, sent: int,
+                 error: dict[str, str] | None = None) -> Outcome:
         body = body_value(a.raw, a.parsed, a.one_line) if a.parsed is not None else None
-        return Outcome(a.status, body, len(a.raw), a.request_id, a.error, attempts, time.monotonic() - start,
-                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None)
+        if error is None and a.failure is not None:
+            error = a.failure.record()
+        return Outcome(a.status, body, len(a.raw), a.request_id, error, attempts, time.monotonic() - start,
+                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent)
 
-    async def probe_models(self) -> None:
-        """A probe when no request is parked here: GET /models, once."""
+    def _probe_request(self) -> tuple[str, bytes] | None:
+        """The tiny request the connection check makes, for the path and model of the last task seen here."""
+        if self._last is None:
+            return None
+        path, model = self._last
+        body: dict[str, Any] = {"model": model}
+        p = path.partition("?")[0].rstrip("/")
+        if p.endswith("/chat/completions"):
+            body.update(messages=[{"role": "user", "content": "ping"}], max_tokens=1)
+        elif p.endswith("/completions"):
+            body.update(prompt="ping", max_tokens=1)
+        elif p.endswith("/embeddings"):
+            body.update(input="ping")
+        elif p.endswith("/responses"):
+            body.update(input="ping", max_output_tokens=16)
+        else:
+            return None
+        return join_url(self.base_url, path), orjson.dumps(body)
+
+    async def probe(self) -> None:
+        """The breaker's probe, a request of its own, never a parked task's: the connection check's tiny
+        request for the last task's path and model (GET /models before any task). Any answer but a 5xx (a
+        400, a 429 included) says the endpoint as a whole serves."""
+        req = self._probe_request()
+        what = "a 1-token request" if req is not None else "GET /models"
         try:
-            async with self.session.get(join_url(self.base_url, "/v1/models"), headers=self.headers) as resp:
+            if req is not None:
+                ctx = self.session.post(req[0], data=req[1], headers=self.headers)
+            else:
+                ctx = self.session.get(join_url(self.base_url, "/v1/models"), headers=self.headers)
+            async with ctx as resp:
                 await resp.read()
-                ok = resp.status < 500
-        except (aiohttp.ClientError, TimeoutError):
-            ok = False
-        self.on_probe(ok, "GET /models")
+                ok, detail = resp.status < 500, f"{what}: HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            ok, detail = False, f"{what}: {type(e).__name__}: {e}"[:300]
+        self.on_probe(ok, detail)

@@ -29,7 +29,7 @@ from evalsup.process import quiet_gc
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
 from evalsup.worker.bodies import UsageOnly
-from evalsup.worker.breaker import LocalBreaker
+from evalsup.worker.breaker import AuthWatch, LocalBreaker
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy
@@ -77,7 +77,8 @@ class Worker:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.pid = os.getpid()
-        self.breaker = LocalBreaker(run=max(1, min(5, cfg.max_attempts)))
+        self.breaker = LocalBreaker()
+        self.auth = AuthWatch()
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -167,7 +168,7 @@ class Worker:
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
         try:
-            oc = await client.execute(url, body)
+            oc = await client.execute(url, body, meta["k"])
         except Exception as e:  # a bug must cost one record, never the worker
             oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
                          1, 0.0)
@@ -195,7 +196,7 @@ class Worker:
             out = [output_line(tid, body=oc.body, **fields)]
         usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
         info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len,
-                "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s,
+                "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s, "rt": oc.sent - 1,
                 "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
                 "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores}
         if isinstance(oc.parsed, UsageOnly):
@@ -217,6 +218,10 @@ class Worker:
 
     def _on_trip(self, reason: str) -> None:
         self.out.send(encode_json(Kind.TRIP, {"reason": reason}))
+
+    def _on_auth(self, message: str) -> None:
+        self.out.send(encode_json(Kind.AUTH, {"message": message}))
+        self.out.flush()
 
     def _on_probe(self, ok: bool, detail: str) -> None:
         self.out.send(encode_json(Kind.PROBE_RESULT, {"ok": ok, "detail": detail}))
@@ -266,14 +271,12 @@ class Worker:
             r = decode_json(payload)
             self.pacer.set(r.get("rps"), r.get("tpm"), r.get("arrivals", "uniform"))
         elif kind is Kind.BREAKER_OPEN:
-            await self.breaker.set_open(True)
+            self.breaker.set_open(True)
         elif kind is Kind.BREAKER_CLOSE:
-            await self.breaker.set_open(False)
+            self.breaker.set_open(False, bool(payload) and bool(decode_json(payload).get("was_down")))
         elif kind is Kind.PROBE:
-            if self.client is not None and self.client.parked:
-                await self.breaker.grant_probe()
-            elif self.client is not None:
-                t = asyncio.create_task(self.client.probe_models())
+            if self.client is not None:
+                t = asyncio.create_task(self.client.probe())
                 self._bg.add(t)
                 t.add_done_callback(self._bg.discard)
         elif kind is Kind.LIMIT:
@@ -298,12 +301,14 @@ class Worker:
         key = _api_key(cfg)
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        policy = RetryPolicy(max_attempts=cfg.max_attempts, cap_s=cfg.max_retry_wait_s)
+        policy = RetryPolicy(max_attempts=cfg.max_attempts, cap_s=cfg.max_retry_wait_s,
+                             max_limited_s=cfg.max_rate_limited_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             client = Client(session, cfg.base_url, headers, policy,
                             int(cfg.max_response_mb * (1 << 20)), seed=self.pid,
                             breaker=self.breaker, pacer=self.pacer, on_trip=self._on_trip,
-                            on_probe=self._on_probe, secret=key,
+                            on_probe=self._on_probe, secret=key, auth=self.auth, on_auth=self._on_auth,
+                            inflight=lambda: self.inflight,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
             self.client = client
             tasks = [asyncio.create_task(self.heartbeat())]

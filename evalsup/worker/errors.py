@@ -1,0 +1,113 @@
+"""What can go wrong with one attempt, named once (after httpx, whose exceptions mirror a request's life).
+
+Each failure has a code (what a record's ``error.code`` says) and a kind (what evalsup does about it). The
+client builds a ``Failure``; the retry policy (``retry.RetryPolicy.step``) and the breaker
+(``breaker.LocalBreaker``) read its kind; the record carries its code. Nothing else spells a code.
+
+    Failure
+    ├── transport (no HTTP answer)     connection_refused   the connection itself was refused: endpoint down
+    │                                  connection_error     reset or closed mid-request
+    │                                  timeout_connect | timeout_read | timeout_total
+    │                                  stream_cut           an SSE stream stopped before its end
+    ├── answer (a 200 that is broken)  invalid_json | invalid_response | response_too_large
+    └── status (an HTTP error)         rate_limited (429; 503 with Retry-After): the server's flow control
+                                       http_401, http_403: the key was refused
+                                       http_5xx: the server failed; http_4xx: the request is wrong
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Code(enum.StrEnum):
+    CONNECTION_REFUSED = "connection_refused"
+    CONNECTION = "connection_error"
+    TIMEOUT_CONNECT = "timeout_connect"
+    TIMEOUT_READ = "timeout_read"
+    TIMEOUT_TOTAL = "timeout_total"
+    STREAM_CUT = "stream_cut"
+    INVALID_JSON = "invalid_json"
+    INVALID_RESPONSE = "invalid_response"
+    TOO_LARGE = "response_too_large"
+    RATE_LIMITED = "rate_limited"
+    INTERNAL = "internal_error"  # a bug in evalsup: one record, never the worker
+    WORKER_CRASHED = "worker_crashed"  # written by the supervisor for a task that kept killing its worker
+
+
+class Kind(enum.Enum):
+    """What to do about a failed attempt."""
+
+    ENDPOINT = "endpoint"  # the endpoint may be unwell: retry; evidence for the breaker
+    ANSWER = "answer"  # a broken answer to this request: retry
+    FLOW = "flow"  # the server asks to wait: wait as long as it says, no attempt used
+    AUTH = "auth"  # the key was refused: evidence that the run must stop
+    REQUEST = "request"  # this request will not succeed: no retry
+    FINAL = "final"  # no retry whatever the status (too large)
+
+
+ENDPOINT_STATUSES = frozenset({500, 502, 503, 504})
+RETRY_STATUSES = frozenset({408, 409})  # other statuses worth another attempt, not endpoint evidence
+AUTH_STATUSES = frozenset({401, 403})
+
+
+def http_code(status: int) -> str:
+    return f"http_{status}"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    code: str  # a Code, or http_<status>
+    message: str
+    kind: Kind
+    status: int | None = None  # the HTTP status, when the attempt got an answer
+    retry_after: float | None = None  # seconds the server asked to wait
+
+    @property
+    def endpoint_side(self) -> bool:
+        return self.kind is Kind.ENDPOINT
+
+    @property
+    def refused(self) -> bool:
+        return self.code == Code.CONNECTION_REFUSED
+
+    def record(self) -> dict[str, str]:
+        """The record's ``error`` object."""
+        return {"code": str(self.code), "message": self.message}
+
+
+def transport(code: Code, message: str) -> Failure:
+    """No HTTP answer: refused, reset, a timeout, or a cut stream."""
+    return Failure(code, message, Kind.ENDPOINT)
+
+
+def answer(code: Code, message: str, status: int | None = 200) -> Failure:
+    """A 200 whose body cannot be used; ``response_too_large`` is final whatever the status."""
+    return Failure(code, message, Kind.FINAL if code is Code.TOO_LARGE else Kind.ANSWER, status)
+
+
+def from_status(status: int, message: str, retry_after: float | None) -> Failure:
+    """An HTTP error answer. 429, and 503 with Retry-After, are the server's flow control, not failures."""
+    if status == 429 or (status == 503 and retry_after is not None):
+        return Failure(http_code(status), message, Kind.FLOW, status, retry_after)
+    if status in AUTH_STATUSES:
+        return Failure(http_code(status), message, Kind.AUTH, status)
+    if status in ENDPOINT_STATUSES:
+        return Failure(http_code(status), message, Kind.ENDPOINT, status, retry_after)
+    if status in RETRY_STATUSES:
+        return Failure(http_code(status), message, Kind.ANSWER, status, retry_after)
+    return Failure(http_code(status), message, Kind.REQUEST, status)
+
+
+# What a 200 body must hold to be an answer, by the end of the path it answers (invalid_response otherwise).
+ANSWER_KEYS = (("/chat/completions", "choices"), ("/completions", "choices"), ("/embeddings", "data"),
+               ("/responses", "output"))
+
+
+def answer_key(path: str) -> str | None:
+    p = path.partition("?")[0].rstrip("/")
+    for suffix, key in ANSWER_KEYS:
+        if p.endswith(suffix):
+            return key
+    return None

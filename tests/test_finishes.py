@@ -1,0 +1,190 @@
+"""Every run finishes (issue 18): a task that always fails for itself, rate-limit storms, a key revoked mid-run,
+a frozen process tree, and 200 answers that are not answers. Real processes, real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli
+
+from evalsup.mock.server import MockConfig, MockThread
+
+POISON = {"500": {"status": 500}, "reset": {"reset": True}, "slow": {"delay_s": 5.0},
+          "cut": {"cut_stream": True}}
+CODES = {"500": "http_500", "reset": "connection_error", "slow": "timeout_total", "cut": "stream_cut"}
+
+
+def _lines(path: Path, objs: list[dict[str, Any]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
+    return path
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("fault", "where"), [("500", "alone"), ("500", "end"), ("500", "block"), ("reset", "block"),
+                                              ("slow", "alone"), ("slow", "block"), ("cut", "block")])
+def test_a_task_that_always_fails_gets_its_record_and_the_run_ends(tmp_path: Path, mock: MockThread, fault: str,
+                                                                   where: str) -> None:
+    healthy = 0 if where == "alone" else 200
+    bad = 20 if where == "block" else 1
+    rows = [{"id": f"ok{i}", "prompt": f"q{i}"} for i in range(healthy)]
+    poison = [{"id": f"bad{i}", "prompt": f"p{i}", "mock": POISON[fault]} for i in range(bad)]
+    at = {"alone": 0, "end": len(rows), "block": 100}[where]
+    rows[at:at] = poison
+    tasks = _lines(tmp_path / "t.jsonl", rows)
+    extra = ["--timeout", "1"] if fault == "slow" else ["--stream"] if fault == "cut" else []
+    t0 = time.monotonic()
+    r = run_cli("run", "-w", "2", "-c", "16", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
+                *extra, str(tasks), timeout=180)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    recs = {x["custom_id"]: x for x in assert_exactly_once(tmp_path / "t.run", {str(o["id"]) for o in rows})}
+    assert all(recs[f"ok{i}"]["error"] is None for i in range(healthy))
+    for i in range(bad):
+        rec = recs[f"bad{i}"]
+        assert rec["error"]["code"] == CODES[fault], rec["error"]
+        assert rec["metrics"]["attempts"] == 3  # its own attempts, used up; never more than --max-attempts
+    # bounded by the attempts' backoff (0.5 + 1 s at most) and timeouts, not by --max-wait-down (600 s)
+    assert took < 60, f"took {took:.0f}s"
+
+
+def test_attempts_never_exceed_max_attempts_through_false_alarms(tmp_path: Path, mock: MockThread) -> None:
+    rows = [{"id": f"bad{i}", "prompt": f"p{i}", "mock": {"status": 502}} for i in range(30)]
+    tasks = _lines(tmp_path / "t.jsonl", rows)
+    r = run_cli("run", "-w", "1", "-c", "30", "--max-attempts", "2", "--model", "mock-model", "--base-url", mock.url,
+                str(tasks), timeout=120)
+    assert r.returncode == 0, r.stderr
+    recs = read_results(tmp_path / "t.run")
+    assert len(recs) == 30 and {x["metrics"]["attempts"] for x in recs} == {2}
+    assert "the failures were those tasks' own" in r.stderr  # the breaker checked the endpoint: it serves
+
+
+def test_rate_limit_storm_and_cut_streams_fail_nothing(tmp_path: Path) -> None:
+    with MockThread(MockConfig(latency_ms=2, fail_429=0.3, retry_after_s=0.05, seed=3)) as mock:
+        rows = [{"id": f"t{i}", "prompt": f"q{i}", **({"mock": {"cut_stream": True, "times": 1}} if i % 5 == 0
+                                                       else {})} for i in range(500)]
+        tasks = _lines(tmp_path / "t.jsonl", rows)
+        r = run_cli("run", "-w", "2", "--stream", "--model", "mock-model", "--base-url", mock.url, str(tasks),
+                    timeout=180)
+        assert r.returncode == 0, r.stderr
+        recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(500)})
+        assert [x for x in recs if x["error"] is not None] == []
+        assert mock.stats()["faults"].get("429", 0) > 100
+
+
+def test_429s_with_500s_fail_nothing(tmp_path: Path) -> None:
+    with MockThread(MockConfig(latency_ms=1, fail_429=0.25, fail_500=0.10, retry_after_s=0.02, seed=5)) as mock:
+        rows = [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(1500)]
+        tasks = _lines(tmp_path / "t.jsonl", rows)
+        r = run_cli("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks), timeout=180)
+        assert r.returncode == 0, r.stderr
+        recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(1500)})
+        assert [x for x in recs if x["error"] is not None] == []
+
+
+def test_rate_limited_past_the_budget_is_a_rate_limited_record(tmp_path: Path, mock: MockThread) -> None:
+    rows = [{"id": "ok", "prompt": "q"}, {"id": "limited", "prompt": "p", "mock": {"status": 429, "retry_after": 0.3}}]
+    tasks = _lines(tmp_path / "t.jsonl", rows)
+    r = run_cli("run", "-w", "1", "--max-rate-limited-wait", "1", "--model", "mock-model", "--base-url", mock.url,
+                str(tasks))
+    assert r.returncode == 0, r.stderr
+    recs = {x["custom_id"]: x for x in read_results(tmp_path / "t.run")}
+    assert recs["ok"]["error"] is None
+    assert recs["limited"]["error"]["code"] == "rate_limited" and recs["limited"]["metrics"]["attempts"] == 1
+
+
+def _wait_for_results(run_dir: Path, n: int, p: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while len(read_results(run_dir)) < n if (run_dir / "results.jsonl").exists() else True:
+        assert time.monotonic() < deadline and p.poll() is None, "the run did not get going"
+        time.sleep(0.05)
+
+
+def test_a_key_revoked_mid_run_stops_resumably_and_fails_nothing(tmp_path: Path) -> None:
+    rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.01}} for i in range(3000)]
+    tasks = _lines(tmp_path / "t.jsonl", rows)
+    env = {"OPENAI_API_KEY": "sk-good"}
+    with MockThread(MockConfig(latency_ms=1, api_key="sk-good")) as mock:
+        args = ("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+        p = subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env_for(env))
+        _wait_for_results(tmp_path / "t.run", 200, p)
+        mock.configure(api_key="sk-rotated")  # the key in use is revoked
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 75, err
+        assert "refused the API key" in err and "rerun" in err
+        recs = read_results(tmp_path / "t.run")
+        assert recs and all(x["error"] is None for x in recs), "a task was failed for the key"
+        assert "Traceback" not in err
+        mock.configure(api_key="sk-good")  # a good key: the rerun carries on
+        r = run_cli(*args, env=env)
+        assert r.returncode == 0, r.stderr
+        recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(3000)})
+        assert all(x["error"] is None for x in recs)
+
+
+def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockThread) -> None:
+    rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.02}} for i in range(1500)]
+    tasks = _lines(tmp_path / "t.jsonl", rows)
+    p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "8", "--hang-timeout", "2", "--model", "mock-model",
+                                     "--base-url", mock.url, str(tasks)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(),
+                         start_new_session=True)
+    _wait_for_results(tmp_path / "t.run", 100, p)
+    os.killpg(p.pid, signal.SIGSTOP)  # as docker pause freezes the container's processes
+    time.sleep(4)
+    os.killpg(p.pid, signal.SIGCONT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(1500)})
+    s = _summary(tmp_path / "t.run")
+    assert s["worker_restarts"] == 0, err
+    assert "hung" not in err
+
+
+class _NotAnAnswer(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = orjson.dumps({"id": "x", "object": "chat.completion", "model": "m"})  # no "choices"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_an_answer() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAnAnswer)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_200_without_choices_is_an_invalid_response_record(tmp_path: Path, not_an_answer: str) -> None:
+    tasks = _lines(tmp_path / "t.jsonl", [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(3)])
+    r = run_cli("run", "-w", "1", "-c", "1", "--no-check", "--max-attempts", "2", "--model", "m", "--base-url",
+                not_an_answer, str(tasks))
+    assert r.returncode == 0, r.stderr
+    recs = read_results(tmp_path / "t.run")
+    assert len(recs) == 3
+    for rec in recs:
+        assert rec["error"]["code"] == "invalid_response" and rec["metrics"]["attempts"] == 2
+    assert _summary(tmp_path / "t.run")["succeeded"] == 0
