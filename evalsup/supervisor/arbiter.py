@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
@@ -88,14 +89,14 @@ class Supervisor:
     def _open(self) -> None:
         cfg = self.cfg
         if not cfg.tasks_path.is_file():
-            raise RunStopped(f"{cfg.tasks_path}: no such file", 2)
+            raise RunStopped(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
         self.fp = fingerprint(cfg.tasks_path)
         if cfg.shard is not None:
             self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
-            raise RunStopped(str(e), 2) from None
+            raise RunStopped(str(e), ex.BAD_INPUT) from None
         if state is None:
             self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
             return
@@ -231,7 +232,7 @@ class Supervisor:
                     x.stream.release("backlog")
 
     def _on_journal_error(self, message: str) -> None:
-        self._stop(f"{message}; the run directory still describes what is safely on disk", 1, "now")
+        self._stop(f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, "now")
 
     def _count_result(self, w: WorkerHandle, meta: dict[str, Any]) -> None:
         if meta["ok"]:
@@ -286,7 +287,7 @@ class Supervisor:
         self.credit.set()
         self._send_rates()
         if w.fatal and self.stopping is None:
-            self._stop(f"worker could not start: {w.fatal}", 2, "now")
+            self._stop(f"worker could not start: {w.fatal}", ex.BAD_INPUT, "now")
             return
         if self.stopping is not None or planned:
             return
@@ -296,7 +297,7 @@ class Supervisor:
             self.metrics.restarts.labels("hung" if cause == "hung" else "crashed").inc()
         if self.intensity.record(time.monotonic()):
             self._stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
-                       f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", 1, "now")
+                       f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", ex.RESUMABLE, "now")
             return
         self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
                  f"{len(self.redo) + len(self.suspects)} task(s) handed on; "
@@ -356,7 +357,7 @@ class Supervisor:
             return
         if b.down_too_long(now):
             self._stop(f"the endpoint has been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
-                       f"({b.reason})", 1, "now")
+                       f"({b.reason})", ex.RESUMABLE, "now")
             return
         if b.probe_due(now):
             ready = [w for w in self.workers if w.state is State.READY]
@@ -537,7 +538,7 @@ class Supervisor:
                         option=orjson.OPT_APPEND_NEWLINE))
                     continue
                 self.reader.unread()  # a rerun must meet this line again, not read on past it
-                self._stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", 2,
+                self._stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", ex.BAD_INPUT,
                            "drain")
                 return None
             if got is None:
@@ -641,7 +642,7 @@ class Supervisor:
                     self.journal.flush()
                     last_flush = now
             except JournalError as e:
-                self._stop(str(e), 1, "now")
+                self._stop(str(e), ex.RESUMABLE, "now")
                 return
             self._breaker_tick(now)
             for w in list(self.workers):
@@ -725,10 +726,10 @@ class Supervisor:
         self._signals += 1
         if signum == signal.SIGTERM and self._signals == 1:
             self.log(f"SIGTERM: finishing requests in flight (up to {self.cfg.grace_s:g}s), then checkpointing")
-            self._stop("stopped by SIGTERM", 0, "drain")
+            self._stop("stopped by SIGTERM", ex.RESUMABLE, "drain")
         else:
-            self._stop("interrupted", 130 if signum == signal.SIGINT else 143, "now")
-            self.stop_message, self.stop_code = "interrupted", 130 if signum == signal.SIGINT else 143
+            self._stop("interrupted", ex.RESUMABLE, "now")
+            self.stop_message, self.stop_code = "interrupted", ex.RESUMABLE
 
     async def _shutdown_workers(self) -> None:
         for w in self.workers:
@@ -761,7 +762,7 @@ class Supervisor:
                 try:
                     found = await check
                 except CheckFailed as e:
-                    raise RunStopped(str(e), 2) from None
+                    raise RunStopped(str(e), ex.BAD_INPUT) from None
                 if not self.cfg.quiet:
                     self.log(found)
             self._open()
@@ -786,7 +787,7 @@ class Supervisor:
                 self.metrics.serve(self.cfg.metrics_host, self.cfg.metrics_port)
             except OSError as e:
                 raise RunStopped(f"cannot serve metrics on {self.cfg.metrics_host}:{self.cfg.metrics_port}: "
-                                 f"{e.strerror}", 2) from None
+                                 f"{e.strerror}", ex.BAD_INPUT) from None
             self.log(f"metrics on http://{self.cfg.metrics_host}:{self.cfg.metrics_port}/metrics")
             self._update_gauges()
         self.events("start", workers=self.active, max_workers=self.cfg.workers, concurrency=self.cfg.concurrency,
@@ -810,7 +811,7 @@ class Supervisor:
             try:
                 await self.checkpoint()  # from the start, the run directory says where the run is
             except JournalError as e:
-                self._stop(str(e), 1, "now")
+                self._stop(str(e), ex.RESUMABLE, "now")
             ticker = asyncio.create_task(self._ticker())
             monitor = asyncio.create_task(self._monitor())
             progress = asyncio.create_task(self._progress())
@@ -834,7 +835,7 @@ class Supervisor:
         try:
             await self.checkpoint(finished=self.finished)
         except JournalError as e:
-            self.stop_message, self.stop_code = str(e), 1
+            self.stop_message, self.stop_code = str(e), ex.RESUMABLE
         self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code)
         self.journal.close()
         self.memory.close()
