@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -183,30 +182,18 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
 
 
 def _move_aside(run_dir: Path) -> None:
-    if run_dir.exists():
-        dest = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        n = 1
-        while dest.exists():
-            n += 1
-            dest = dest.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-        run_dir.rename(dest)
-        click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
-
-
-def _move_aside_unlocked(run_dir: Path) -> None:
-    """--fresh: move the run directory aside, never from under a run that holds it (issue 19)."""
+    """--fresh: move the run directory aside (never deleted), never from under a run that holds it."""
     from evalsup.exitcodes import BAD_INPUT, LOCKED
-    from evalsup.rundir import RunDirBusy, RunDirError, locked
+    from evalsup.rundir import RunDirBusy, RunDirError, move_aside
 
-    if not run_dir.exists():
-        return
     try:
-        with locked(run_dir, create=False, command="run --fresh"):
-            _move_aside(run_dir)
+        dest = move_aside(run_dir)
     except RunDirBusy as e:
         _fail(str(e), LOCKED)
     except (RunDirError, OSError) as e:
         _fail(str(e), BAD_INPUT)
+    if dest is not None:
+        click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
 
 
 @main.command()
@@ -234,7 +221,7 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
     except ConfigError as e:
         _fail(str(e))
     if cfg.fresh:
-        _move_aside_unlocked(cfg.run_dir)
+        _move_aside(cfg.run_dir)
     from evalsup.supervisor.run import run as run_job
 
     sys.exit(run_job(cfg))

@@ -101,3 +101,19 @@ def locked(run_dir: Path, create: bool = True, command: str = "run") -> Iterator
         yield lock
     finally:
         lock.release()
+
+
+def move_aside(run_dir: Path) -> Path | None:
+    """``run --fresh``: rename RUN_DIR to RUN_DIR.old-TIME under its lock (RunDirBusy while a run holds it);
+    None if there is no such directory."""
+    if not run_dir.exists():
+        return None
+    with locked(run_dir, create=False, command="run --fresh"):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest = run_dir.with_name(f"{run_dir.name}.old-{stamp}")
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}")
+        run_dir.rename(dest)
+    return dest
