@@ -213,6 +213,9 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
     the end (signal, endpoint down, crash loop, disk full): rerun to resume; 2 bad input or settings;
     73 another evalsup holds the run directory; 1 anything else.
     """
+    from evalsup import earlysignals
+
+    earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
     try:
         url = resolve_base_url(base_url)
         if not tasks.exists():

@@ -130,6 +130,32 @@ def test_endpoint_down_too_long_exits_75_and_says_so(tmp_path: Path, mock: MockT
     assert_exactly_once(tmp_path / "tasks.run", {f"t{i}" for i in range(n)})
 
 
+def test_sigterm_while_starting_still_exits_75(tmp_path: Path, mock: MockThread) -> None:
+    """The lock is taken while workers start and before the endpoint check: a SIGTERM then is kept and handed
+    to the supervisor, not fatal (143)."""
+    n = 200
+    tasks = write_tasks(tmp_path / "tasks.jsonl", n)
+    args = ("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    p = _start(*args)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "tasks.run" / LOCK_NAME).exists():
+            assert p.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+        p.send_signal(15)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == exitcodes.RESUMABLE, err
+    assert "Traceback" not in err
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(tmp_path / "tasks.run", {f"t{i}" for i in range(n)})
+    assert _chat(mock) == n
+
+
 # ------------------------------------------------------------------------------------------------ shards
 
 

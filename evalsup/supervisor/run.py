@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 import time
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import orjson
 import uvloop
 
-from evalsup import exitcodes
+from evalsup import earlysignals, exitcodes
 from evalsup.config import RunConfig
 from evalsup.journal import JournalError, load_checkpoint, write_atomic
 from evalsup.rundir import RunDirBusy, RunDirError, RunDirLock
@@ -71,11 +73,23 @@ def _refused(cfg: RunConfig, log: Any, message: str, code: int) -> int:
     return code
 
 
+async def _with_early_signals(sup: Supervisor) -> int:
+    """A SIGTERM/SIGINT while workers start and the endpoint is checked (before the supervisor installs its
+    own handlers) is handed to the supervisor too, so the run still ends with a checkpoint and exit 75 rather
+    than dying of the signal (143)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, sup._on_signal, sig)  # replaced by the supervisor's own in Supervisor.run
+    for early in earlysignals.take():  # came in before the loop ran (evalsup.earlysignals)
+        sup._on_signal(early)
+    return await sup.run()
+
+
 def _run_locked(cfg: RunConfig, log: Any) -> int:
     sup = Supervisor(cfg, log)
     start = time.monotonic()
     try:
-        code = uvloop.run(sup.run())
+        code = uvloop.run(_with_early_signals(sup))
     except RunStopped as e:
         return _refused(cfg, log, str(e), e.code)
     if code == exitcodes.OK and not sup.finished:  # 0 only when every task has its record
