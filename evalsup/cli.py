@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -316,11 +317,14 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
     from evalsup.rundir import RunDirBusy, RunDirError, locked
 
     try:
-        with locked(run_dir, create=False, command="score"):  # not while a run writes results.jsonl
+        with contextlib.ExitStack() as stack:
+            # not while a run writes results.jsonl; a run directory we cannot write in is scored unlocked
+            with contextlib.suppress(RunDirError):
+                stack.enter_context(locked(run_dir, create=False, command="score"))
             summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output)
     except RunDirBusy as e:
         _fail(str(e), LOCKED)
-    except (ValueError, OSError, RunDirError) as e:
+    except (ValueError, OSError) as e:
         _fail(str(e))
     from rich.console import Console
 
