@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -191,13 +191,17 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
 
 
 def _move_aside(run_dir: Path) -> None:
-    if run_dir.exists():
-        dest = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        n = 1
-        while dest.exists():
-            n += 1
-            dest = dest.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-        run_dir.rename(dest)
+    """--fresh: move the run directory aside (never deleted), never from under a run that holds it."""
+    from evalsup.exitcodes import BAD_INPUT, LOCKED
+    from evalsup.rundir import RunDirBusy, RunDirError, move_aside
+
+    try:
+        dest = move_aside(run_dir)
+    except RunDirBusy as e:
+        _fail(str(e), LOCKED)
+    except (RunDirError, OSError) as e:
+        _fail(str(e), BAD_INPUT)
+    if dest is not None:
         click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
 
 
@@ -214,9 +218,13 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
     a line are copied to its record's "metadata". Rerunning the same command after a crash or a stop
     resumes where the run left off: every task ends up in results.jsonl exactly once.
 
-    Exit codes: 0 done (failed requests are records, not errors), 1 the run could not go on,
-    2 bad input or settings, 130 interrupted.
+    Exit codes: 0 every task has its record (failed requests are records, not errors); 75 stopped before
+    the end (signal, endpoint down, crash loop, disk full): rerun to resume; 2 bad input or settings;
+    73 another evalsup holds the run directory; 1 anything else.
     """
+    from evalsup import earlysignals
+
+    earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
     try:
         url = resolve_base_url(base_url)
         if not tasks.exists():
@@ -313,10 +321,18 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
     to a new file beside it; prints the per-scorer summary (also written to scores.json).
     """
+    from evalsup.exitcodes import LOCKED
     from evalsup.rescore import rescore
+    from evalsup.rundir import RunDirBusy, RunDirError, locked
 
     try:
-        summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output)
+        with contextlib.ExitStack() as stack:
+            # not while a run writes results.jsonl; a run directory we cannot write in is scored unlocked
+            with contextlib.suppress(RunDirError):
+                stack.enter_context(locked(run_dir, create=False, command="score"))
+            summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output)
+    except RunDirBusy as e:
+        _fail(str(e), LOCKED)
     except (ValueError, OSError) as e:
         _fail(str(e))
     from rich.console import Console
@@ -331,30 +347,46 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="The merged results file; its summary goes beside it as NAME.summary.json.")
 @click.option("--tasks", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
-              help="The task file: check that every task appears exactly once across the shards.")
+              help="The task file: check that the shards were made from this very file and that every task "
+                   "appears exactly once.")
 @click.option("--sort", is_flag=True, help="Write results in input order (needs --tasks).")
 def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bool) -> None:
-    """Merge the results of shard runs (RUN_DIRs, or a directory holding shard-*/ run directories).
+    """Merge the results of shard runs (RUN_DIRs, or a directory holding shard-K-of-N/ run directories).
 
-    Exits 1 and lists the ids when a task is missing or appears twice.
+    Before writing anything it proves coverage from the checkpoints: every shard-K-of-N for K in 0..N-1
+    present and finished, all made from the same input (and from --tasks, if given). Otherwise, or when an
+    id is missing or appears twice, it exits 1 listing each missing or incomplete shard (done/total) or the
+    ids, and leaves an earlier OUTPUT untouched (the merge is written to a temporary file, renamed at the end).
+    Moved-aside directories (*.old-*, from run --fresh) are left out.
     """
     import orjson
 
+    from evalsup.coverage import coverage_problems
+    from evalsup.journal import write_atomic
     from evalsup.merge import MergeError, find_run_dirs, merged_summary
     from evalsup.merge import merge as do_merge
 
     try:
         dirs = find_run_dirs(list(run_dirs))
+        problems = coverage_problems(dirs, tasks)
+        if problems:
+            click.echo(f"evalsup: merge refused: the run directories do not cover the input ({len(problems)} "
+                       f"problem(s)); {output} was not written", err=True)
+            for p in problems:
+                click.echo(f"  {p}", err=True)
+            sys.exit(1)
         rep = do_merge(dirs, output, tasks, sort)
-    except MergeError as e:
-        _fail(str(e))
-    summary = merged_summary(rep, dirs)
-    output.with_name(output.stem + ".summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-    click.echo(f"merged {len(dirs)} run directories: {rep.records:,} results ({rep.succeeded:,} ok, "
-               f"{rep.failed:,} failed) -> {output}")
+    except (MergeError, OSError) as e:
+        _fail(str(e), 1)
+    if rep.complete:
+        summary = merged_summary(rep, dirs)
+        write_atomic(output.with_name(output.stem + ".summary.json"), orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        click.echo(f"merged {len(dirs)} run directories: {rep.records:,} results ({rep.succeeded:,} ok, "
+                   f"{rep.failed:,} failed) -> {output}")
+    else:
+        click.echo(f"evalsup: merge failed; {output} was not written", err=True)
     if rep.duplicate_count:
-        click.echo(f"evalsup: {rep.duplicate_count} duplicated id(s), kept once: {', '.join(rep.duplicates)}",
-                   err=True)
+        click.echo(f"evalsup: {rep.duplicate_count} duplicated id(s): {', '.join(rep.duplicates)}", err=True)
     if rep.missing_count:
         click.echo(f"evalsup: {rep.missing_count} task(s) of {tasks} have no result: {', '.join(rep.missing)}"
                    + (" ..." if rep.missing_count > len(rep.missing) else ""), err=True)

@@ -100,38 +100,15 @@ def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> P
     return run_dir / f"shard-{shard[0]}-of-{shard[1]}" if shard else run_dir
 
 
-# (index variable, count variable) of the schedulers whose array jobs evalsup shards under
-SHARD_ENV = (
-    ("JOB_COMPLETION_INDEX", "EVALSUP_SHARDS", "Kubernetes Indexed Job"),
-    ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "Slurm job array"),
-    ("AWS_BATCH_JOB_ARRAY_INDEX", "AWS_BATCH_JOB_ARRAY_SIZE", "AWS Batch array job"),
-)
-
-
 def parse_shard(value: str | None, env: dict[str, str] | None = None) -> tuple[int, int] | None:
-    """--shard K/N, or "auto" from a scheduler's array-job variables."""
-    if not value:
-        return None
-    env = dict(os.environ) if env is None else env
-    if value == "auto":
-        for idx_var, count_var, what in SHARD_ENV:
-            if idx_var in env:
-                if count_var not in env:
-                    raise ConfigError(f"--shard auto: {idx_var} is set ({what}) but {count_var} is not; "
-                                      f"set {count_var} to the number of shards")
-                value = f"{env[idx_var]}/{env[count_var]}"
-                break
-        else:
-            names = ", ".join(f"{i} with {c}" for i, c, _ in SHARD_ENV)
-            raise ConfigError(f"--shard auto: no array-job variables found (looked for {names})")
-    k_s, sep, n_s = value.partition("/")
+    """--shard K/N, or "auto" from a scheduler's array-job variables (evalsup.shards)."""
+    from evalsup.shards import ShardError
+    from evalsup.shards import parse_shard as parse
+
     try:
-        k, n = int(k_s), int(n_s)
-    except ValueError:
-        raise ConfigError(f"--shard must be K/N (e.g. 0/4) or auto, got {value!r}") from None
-    if not sep or n < 1 or not 0 <= k < n:
-        raise ConfigError(f"--shard {value}: need 0 <= K < N")
-    return k, n
+        return parse(value, dict(os.environ) if env is None else env)
+    except ShardError as e:
+        raise ConfigError(str(e)) from None
 
 
 WORKER_BASELINE = 100 * MIB  # what one idle worker costs (interpreter, aiohttp, uvloop), with headroom

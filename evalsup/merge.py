@@ -34,18 +34,14 @@ class MergeReport:
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:
-    """Run directories among ``paths``; a directory without results.jsonl is searched one and two levels down."""
-    found: list[Path] = []
-    for p in paths:
-        if (p / "results.jsonl").is_file():
-            found.append(p)
-            continue
-        subs = sorted(d for d in p.glob("*") if (d / "results.jsonl").is_file())
-        subs += sorted(d for d in p.glob("*/*") if (d / "results.jsonl").is_file())
-        if not subs:
-            raise MergeError(f"{p}: no results.jsonl in it or in its subdirectories")
-        found.extend(subs)
-    return found
+    """Run directories among ``paths`` (see evalsup.coverage: moved-aside ``*.old-*`` ones are left out)."""
+    from evalsup.coverage import CoverageError
+    from evalsup.coverage import find_run_dirs as find
+
+    try:
+        return find(paths)
+    except CoverageError as e:
+        raise MergeError(str(e)) from None
 
 
 class _LineAt:
@@ -82,15 +78,35 @@ def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool
     rep = MergeReport(run_dirs=[str(d) for d in run_dirs])
     ids = IdSet()
     tmp = out.with_name(out.name + ".partial")
+    try:
+        _merge_into(tmp, run_dirs, rep, ids, tasks, sort, max_listed)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if rep.complete:
+        os.replace(tmp, out)  # only a complete merge replaces what was there
+    else:
+        tmp.unlink()
+    return rep
+
+
+def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, tasks: Path | None, sort: bool,
+                max_listed: int) -> None:
     with open(tmp, "wb") as w:
         reader = _LineAt(tmp, w)
         pos = 0
         for d in run_dirs:
+            if not (d / "results.jsonl").exists():
+                continue  # a shard whose every line was invalid (and skipped) has no results
             with open(d / "results.jsonl", "rb") as f:
                 for line in f:
                     if not line.endswith(b"\n"):
                         break  # a torn last line of a stopped shard: not a result
-                    rec = orjson.loads(line)
+                    try:
+                        rec = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        raise MergeError(f"{d / 'results.jsonl'}: a line that is not JSON: "
+                                         f"{line[:80]!r}") from None
                     cid = str(rec["custom_id"])
                     if ids.add(cid, pos, reader) is not None:
                         rep.duplicate_count += 1
@@ -106,7 +122,7 @@ def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool
                         rep.failed += 1
         w.flush()
         if tasks is not None:
-            final = out.with_name(out.name + ".sorted") if sort else None
+            final = tmp.with_name(tmp.name + ".sorted") if sort else None
             sw = open(final, "wb") if final else None  # noqa: SIM115 - closed below
             try:
                 with TaskReader(tasks, 1 << 30) as tr:
@@ -131,8 +147,6 @@ def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool
             if final is not None:
                 os.replace(final, tmp)
         reader.close()
-    os.replace(tmp, out)
-    return rep
 
 
 def merged_summary(rep: MergeReport, run_dirs: list[Path]) -> dict[str, Any]:

@@ -18,7 +18,9 @@ import psutil
 import pytest
 from conftest import assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli, write_tasks
 
+from evalsup.exitcodes import RESUMABLE
 from evalsup.mock.server import MockThread
+from evalsup.rundir import LOCK_NAME
 
 PLUGIN = Path(__file__).resolve().parent / "plugins" / "faults.py"
 LIVENESS_S = 90.0  # how long a step may take before the test calls it stuck (not a performance bound)
@@ -203,8 +205,9 @@ def resumed_done(line: str) -> int:
 
 
 def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under d with its bytes and mtime."""
-    return {str(p.relative_to(d)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*")) if p.is_file()}
+    """Every file under d with its bytes and mtime (but the lock file, which names whoever held it last)."""
+    return {str(p.relative_to(d)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != LOCK_NAME}
 
 
 def summary_of(run_dir: Path) -> dict[str, Any]:
@@ -352,8 +355,11 @@ def test_status_reads_a_stopped_run_without_touching_it(tmp_path: Path, mock: Mo
 # ------------------------------------------------------------------------------------------- SIGTERM
 
 
-def test_sigterm_drains_exits_0_and_rerun_completes(tmp_path: Path, mock: MockThread,
-                                                   start: Callable[..., Proc]) -> None:
+@pytest.mark.parametrize("to", ["supervisor", "group"])
+def test_sigterm_drains_exits_75_and_rerun_completes(tmp_path: Path, mock: MockThread,
+                                                    start: Callable[..., Proc], to: str) -> None:
+    """SIGTERM to the supervisor, or to every process of the run at once (scancel, docker stop, a pod's
+    deletion): the same drain, the same resumable exit, no request redone."""
     n = 2000
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     run_dir = tmp_path / "tasks.run"
@@ -362,8 +368,12 @@ def test_sigterm_drains_exits_0_and_rerun_completes(tmp_path: Path, mock: MockTh
     p = start(*args)
     wait_for_lines(p, run_dir / "results.jsonl", 1)
     assert mock.stats()["in_flight"] > 0
-    p.signal(signal.SIGTERM)
-    assert p.wait() == 0, p.stderr
+    if to == "group":
+        assert len(p.workers()) == 3
+        os.killpg(p.pid, signal.SIGTERM)  # the supervisor and its workers, at once
+    else:
+        p.signal(signal.SIGTERM)
+    assert p.wait() == RESUMABLE, p.stderr
     assert_clean_exit(p)
     assert any("resume" in x for x in p.stderr.splitlines()), f"no line says how to resume:\n{p.stderr}"
     assert p.wait_workers_gone() == [], "workers outlived their supervisor"
@@ -408,7 +418,7 @@ def test_second_signal_exits_at_once_and_stays_resumable(tmp_path: Path, mock: M
     time.sleep(0.5)
     assert p.running(), f"the run did not wait for its hanging requests:\n{p.stderr}"
     p.signal(second)
-    p.wait()  # an hour of grace: ending at all means it did not wait for it
+    assert p.wait() == RESUMABLE, p.stderr  # an hour of grace: ending at all means it did not wait for it
     assert_clean_exit(p)
     assert any("resume" in x for x in p.stderr.splitlines()), f"no line says how to resume:\n{p.stderr}"
     assert p.wait_workers_gone() == [], "workers outlived their supervisor"
@@ -422,10 +432,10 @@ def test_second_signal_exits_at_once_and_stays_resumable(tmp_path: Path, mock: M
     assert_exactly_once(run_dir, ids_of(n))
 
 
-def test_sigterm_grace_over_exits_0_and_rerun_redoes_the_rest(tmp_path: Path, mock: MockThread,
-                                                             start: Callable[..., Proc]) -> None:
+def test_sigterm_grace_over_exits_75_and_rerun_redoes_the_rest(tmp_path: Path, mock: MockThread,
+                                                              start: Callable[..., Proc]) -> None:
     p, run_dir, args, n = _hung_run(tmp_path, mock, start, grace="1")
-    assert p.wait() == 0, p.stderr
+    assert p.wait() == RESUMABLE, p.stderr
     assert_clean_exit(p)
     assert any("resume" in x for x in p.stderr.splitlines()), f"no line says how to resume:\n{p.stderr}"
     assert p.wait_workers_gone() == []
@@ -514,7 +524,7 @@ def test_full_disk_stops_clearly_and_rerun_after_growing_completes(tmp_path: Pat
     run_dir = small_fs / "run"
     args = run_args(mock, tasks, "-w", "2", "-c", "8", "--out", str(run_dir))
     first = run_cli(*args)
-    assert first.returncode == 1, f"exit {first.returncode}\n{first.stderr}"
+    assert first.returncode == RESUMABLE, f"exit {first.returncode}\n{first.stderr}"
     assert "No space left on device" in first.stderr, first.stderr
 
     r2 = _mount("-o", "remount,size=64m", str(small_fs))

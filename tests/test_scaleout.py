@@ -53,21 +53,14 @@ def test_merge_reports_missing_shard_and_duplicates(tmp_path: Path, mock: MockTh
     out = tmp_path / "m.jsonl"
     m = run_cli("merge", str(tmp_path / "tasks.run"), "--tasks", str(tasks), "-o", str(out))
     assert m.returncode == 1
-    assert "20 task(s)" in m.stderr and "t2" in m.stderr
-    # a duplicated id: the same shard given twice
-    d0 = str(tmp_path / "tasks.run" / "shard-0-of-3")
-    m = run_cli("merge", d0, d0, "-o", str(out))
-    assert m.returncode == 1 and "20 duplicated id(s)" in m.stderr and "t0" in m.stderr
-    assert len(out.read_bytes().splitlines()) == 20  # kept once
-
-
-@pytest.mark.parametrize(("env", "expect"), [
-    ({"JOB_COMPLETION_INDEX": "2", "EVALSUP_SHARDS": "16"}, (2, 16)),
-    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}, (0, 4)),
-    ({"AWS_BATCH_JOB_ARRAY_INDEX": "7", "AWS_BATCH_JOB_ARRAY_SIZE": "8"}, (7, 8)),
-])
-def test_shard_auto_from_schedulers(env: dict[str, str], expect: tuple[int, int]) -> None:
-    assert parse_shard("auto", env) == expect
+    assert "shard-2-of-3: missing (0/20 done)" in m.stderr, m.stderr
+    assert not out.exists()
+    # duplicated ids: the three shards and a whole run of the same input besides
+    assert _run(tasks, mock.url, "--shard", "2/3").returncode == 0
+    assert _run(tasks, mock.url, "--out", str(tmp_path / "whole")).returncode == 0
+    m = run_cli("merge", str(tmp_path / "tasks.run"), str(tmp_path / "whole"), "-o", str(out))
+    assert m.returncode == 1 and "60 duplicated id(s)" in m.stderr and "t0" in m.stderr, m.stderr
+    assert not out.exists()  # a failed merge writes nothing
 
 
 def test_shard_auto_errors_name_what_is_missing(tmp_path: Path) -> None:
@@ -83,6 +76,12 @@ def test_shard_auto_errors_name_what_is_missing(tmp_path: Path) -> None:
     r = run_cli("run", "--shard", "auto", "--no-check", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
                 str(tasks), env={"JOB_COMPLETION_INDEX": "0"})
     assert r.returncode == 2 and "EVALSUP_SHARDS" in r.stderr
+    # sbatch --array=1-4 would never run shard 0: refused, saying what to set
+    r = run_cli("run", "--shard", "auto", "--no-check", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+                str(tasks), env={"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "4",
+                                 "SLURM_ARRAY_TASK_STEP": "1", "SLURM_ARRAY_TASK_COUNT": "4"})
+    assert r.returncode == 2 and "not 0..N-1" in r.stderr and "EVALSUP_SHARDS" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.run").exists()
 
 
 def test_killed_shard_resumes_only_its_own_tasks(tmp_path: Path, mock: MockThread) -> None:

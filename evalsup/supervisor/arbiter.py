@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.check import CheckFailed, check_endpoint
 from evalsup.ipc import Kind
 from evalsup.journal import JournalError
@@ -135,7 +136,8 @@ class Supervisor(Inbox):
                         option=orjson.OPT_APPEND_NEWLINE))
                     continue
                 self.reader.unread()  # a rerun must meet this line again, not read on past it
-                self.stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", 2, "drain")
+                self.stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", ex.BAD_INPUT,
+                          "drain")
                 return None
             if got is None:
                 self.exhausted = True
@@ -234,7 +236,7 @@ class Supervisor(Inbox):
                     self.journal.flush()
                     last_flush = now
             except JournalError as e:
-                self.stop(str(e), 1, "now")
+                self.stop(str(e), ex.RESUMABLE, "now")
                 return
             self._breaker_tick(now)
             for w in list(self.workers):
@@ -274,10 +276,10 @@ class Supervisor(Inbox):
         self._signals += 1
         if signum == signal.SIGTERM and self._signals == 1:
             self.log(f"SIGTERM: finishing requests in flight (up to {self.cfg.grace_s:g}s), then checkpointing")
-            self.stop("stopped by SIGTERM", 0, "drain")
+            self.stop("stopped by SIGTERM", ex.RESUMABLE, "drain")
         else:
-            self.stop("interrupted", 130 if signum == signal.SIGINT else 143, "now")
-            self.stop_message, self.stop_code = "interrupted", 130 if signum == signal.SIGINT else 143
+            self.stop("interrupted", ex.RESUMABLE, "now")
+            self.stop_message, self.stop_code = "interrupted", ex.RESUMABLE
 
     async def _shutdown_workers(self) -> None:
         for w in self.workers:
@@ -309,7 +311,7 @@ class Supervisor(Inbox):
                 try:
                     found = await check
                 except CheckFailed as e:
-                    raise RunStopped(str(e), 2) from None
+                    raise RunStopped(str(e), ex.BAD_INPUT) from None
                 if not self.cfg.quiet:
                     self.log(found)
             self._open()
@@ -334,7 +336,7 @@ class Supervisor(Inbox):
                 self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
             except OSError as e:
                 raise RunStopped(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: "
-                                 f"{e.strerror}", 2) from None
+                                 f"{e.strerror}", ex.BAD_INPUT) from None
             self.log(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
             self._update_gauges()
         self.events("start", workers=self.active, max_workers=cfg.workers, concurrency=cfg.concurrency,
@@ -364,7 +366,7 @@ class Supervisor(Inbox):
             try:
                 await self.checkpoint()  # from the start, the run directory says where the run is
             except JournalError as e:
-                self.stop(str(e), 1, "now")
+                self.stop(str(e), ex.RESUMABLE, "now")
             loops = [asyncio.create_task(c) for c in (
                 self._ticker(), self._monitor(),
                 show_progress(cfg.quiet, cfg.log_format, cfg.log_interval_s, self.snapshot, self.log))]
@@ -387,7 +389,7 @@ class Supervisor(Inbox):
         try:
             await self.checkpoint(finished=self.finished)
         except JournalError as e:
-            self.stop_message, self.stop_code = str(e), 1
+            self.stop_message, self.stop_code = str(e), ex.RESUMABLE
         self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code)
         self.journal.close()
         assert self.memory is not None

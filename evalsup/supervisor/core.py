@@ -8,6 +8,7 @@ import os
 import random
 from typing import Any
 
+from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind
 from evalsup.ipc.frames import BufferPool
@@ -81,14 +82,14 @@ class SupervisorCore:
     def _open(self) -> None:
         cfg = self.cfg
         if not cfg.tasks_path.is_file():
-            raise RunStopped(f"{cfg.tasks_path}: no such file", 2)
+            raise RunStopped(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
         self.fp = fingerprint(cfg.tasks_path)
         if cfg.shard is not None:
             self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
-            raise RunStopped(str(e), 2) from None
+            raise RunStopped(str(e), ex.BAD_INPUT) from None
         if state is None:
             self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
             return

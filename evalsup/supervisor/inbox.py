@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.config import RunConfig
-from evalsup.exitcodes import RESUMABLE
 from evalsup.ipc import Kind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, ProtocolError
 from evalsup.ipc.messages import ResultMeta
@@ -31,7 +31,7 @@ class Inbox(SupervisorCore):
         if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
             self.journal.on_written = self._release_rings  # a ring's space is free once its lines are written
         self.journal.on_error = lambda message: self.stop(
-            f"{message}; the run directory still describes what is safely on disk", 1, "now")
+            f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, "now")
         self.journal.on_backlog_low = self._on_backlog_low
         self.handlers: dict[Kind, Handler] = {
             Kind.RESULT: self._on_result, Kind.RETURNED: self._on_returned, Kind.STARTED: self._on_started,
@@ -141,7 +141,7 @@ class Inbox(SupervisorCore):
         self.credit.set()
         self._send_rates()
         if w.fatal and self.stopping is None:
-            self.stop(f"worker could not start: {w.fatal}", 2, "now")
+            self.stop(f"worker could not start: {w.fatal}", ex.BAD_INPUT, "now")
             return
         if self.stopping is not None or how.planned:
             return
@@ -152,7 +152,7 @@ class Inbox(SupervisorCore):
             self.metrics.restarts.labels(cause).inc()
         if self.intensity.record(time.monotonic()):
             self.stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
-                      f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", 1, "now")
+                      f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", ex.RESUMABLE, "now")
             return
         self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
                  f"{self.ledger.waiting()} task(s) handed on; "
@@ -192,7 +192,8 @@ class Inbox(SupervisorCore):
         said = str(decode_json(payload).get("message", ""))[:200]
         self.events("auth_refused", pid=w.pid)
         self.stop(f"the endpoint refused the API key for several tasks ({said}); no task was failed for it: fix "
-                  "the key (OPENAI_API_KEY or --api-key-file) and rerun the same command to resume", RESUMABLE, "now")
+                  "the key (OPENAI_API_KEY or --api-key-file) and rerun the same command to resume",
+                  ex.RESUMABLE, "now")
 
     def _breaker_tick(self, now: float) -> None:
         b = self.breaker
@@ -200,7 +201,7 @@ class Inbox(SupervisorCore):
             return
         if b.down_too_long(now):
             self.stop(f"the endpoint has been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
-                      f"({b.reason})", 1, "now")
+                      f"({b.reason})", ex.RESUMABLE, "now")
             return
         if b.probe_due(now):
             ready = [w for w in self.workers if w.state is State.READY]

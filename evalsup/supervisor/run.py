@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 import time
 from typing import Any
@@ -9,8 +11,11 @@ from typing import Any
 import orjson
 import uvloop
 
+from evalsup import earlysignals, exitcodes
 from evalsup.config import RunConfig
-from evalsup.journal import write_atomic
+from evalsup.journal import JournalError, load_checkpoint, write_atomic
+from evalsup.rundir import RunDirBusy, RunDirError, RunDirLock
+from evalsup.shards import shard_mismatch
 from evalsup.supervisor.arbiter import RunStopped, Supervisor
 from evalsup.supervisor.summary import build_summary, print_summary
 
@@ -30,17 +35,68 @@ def _logger(cfg: RunConfig) -> Any:
 
 
 def run(cfg: RunConfig) -> int:
-    """Run a job to its end (or a stop); returns the process exit code."""
+    """Run a job to its end (or a stop); returns the process exit code (evalsup.exitcodes).
+
+    The run directory's lock is taken before anything else (before the endpoint check, whose request a second,
+    refused run must not send) and held until the end; a run refused for any reason leaves no directory of
+    its own making behind."""
     log = _logger(cfg)
+    lock = RunDirLock(cfg.run_dir)
+    try:
+        lock.acquire()
+    except RunDirBusy as e:
+        return _refused(cfg, log, str(e), exitcodes.LOCKED)
+    except RunDirError as e:
+        return _refused(cfg, log, str(e), exitcodes.BAD_INPUT)
+    try:
+        why = _wrong_shard(cfg)
+        if why is not None:
+            return _refused(cfg, log, why, exitcodes.BAD_INPUT)
+        return _run_locked(cfg, log)
+    finally:
+        lock.release(tidy=True)
+
+
+def _wrong_shard(cfg: RunConfig) -> str | None:
+    try:
+        cp = load_checkpoint(cfg.run_dir)
+    except JournalError:
+        return None  # the journal says what is wrong with it
+    return None if cp is None else shard_mismatch(cp.fingerprint, cfg.shard, str(cfg.run_dir))
+
+
+def _refused(cfg: RunConfig, log: Any, message: str, code: int) -> int:
+    log(message, "error")
+    if cfg.json_summary:
+        out = {**exitcodes.describe(code), "stopped": message, "run_dir": str(cfg.run_dir)}
+        sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return code
+
+
+async def _with_early_signals(sup: Supervisor) -> int:
+    """A SIGTERM/SIGINT while workers start and the endpoint is checked (before the supervisor installs its
+    own handlers) is handed to the supervisor too, so the run still ends with a checkpoint and exit 75 rather
+    than dying of the signal (143)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, sup._on_signal, sig)  # replaced by the supervisor's own in Supervisor.run
+    for early in earlysignals.take():  # came in before the loop ran (evalsup.earlysignals)
+        sup._on_signal(early)
+    return await sup.run()
+
+
+def _run_locked(cfg: RunConfig, log: Any) -> int:
     sup = Supervisor(cfg, log)
     start = time.monotonic()
     try:
-        code = uvloop.run(sup.run())
+        code = uvloop.run(_with_early_signals(sup))
     except RunStopped as e:
-        log(str(e), "error")
-        return e.code
+        return _refused(cfg, log, str(e), e.code)
+    if code == exitcodes.OK and not sup.finished:  # 0 only when every task has its record
+        code = exitcodes.RESUMABLE
     wall = time.monotonic() - start
     summary = build_summary(sup, wall)
+    summary.update(exitcodes.describe(code))
     try:
         write_atomic(cfg.run_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     except OSError as e:
@@ -52,6 +108,7 @@ def run(cfg: RunConfig) -> int:
 
         print_summary(summary, Console())
     if sup.stop_message:
-        how = "" if code == 2 else f"; rerun the same command to resume ({summary['total']:,} done so far)"
-        log(f"{sup.stop_message}{how}", "error" if code not in (0, 130, 143) else "info")
+        how = f"; rerun the same command to resume ({summary['total']:,} done so far)" \
+            if code == exitcodes.RESUMABLE else ""
+        log(f"{sup.stop_message}{how} (exit {code})", "error" if code != exitcodes.RESUMABLE else "info")
     return code

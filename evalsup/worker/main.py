@@ -373,6 +373,9 @@ async def amain() -> int:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    # so is SIGTERM (issue 19): scancel, docker stop or a pod's deletion signal the whole group, and the
+    # supervisor drains its workers within --grace; it ends them by closing their input or by SIGKILL
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(ImportError):
         import uvloop
 

@@ -1,0 +1,119 @@
+"""One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/evalsup.lock``, held for the writer's whole life.
+
+The kernel drops the lock when its holder exits however it exits (kill -9 included), so a stale lock is never an
+obstacle; on NFSv4 Linux maps ``flock`` to a byte-range lock that the server knows about. The descriptor is not
+inherited by workers (close-on-exec), so only the supervisor holds it. The holder writes its host, PID and start
+time into the file, for the one line a refused second run prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+LOCK_NAME = "evalsup.lock"
+
+
+class RunDirBusy(Exception):
+    """Another evalsup holds the run directory; the message names it."""
+
+
+class RunDirError(Exception):
+    """The run directory cannot be locked (cannot be created, read-only, no lock support)."""
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = orjson.loads(os.pread(fd, 4096, 0) or b"{}")
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["started"])))
+        return f"host {info['host']}, PID {info['pid']}, started {started}"
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return "its holder is just starting"
+
+
+class RunDirLock:
+    """``acquire()`` or raise RunDirBusy/RunDirError; ``release()`` (idempotent) lets go."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / LOCK_NAME
+        self.fd: int | None = None
+        self.created_dir = False  # this lock made the run directory (see release(tidy=True))
+
+    def acquire(self, create: bool = True, command: str = "run") -> None:
+        if create and not self.run_dir.exists():
+            try:
+                self.run_dir.mkdir(parents=True)
+                self.created_dir = True
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise RunDirError(f"cannot create run directory {self.run_dir}: {e.strerror}") from None
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise RunDirError(f"cannot lock run directory {self.run_dir} ({self.path.name}): {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _holder(fd)
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunDirBusy(f"{self.run_dir} is in use by another evalsup ({holder}); this {command} "
+                                 "touched nothing. Wait for it to end or stop it, then rerun") from None
+            raise RunDirError(f"cannot lock run directory {self.run_dir}: {e.strerror}") from None
+        self.fd = fd
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "started": round(time.time(), 3),
+                "command": command}
+        try:  # only a courtesy for the refusal message: a failure to write it does not matter
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, orjson.dumps(info) + b"\n", 0)
+        except OSError:
+            pass
+
+    def release(self, tidy: bool = False) -> None:
+        """Let go. With ``tidy``, a run directory this lock created and nothing else wrote in is removed again
+        (a run refused by its endpoint check leaves no trace)."""
+        if self.fd is None:
+            return
+        if tidy and self.created_dir:
+            with contextlib.suppress(OSError):
+                if [p.name for p in self.run_dir.iterdir()] == [LOCK_NAME]:
+                    self.path.unlink()
+                    self.run_dir.rmdir()
+        os.close(self.fd)
+        self.fd = None
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path, create: bool = True, command: str = "run") -> Iterator[RunDirLock]:
+    lock = RunDirLock(run_dir)
+    lock.acquire(create, command)
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def move_aside(run_dir: Path) -> Path | None:
+    """``run --fresh``: rename RUN_DIR to RUN_DIR.old-TIME under its lock (RunDirBusy while a run holds it);
+    None if there is no such directory."""
+    if not run_dir.exists():
+        return None
+    with locked(run_dir, create=False, command="run --fresh"):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest = run_dir.with_name(f"{run_dir.name}.old-{stamp}")
+        n = 1
+        while dest.exists():
+            n += 1
+            dest = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}")
+        run_dir.rename(dest)
+    return dest
