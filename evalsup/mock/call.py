@@ -230,6 +230,9 @@ def v1(inner: V1Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse
             if key is not None and auth != f"Bearer {key}":
                 msg = "You didn't provide an API key." if auth is None else "Incorrect API key provided."
                 resp: web.StreamResponse = error(request, 401, msg)
+            elif state.key_revoked():
+                resp = error(request, 401, "Incorrect API key provided: the key was revoked (mock).",
+                             code="invalid_api_key")
             else:
                 resp = await inner(call)
         except ConnectionError:  # the client went away mid-response: nothing to answer, nothing to log

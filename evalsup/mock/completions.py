@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from evalsup.mock import content as C
+from evalsup.mock import rich
 from evalsup.mock.call import Call
 from evalsup.mock.faults import Fault
 from evalsup.mock.state import FINGERPRINT, MAX_N, SSE_DONE, error, new_id, sse
@@ -159,7 +160,28 @@ async def chat_completions(call: Call) -> web.StreamResponse:
         return fault
     key = C.content_key(call.cfg.seed, "chat", call.body)
     max_tokens = call.body.get("max_completion_tokens") or call.body.get("max_tokens")
-    return await generate(call, CHAT, call.answers(key, n, max_tokens), model, C.chat_prompt_tokens(messages))
+    answers = call.answers(key, n, max_tokens)
+    if rich.wants_rich(call.body, call.override.refusal):  # tools, logprobs, refusal: never padded
+        plans = rich.plans(call.body, key, answers, call.override.refusal)
+        return await _send_rich(call, model, plans, C.chat_prompt_tokens(messages))
+    return await generate(call, CHAT, answers, model, C.chat_prompt_tokens(messages))
+
+
+async def _send_rich(call: Call, model: str, plans: list[rich.Plan], prompt_tokens: int) -> web.StreamResponse:
+    cid = new_id(CHAT.id_prefix)
+    created = int(time.time())
+    if call.stream:
+        events = rich.events(cid, created, model, plans, prompt_tokens, call.include_usage)
+        if call.override.cut_stream:
+            return await call.send_stream(events, cut_after=3)
+        return await call.send_stream(events)
+    body = rich.body(cid, created, model, plans, prompt_tokens)
+    if call.fault is Fault.MALFORMED:
+        call.state.stats.fault("malformed")
+        body = body[: max(1, len(body) // 2)]
+    elif call.override.cut_stream:
+        return await call.send_parts([body], cut=True)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def completions(call: Call) -> web.StreamResponse:

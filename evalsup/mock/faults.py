@@ -32,6 +32,7 @@ class Override:
     kb: float | None = None
     cut_stream: bool = False
     retry_after: float | None = None
+    refusal: str | None = None  # chat: answer with this refusal instead of content
     times: int | None = None  # the faults above apply to the first `times` attempts of this exact request only
 
     @property
@@ -96,6 +97,9 @@ def parse_override(value: Any) -> Override:
     text = value.get("text")
     if text is not None and not isinstance(text, str):
         raise ValueError("mock.text must be a string")
+    refusal = value.get("refusal")
+    if refusal is not None and not isinstance(refusal, str):
+        raise ValueError("mock.refusal must be a string")
     times = value.get("times")
     if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
         raise ValueError("mock.times must be a non-negative integer")
@@ -104,6 +108,7 @@ def parse_override(value: Any) -> Override:
         status=status,
         delay_s=_number(value, "delay_s"),
         text=text,
+        refusal=refusal,
         reset=_flag(value, "reset"),
         malformed=_flag(value, "malformed"),
         kb=_number(value, "kb"),

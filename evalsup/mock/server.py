@@ -1,13 +1,15 @@
 """An OpenAI-compatible mock endpoint with fault injection, for tests and benchmarks: the app and how it runs.
 
-Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models[/{id}],
+Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses,
+GET /v1/models[/{id}],
 plus admin endpoints GET /_mock/stats, POST /_mock/reset, GET|POST /_mock/config.
 
 Answers are a pure function of (seed, request content); faults come from a seeded RNG owned by the server
 (one draw per generation request, in arrival order) or from the request's own "mock" object.
 
 The parts: state.py (shared state, errors, SSE helpers), call.py (one request and the /v1 wrapper),
-completions.py (chat and legacy completions), routes.py (embeddings, models, admin), this module (the app,
+completions.py (chat and legacy completions), rich.py (tool calls, logprobs, refusals), responses.py
+(the Responses API), routes.py (embeddings, models, admin), this module (the app,
 MockServer, MockThread, serve_forever).
 """
 
@@ -26,6 +28,7 @@ from aiohttp import web
 from evalsup.mock.call import v1
 from evalsup.mock.completions import chat_completions, completions
 from evalsup.mock.config import MockConfig
+from evalsup.mock.responses import responses
 from evalsup.mock.routes import (
     admin_get_config,
     admin_reset,
@@ -62,6 +65,7 @@ def create_app(cfg: MockConfig) -> web.Application:
     r.add_post("/v1/chat/completions", v1(chat_completions))
     r.add_post("/v1/completions", v1(completions))
     r.add_post("/v1/embeddings", v1(embeddings))
+    r.add_post("/v1/responses", v1(responses))
     r.add_get("/v1/models", v1(models), allow_head=False)
     r.add_get("/v1/models/{model}", v1(model), allow_head=False)
     r.add_route("*", "/v1/{tail:.*}", v1(unknown))

@@ -52,6 +52,13 @@ class State:
         self.faults = FaultInjector(cfg.seed)
         self.stats = MockStats()
         self.attempts = AttemptCounter()
+        self.served = 0  # /v1 requests that passed the auth check, for revoke_after
+
+    def key_revoked(self) -> bool:
+        """Count one /v1 request; whether the key is revoked for it (revoked, or past revoke_after)."""
+        self.served += 1
+        after = self.cfg.revoke_after
+        return self.cfg.revoked or (after is not None and self.served > after)
 
     def update(self, updates: dict[str, Any]) -> None:
         """Apply a live config update (any MockConfig field, plus "down"). Raises ValueError, changes nothing."""
@@ -70,6 +77,7 @@ class State:
         """Clear the counters and the attempt counts behind mock.times."""
         self.stats.reset()
         self.attempts.clear()
+        self.served = 0
 
     def config_json(self) -> dict[str, Any]:
         out = config_to_json(self.cfg)

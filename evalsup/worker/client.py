@@ -15,9 +15,10 @@ import orjson
 from evalsup.tasks import join_url
 from evalsup.worker.bodies import BodyParser, one_line
 from evalsup.worker.breaker import LocalBreaker, endpoint_side
+from evalsup.worker.errors import http_error, request_id_of, text_body
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy, parse_retry_after
-from evalsup.worker.sse import StreamAssembler, StreamCut
+from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
 
 
 class ResponseTooLarge(Exception):
@@ -61,16 +62,6 @@ def body_value(raw: bytes, parsed: Any, single: bool | None = None) -> Any:
     if raw and (one_line(raw) if single is None else single):
         return orjson.Fragment(raw)
     return parsed
-
-
-def _error_message(parsed: Any, status: int) -> str:
-    if isinstance(parsed, dict):
-        err = parsed.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])[:500]
-        if isinstance(err, str):
-            return err[:500]
-    return f"HTTP {status}"
 
 
 def estimate_tokens(body: dict[str, Any]) -> int:
@@ -157,10 +148,11 @@ class Client:
         try:
             async with self.session.post(url, data=payload, headers=self.headers) as resp:
                 status = resp.status
-                request_id = resp.headers.get("x-request-id")
+                request_id = request_id_of(resp.headers)  # fidelity: x-request-id or an equivalent, never ""
                 if status != 200:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                if stream and status == 200 and resp.content_type == "text/event-stream":
+                # fidelity: a body is read by what it is: SSE is assembled even when no stream was asked for
+                if status == 200 and resp.content_type == "text/event-stream":
                     raw, parsed, asm = await self._read_stream(resp, start)
                     raw = self._scrub(raw)
                     return Attempt(200, raw, parsed, request_id, None, None, asm.ttft_s, asm.itl_s)
@@ -171,6 +163,9 @@ class Client:
                             "message": f"response of {e.args[0]} bytes exceeds --max-response-mb"}, final=True)
         except StreamCut as e:
             return Attempt(None, b"", None, request_id, None, {"code": "stream_cut", "message": str(e)})
+        except StreamFailed as e:  # fidelity: an error event inside a 200 stream, with the server's code
+            err = {"code": "stream_error", "message": e.message} | ({"server_code": e.code} if e.code else {})
+            return Attempt(None, b"", None, request_id, None, err)
         except aiohttp.ConnectionTimeoutError:
             return Attempt(None, b"", None, None, None,
                            {"code": "timeout_connect", "message": "no connection within --connect-timeout"})
@@ -191,13 +186,16 @@ class Client:
         try:
             parsed = self.bodies.parse(raw, single) if single is not None else orjson.loads(raw)
         except orjson.JSONDecodeError:
+            if status != 200:  # fidelity: a plain-text error body is kept as a JSON string, its text the message
+                text = text_body(raw)
+                return Attempt(status, orjson.dumps(text), text, request_id, retry_after, http_error(status, text))
             # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another attempt
             return Attempt(None if status == 200 else status, raw, None, request_id, retry_after,
                            {"code": "invalid_json", "message": f"HTTP {status}: response body is not valid JSON"})
         if status == 200:
             return Attempt(200, raw, parsed, request_id, None, None, one_line=single)
         return Attempt(status, raw, parsed, request_id, retry_after,
-                       {"code": f"http_{status}", "message": _error_message(parsed, status)})
+                       http_error(status, parsed))
 
     async def execute(self, path: str, body: dict[str, Any]) -> Outcome:
         url = self._urls.get(path)
