@@ -25,6 +25,7 @@ from evalsup.mock.state import (
     drain_transport,
     error,
     rate_limited,
+    sse,
 )
 
 
@@ -40,6 +41,7 @@ class Call:
     body: dict[str, Any] = field(default_factory=dict)
     override: Override = NO_OVERRIDE
     fault: Fault = Fault.NONE
+    stream_fail: int | None = None  # mock.in_stream: this 5xx status comes as an error event inside a 200 stream
 
     @property
     def stream(self) -> bool:
@@ -83,6 +85,9 @@ class Call:
             return self.abort("reset")
         if ov.status is not None and not 200 <= ov.status < 300:
             self.state.stats.fault(f"mock_{ov.status}")
+            if ov.in_stream and self.stream and ov.status >= 500:
+                self.stream_fail = ov.status
+                return None
             if ov.status == 429:
                 return rate_limited(self.request, self._retry_after())
             return error(self.request, ov.status)
@@ -178,8 +183,16 @@ class Call:
             await resp.write_eof()
         return resp
 
-    async def send_stream(self, events: Iterator[bytes], cut_after: int | None = None) -> web.StreamResponse:
-        """Send SSE events; with cut_after, send that many and then drop the connection."""
+    async def send_stream(self, events: Iterator[bytes], cut_after: int | None = None,
+                          fail_event: bytes | None = None) -> web.StreamResponse:
+        """Send SSE events; with cut_after, send that many and then drop the connection. With stream_fail set,
+        send two events, then fail_event (by default a chat-style {"error": {...}} event), and end there."""
+        if self.stream_fail is not None:
+            if fail_event is None:
+                msg = f"The server had an error while streaming (mock {self.stream_fail})."
+                fail_event = sse({"error": {"message": msg, "type": "server_error", "param": None,
+                                            "code": "server_error"}})
+            events = _fail_after(events, 2, fail_event)
         resp = web.StreamResponse(
             status=200,
             headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
@@ -206,6 +219,14 @@ class Call:
             await drain_transport(self.request)
             self.abort("cut_stream", rst=False)
         return resp
+
+
+def _fail_after(events: Iterator[bytes], n: int, last: bytes) -> Iterator[bytes]:
+    for i, ev in enumerate(events):
+        if i >= n:
+            break
+        yield ev
+    yield last
 
 
 # ---------------------------------------------------------------------------------------------- /v1 wrapper

@@ -33,6 +33,7 @@ class Override:
     cut_stream: bool = False
     retry_after: float | None = None
     refusal: str | None = None  # chat: answer with this refusal instead of content
+    in_stream: bool = False  # a 5xx status on a streamed request comes as an error event inside a 200 stream
     times: int | None = None  # the faults above apply to the first `times` attempts of this exact request only
 
     @property
@@ -41,7 +42,8 @@ class Override:
 
     def without_faults(self) -> Override:
         """The same override with its faults spent (delay, text, kb still apply)."""
-        return dataclasses.replace(self, status=None, reset=False, malformed=False, cut_stream=False, times=None)
+        return dataclasses.replace(self, status=None, reset=False, malformed=False, cut_stream=False, times=None,
+                                   in_stream=False)
 
 
 NO_OVERRIDE = Override()
@@ -109,6 +111,7 @@ def parse_override(value: Any) -> Override:
         delay_s=_number(value, "delay_s"),
         text=text,
         refusal=refusal,
+        in_stream=_flag(value, "in_stream"),
         reset=_flag(value, "reset"),
         malformed=_flag(value, "malformed"),
         kb=_number(value, "kb"),

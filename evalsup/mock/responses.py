@@ -4,8 +4,8 @@ The answer is a message with one output_text part, or a function_call item when 
 ``tools``. Streamed: response.created, response.in_progress, then per item output_item.added, (content_part.added,
 output_text.delta..., output_text.done, content_part.done | function_call_arguments.delta..., .done),
 output_item.done, and response.completed carrying the same body a plain request gets (response.incomplete when
-max_output_tokens cut the text). ``mock.status`` with a 5xx on a streamed request is sent as response.failed
-after the first text delta, so clients see a failure inside a 200 stream.
+max_output_tokens cut the text). ``mock.status`` 5xx with ``mock.in_stream`` on a streamed request is sent as
+response.failed after two events, so clients see a failure inside a 200 stream.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _usage(input_tokens: int, output: list[dict[str, Any]]) -> dict[str, Any]:
             "total_tokens": input_tokens + out_tokens}
 
 
-def _events(final: dict[str, Any], fail_status: int | None) -> Iterator[bytes]:
+def _events(final: dict[str, Any]) -> Iterator[bytes]:
     seq = 0
 
     def ev(name: str, **fields: Any) -> bytes:
@@ -99,12 +99,8 @@ def _events(final: dict[str, Any], fail_status: int | None) -> Iterator[bytes]:
             empty = {**part, "text": ""}
             ids = {"item_id": item["id"], "output_index": oi, "content_index": 0}
             yield ev("response.content_part.added", part=empty, **ids)
-            for k, piece in enumerate(C.stream_pieces(part["text"])):
+            for piece in C.stream_pieces(part["text"]):
                 yield ev("response.output_text.delta", delta=piece, logprobs=[], **ids)
-                if fail_status is not None and k == 0:
-                    err = {"code": "server_error", "message": f"The model failed to finish (mock {fail_status})."}
-                    yield ev("response.failed", response={**start, "status": "failed", "error": err})
-                    return
             yield ev("response.output_text.done", text=part["text"], logprobs=[], **ids)
             yield ev("response.content_part.done", part=part, **ids)
         yield ev("response.output_item.done", output_index=oi, item=item)
@@ -113,14 +109,6 @@ def _events(final: dict[str, Any], fail_status: int | None) -> Iterator[bytes]:
 
 
 async def responses(call: Call) -> web.StreamResponse:
-    stream_fail = call.stream and isinstance(call.body.get("mock"), dict) and \
-        isinstance(call.body["mock"].get("status"), int) and call.body["mock"]["status"] >= 500
-    if stream_fail:  # sent inside the stream as response.failed, not as an HTTP status
-        mock = dict(call.body["mock"])
-        fail_status: int | None = mock.pop("status")
-        call.body["mock"] = mock
-    else:
-        fail_status = None
     early = await call.begin()
     if early is not None:
         return early
@@ -145,10 +133,13 @@ async def responses(call: Call) -> web.StreamResponse:
     final = _response(new_id("resp_"), int(time.time()), model, call.body, output, status,
                       _usage(input_tokens, output), incomplete)
     if call.stream:
-        events = _events(final, fail_status)
+        events = _events(final)
         if call.override.cut_stream:
             return await call.send_stream(events, cut_after=4)
-        return await call.send_stream(events)
+        why = {"code": "server_error", "message": f"The model failed to finish (mock {call.stream_fail})."}
+        failed = {**final, "status": "failed", "error": why, "output": [], "usage": None}
+        fail = _event("response.failed", {"type": "response.failed", "sequence_number": 2, "response": failed})
+        return await call.send_stream(events, fail_event=fail)
     body = orjson.dumps(final)
     if call.fault is Fault.MALFORMED:
         call.state.stats.fault("malformed")
