@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -12,7 +11,7 @@ from typing import Any
 import click
 
 from evalsup.config import ConfigError, RunConfig, WorkerConfig, default_run_dir, parse_shard, resolve_base_url
-from evalsup.mockhelp import MOCK_HELP_EPILOG
+from evalsup.mockcli import mock_command
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -266,52 +265,7 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
     sys.exit(code)
 
 
-_FRACTION = click.FloatRange(0.0, 1.0)
-
-
-@main.command(epilog=MOCK_HELP_EPILOG)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--model", "models", multiple=True, metavar="NAME",
-              help="A model name to serve (repeatable; default mock-model). Other names get 404 model_not_found.")
-@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Mean latency per response.")
-@click.option("--jitter-ms", type=float, default=0.0, show_default=True, help="Uniform +- jitter.")
-@click.option("--response-kb", type=float, default=0.0, show_default=True,
-              help="Pad plain-text answers so the JSON body is about this size.")
-@click.option("--fail-500", type=_FRACTION, default=0.0, show_default=True, help="Fraction answered 500.")
-@click.option("--fail-429", type=_FRACTION, default=0.0, show_default=True,
-              help="Fraction answered 429 with Retry-After (a rate-limit storm at 0.3-1.0).")
-@click.option("--retry-after", type=float, default=1.0, show_default=True, help="Retry-After seconds on 429.")
-@click.option("--reset", type=_FRACTION, default=0.0, show_default=True,
-              help="Fraction of connections reset (TCP RST, no response).")
-@click.option("--malformed", type=_FRACTION, default=0.0, show_default=True,
-              help="Fraction answered 200 with a body that is not valid JSON (or a broken SSE event).")
-@click.option("--api-key-env", metavar="NAME", default=None,
-              help="Require \"Authorization: Bearer $NAME\" (the key is read from that variable, never printed).")
-@click.option("--revoke-after", type=click.IntRange(0), default=None, metavar="N",
-              help="Answer every /v1 request after the first N with 401 invalid_api_key (a key revoked mid-run).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the answers and of the fault draws.")
-def mock(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
-         fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
-         api_key_env: str | None, revoke_after: int | None, seed: int) -> None:
-    """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
-
-    \b
-    POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (streamed with "stream": true),
-    GET /v1/models[/NAME]. Chat answers a tool call when the request has "tools", logprobs when asked,
-    n > 1 choices, and a usage chunk with stream_options.include_usage.
-    """
-    from evalsup.mock.server import MockConfig, serve_forever
-
-    key = None
-    if api_key_env is not None:
-        key = os.environ.get(api_key_env)
-        if not key:
-            _fail(f"--api-key-env {api_key_env}: the variable is not set or empty")
-    cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
-                     fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed,
-                     models=models or ("mock-model",), api_key=key, revoke_after=revoke_after)
-    serve_forever(cfg, host, port)
+main.add_command(mock_command)  # `evalsup mock`: evalsup/mockcli.py
 
 
 @main.command()
