@@ -102,6 +102,13 @@ def test_legacy_completion_stream_concatenates_text_and_logprobs() -> None:
     assert cp.choices[0].logprobs.text_offset == [0, 1] and cp.choices[0].finish_reason == "length"
 
 
+def test_chunks_without_object_are_read_by_their_choices() -> None:
+    bare = [{"id": "x", "created": 1, "model": "m", "choices": [_delta(0, {"role": "assistant", "content": "Hi"})]},
+            {"id": "x", "created": 1, "model": "m", "choices": [_delta(0, {}, "stop")]}]
+    body = _feed([{"id": "x", "created": 1, "model": "m", "choices": []}, *bare]).body()  # a first chunk says nothing
+    assert ChatCompletion.model_validate(body).choices[0].message.content == "Hi"
+
+
 def test_chat_stream_without_done_or_finish_is_cut_and_error_event_fails() -> None:
     asm = _feed([_chunk([_delta(0, {"role": "assistant", "content": "Hi"})])], done=False)
     with pytest.raises(StreamCut):

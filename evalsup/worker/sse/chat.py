@@ -79,6 +79,19 @@ class _Choice:
         return msg
 
 
+def _kind(ev: dict[str, Any]) -> str | None:
+    """chat.completion or text_completion, by the chunk's object, else by its choices (delta or text)."""
+    obj = ev.get("object")
+    if obj == "chat.completion.chunk":
+        return "chat.completion"
+    if obj == "text_completion":
+        return "text_completion"
+    for ch in ev.get("choices") or ():
+        if isinstance(ch, dict) and ("delta" in ch or "text" in ch):
+            return "chat.completion" if "delta" in ch else "text_completion"
+    return None  # decided by a later chunk
+
+
 class ChatStream:
     """Chunks of /v1/chat/completions or /v1/completions; ``event`` returns whether the chunk carried a token."""
 
@@ -93,7 +106,7 @@ class ChatStream:
             if k in ev and k not in self.meta:
                 self.meta[k] = ev[k]
         if self.kind is None:
-            self.kind = "chat.completion" if ev.get("object") == "chat.completion.chunk" else "text_completion"
+            self.kind = _kind(ev)
         if ev.get("usage"):
             self.usage = ev["usage"]
         token = False
