@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -268,3 +269,68 @@ def test_mock_cli_serves_named_models_and_a_revoked_key() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ------------------------------------------------------------------ the mock's streams, event by event
+
+
+def _raw_events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    req = urllib.request.Request(url + path, data=orjson.dumps({**body, "stream": True}),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        text = resp.read()
+    data = [line[5:].strip() for line in text.split(b"\n") if line.startswith(b"data:")]
+    return [orjson.loads(d) for d in data if d != b"[DONE]"]
+
+
+@pytest.mark.parametrize("cid", [c for c, u, _ in TASKS if u != "/v1/embeddings"])
+def test_mock_stream_events_are_the_sdks_and_match_its_accumulators(mock: MockThread, cid: str) -> None:
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    _, url, body = next(t for t in TASKS if t[0] == cid)
+    body = {"model": "mock-model", **body, "stream_options": {"include_usage": True}} \
+        if url != "/v1/responses" else {"model": "mock-model", **body}
+    events = _raw_events(mock.url, url[3:], body)
+    if url == "/v1/responses":
+        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+        for ev in events:
+            adapter.validate_python(ev, strict=False)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[0]["type"] == "response.created" and events[-1]["type"] in ("response.completed",
+                                                                                 "response.incomplete")
+        if events[-1]["type"] == "response.incomplete":
+            return  # OpenAI ends such a stream so; the SDK's helper waits for response.completed only
+        client = openai.OpenAI(base_url=mock.url, api_key="k", max_retries=0, timeout=10)
+        with client.responses.stream(**{k: v for k, v in body.items() if k != "stream"}) as s:
+            final = s.get_final_response()
+        want = Response.model_validate(events[-1]["response"])
+        assert final.output_text == want.output_text and final.status == want.status
+        assert [(o.type, o.id, getattr(o, "arguments", None)) for o in final.output] == \
+            [(o.type, o.id, getattr(o, "arguments", None)) for o in want.output]
+    elif url == "/v1/chat/completions":
+        for ev in events:
+            ChatCompletionChunk.model_validate(ev)
+        client = openai.OpenAI(base_url=mock.url, api_key="k", max_retries=0, timeout=10)
+        kw = {k: v for k, v in body.items() if k not in ("stream", "mock")}
+        with client.chat.completions.stream(**kw, extra_body={"mock": body["mock"]} if "mock" in body else None) as s:
+            sdk_final = s.get_final_completion()
+        from evalsup.worker.sse import StreamAssembler
+
+        asm = StreamAssembler(0.0)
+        asm.feed(b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n")
+        ours = ChatCompletion.model_validate(asm.body())
+        for a, b in zip(ours.choices, sdk_final.choices, strict=True):
+            assert a.message.content == b.message.content and a.message.refusal == b.message.refusal
+            assert a.finish_reason == b.finish_reason
+            assert [(t.id, t.function.name, t.function.arguments) for t in a.message.tool_calls or []] == \
+                [(t.id, t.function.name, t.function.arguments) for t in b.message.tool_calls or []]  # type: ignore[union-attr]
+            assert a.logprobs == b.logprobs
+        assert ours.usage == sdk_final.usage
+    else:  # the SDK types a legacy chunk as Completion, whose finish_reason cannot be the null chunks carry
+        assert all(e["object"] == "text_completion" for e in events)
+        finished = [c for e in events for c in e["choices"] if c["finish_reason"]]
+        assert sorted(c["index"] for c in finished) == list(range(len(finished))) and finished
+        assert events[-1]["usage"]["total_tokens"] > 0
