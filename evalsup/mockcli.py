@@ -57,7 +57,7 @@ _FRACTION = click.FloatRange(0.0, 1.0)
 @click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Mean latency per response.")
 @click.option("--jitter-ms", type=float, default=0.0, show_default=True, help="Uniform +- jitter.")
 @click.option("--response-kb", type=float, default=0.0, show_default=True,
-              help="Pad plain-text answers so the JSON body is about this size.")
+              help="Pad chat and completions text answers so the JSON body is about this size.")
 @click.option("--fail-500", type=_FRACTION, default=0.0, show_default=True, help="Fraction answered 500.")
 @click.option("--fail-429", type=_FRACTION, default=0.0, show_default=True,
               help="Fraction answered 429 with Retry-After (a rate-limit storm at 0.3-1.0).")
