@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from evalsup.config import ConfigError, RunConfig, WorkerConfig, default_run_dir, parse_shard, resolve_base_url
+from evalsup.mockcli import mock_command
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -281,26 +282,7 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
     sys.exit(code)
 
 
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Mean latency per response.")
-@click.option("--jitter-ms", type=float, default=0.0, show_default=True, help="Uniform +- jitter.")
-@click.option("--response-kb", type=float, default=0.0, show_default=True, help="Pad answers to about this size.")
-@click.option("--fail-500", type=float, default=0.0, show_default=True, help="Fraction answered 500.")
-@click.option("--fail-429", type=float, default=0.0, show_default=True, help="Fraction answered 429 + Retry-After.")
-@click.option("--retry-after", type=float, default=1.0, show_default=True, help="Retry-After seconds on 429.")
-@click.option("--reset", type=float, default=0.0, show_default=True, help="Fraction of connections reset.")
-@click.option("--malformed", type=float, default=0.0, show_default=True, help="Fraction with a non-JSON body.")
-@click.option("--seed", type=int, default=0, show_default=True)
-def mock(host: str, port: int, latency_ms: float, jitter_ms: float, response_kb: float, fail_500: float,
-         fail_429: float, retry_after: float, reset: float, malformed: float, seed: int) -> None:
-    """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks)."""
-    from evalsup.mock.server import MockConfig, serve_forever
-
-    cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
-                     fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed)
-    serve_forever(cfg, host, port)
+main.add_command(mock_command)  # `evalsup mock`: evalsup/mockcli.py
 
 
 @main.command()

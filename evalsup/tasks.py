@@ -237,12 +237,28 @@ def to_request(obj: dict[str, Any], defaults: RequestDefaults) -> tuple[str, dic
         body.setdefault("max_tokens", defaults.max_tokens)
     if defaults.temperature is not None and url != "/v1/embeddings":
         body.setdefault("temperature", defaults.temperature)
-    if defaults.stream and url in ("/v1/chat/completions", "/v1/completions"):
+    if defaults.stream and url in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
         body.setdefault("stream", True)
     return url, body, meta
 
 
 # ----- output records -----
+
+def record_id() -> str:
+    """A record's ``id``, as OpenAI's Batch output has it: ``batch_req_`` and 24 random hex digits (unique per
+    record; a task written again after a crash gets a new one)."""
+    return "batch_req_" + os.urandom(12).hex()
+
+
+def record_error(error: dict[str, str] | None) -> dict[str, Any] | None:
+    """The record's ``error``: the server's own code (when it sent one) and message, its type and param (or
+    null), and evalsup's code in ``evalsup_code`` (``http_400``, ``timeout_read``, ``stream_cut``, ...)."""
+    if error is None:
+        return None
+    own = error["code"]
+    return {"code": error.get("server_code") or own, "message": error.get("message", ""),
+            "type": error.get("type"), "param": error.get("param"), "evalsup_code": own}
+
 
 def output_line(task_id: str, *, status: int | None, request_id: str | None, body: Any,
                 error: dict[str, str] | None, metrics: dict[str, Any], metadata: dict[str, Any] | None,
@@ -252,11 +268,11 @@ def output_line(task_id: str, *, status: int | None, request_id: str | None, bod
     ``body`` may be an ``orjson.Fragment`` holding the endpoint's raw JSON, so it is not encoded twice.
     """
     rec: dict[str, Any] = {
-        "id": task_id,
+        "id": record_id(),
         "custom_id": task_id,
-        "response": None if status is None else {"status_code": status, "request_id": request_id or "",
+        "response": None if status is None else {"status_code": status, "request_id": request_id or None,
                                                   "body": body},
-        "error": error,
+        "error": record_error(error),
         "metrics": metrics,
     }
     if metadata:

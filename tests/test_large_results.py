@@ -42,7 +42,7 @@ def test_large_results_are_written_whole(tmp_path: Path, mock: MockThread, ring_
     assert via_ring == 0 if ring_mb == "0" else 0 < via_ring <= n // 3, via_ring  # only the lines past 256 KiB
     for rec in recs:
         body = rec["response"]["body"]
-        i = int(rec["id"][1:])
+        i = int(rec["custom_id"][1:])
         size = len(orjson.dumps(body))
         assert body["choices"][0]["message"]["content"]
         assert size > 600_000 if i % 3 == 0 else (60_000 < size < 200_000 if i % 3 == 1 else size < 10_000), (i, size)

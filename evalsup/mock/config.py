@@ -21,6 +21,8 @@ class MockConfig:
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
     echo_headers_in_errors: bool = False  # error bodies include the request headers
+    revoked: bool = False  # every /v1 request gets 401 invalid_api_key (a key revoked mid-run)
+    revoke_after: int | None = None  # the key is revoked after this many /v1 requests (counted since start/reset)
 
 
 _FLOAT_FIELDS = frozenset(
@@ -63,9 +65,13 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if value is not None and not isinstance(value, str):
                 raise ValueError("api_key must be a string or null")
             changes[name] = value
-        elif name == "echo_headers_in_errors":
+        elif name in ("echo_headers_in_errors", "revoked"):
             if not isinstance(value, bool):
-                raise ValueError("echo_headers_in_errors must be a boolean")
+                raise ValueError(f"{name} must be a boolean")
+            changes[name] = value
+        elif name == "revoke_after":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError("revoke_after must be a non-negative integer or null")
             changes[name] = value
     return dataclasses.replace(cfg, **changes)
 

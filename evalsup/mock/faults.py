@@ -32,6 +32,8 @@ class Override:
     kb: float | None = None
     cut_stream: bool = False
     retry_after: float | None = None
+    refusal: str | None = None  # chat: answer with this refusal instead of content
+    in_stream: bool = False  # a 5xx status on a streamed request comes as an error event inside a 200 stream
     times: int | None = None  # the faults above apply to the first `times` attempts of this exact request only
 
     @property
@@ -40,7 +42,8 @@ class Override:
 
     def without_faults(self) -> Override:
         """The same override with its faults spent (delay, text, kb still apply)."""
-        return dataclasses.replace(self, status=None, reset=False, malformed=False, cut_stream=False, times=None)
+        return dataclasses.replace(self, status=None, reset=False, malformed=False, cut_stream=False, times=None,
+                                   in_stream=False)
 
 
 NO_OVERRIDE = Override()
@@ -96,6 +99,9 @@ def parse_override(value: Any) -> Override:
     text = value.get("text")
     if text is not None and not isinstance(text, str):
         raise ValueError("mock.text must be a string")
+    refusal = value.get("refusal")
+    if refusal is not None and not isinstance(refusal, str):
+        raise ValueError("mock.refusal must be a string")
     times = value.get("times")
     if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
         raise ValueError("mock.times must be a non-negative integer")
@@ -104,6 +110,8 @@ def parse_override(value: Any) -> Override:
         status=status,
         delay_s=_number(value, "delay_s"),
         text=text,
+        refusal=refusal,
+        in_stream=_flag(value, "in_stream"),
         reset=_flag(value, "reset"),
         malformed=_flag(value, "malformed"),
         kb=_number(value, "kb"),

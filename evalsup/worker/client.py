@@ -19,7 +19,8 @@ from evalsup.worker.breaker import AuthWatch, LocalBreaker
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
-from evalsup.worker.sse import StreamAssembler, StreamCut
+from evalsup.worker.server_errors import request_id_of, text_body
+from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
 
 
 class ResponseTooLarge(Exception):
@@ -62,16 +63,6 @@ def body_value(raw: bytes, parsed: Any, single: bool | None = None) -> Any:
     if raw and (one_line(raw) if single is None else single):
         return orjson.Fragment(raw)
     return parsed
-
-
-def _error_message(parsed: Any, status: int) -> str:
-    if isinstance(parsed, dict):
-        err = parsed.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])[:500]
-        if isinstance(err, str):
-            return err[:500]
-    return f"HTTP {status}"
 
 
 def estimate_tokens(body: dict[str, Any]) -> int:
@@ -164,10 +155,11 @@ class Client:
         try:
             async with self.session.post(url, data=payload, headers=self.headers) as resp:
                 status = resp.status
-                request_id = resp.headers.get("x-request-id")
+                request_id = request_id_of(resp.headers)  # x-request-id or an equivalent, never ""
                 if status != 200:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                if stream and status == 200 and resp.content_type == "text/event-stream":
+                # a body is read by what it is: SSE is assembled even when no stream was asked for
+                if status == 200 and resp.content_type == "text/event-stream":
                     raw, parsed, asm = await self._read_stream(resp, start)
                     raw = self._scrub(raw)
                     return Attempt(200, raw, parsed, request_id, None, asm.ttft_s, asm.itl_s)
@@ -177,6 +169,9 @@ class Client:
                 Code.TOO_LARGE, f"response of {e.args[0]} bytes exceeds --max-response-mb", status))
         except StreamCut as e:
             return Attempt(None, b"", None, request_id, errors.transport(Code.STREAM_CUT, str(e)))
+        except StreamFailed as e:  # an error event inside a 200 stream, with the server's code
+            return Attempt(None, b"", None, request_id, errors.transport(
+                Code.STREAM_ERROR, e.message, {"server_code": e.code} if e.code else None))
         except aiohttp.ConnectionTimeoutError:
             return Attempt(None, b"", None, None, errors.transport(
                 Code.TIMEOUT_CONNECT, "no connection within --connect-timeout"))
@@ -202,7 +197,8 @@ class Client:
             if status == 200:  # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another
                 return Attempt(200, raw, None, request_id, errors.answer(
                     Code.INVALID_JSON, "HTTP 200: response body is not valid JSON"))
-            parsed = None
+            parsed = text_body(raw)  # a plain-text error body is kept as a JSON string, its text the message
+            raw = orjson.dumps(parsed)
         if status == 200:
             if need is not None and not (parsed.has_answer if isinstance(parsed, UsageOnly)
                                          else isinstance(parsed, dict) and need in parsed):
@@ -210,8 +206,7 @@ class Client:
                     Code.INVALID_RESPONSE, f"HTTP 200 without {need!r}: not an answer for this endpoint"))
             return Attempt(200, raw, parsed, request_id, None, one_line=single)
         assert status is not None
-        return Attempt(status, raw, parsed, request_id,
-                       errors.from_status(status, _error_message(parsed, status), retry_after))
+        return Attempt(status, raw, parsed, request_id, errors.from_status(status, parsed, retry_after))
 
     async def execute(self, path: str, body: dict[str, Any], key: int = 0) -> Outcome:
         """All the attempts of task ``key``, as the retry policy steps them (``retry.RetryPolicy.step``)."""

@@ -9,6 +9,7 @@ client builds a ``Failure``; the retry policy (``retry.RetryPolicy.step``) and t
     │                                  connection_error     reset or closed mid-request
     │                                  timeout_connect | timeout_read | timeout_total
     │                                  stream_cut           an SSE stream stopped before its end
+    │                                  stream_error         the server failed mid-stream (an error event)
     ├── answer (a 200 that is broken)  invalid_json | invalid_response | response_too_large
     └── status (an HTTP error)         rate_limited (429; 503 with Retry-After): the server's flow control
                                        http_401, http_403: the key was refused
@@ -18,7 +19,10 @@ client builds a ``Failure``; the retry policy (``retry.RetryPolicy.step``) and t
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from evalsup.worker.server_errors import http_error
 
 
 class Code(enum.StrEnum):
@@ -28,6 +32,7 @@ class Code(enum.StrEnum):
     TIMEOUT_READ = "timeout_read"
     TIMEOUT_TOTAL = "timeout_total"
     STREAM_CUT = "stream_cut"
+    STREAM_ERROR = "stream_error"  # an error event inside a 200 stream (the server's code kept beside it)
     INVALID_JSON = "invalid_json"
     INVALID_RESPONSE = "invalid_response"
     TOO_LARGE = "response_too_large"
@@ -63,6 +68,7 @@ class Failure:
     kind: Kind
     status: int | None = None  # the HTTP status, when the attempt got an answer
     retry_after: float | None = None  # seconds the server asked to wait
+    said: dict[str, str] = field(default_factory=dict)  # the server's own code/type/param (server_errors)
 
     @property
     def endpoint_side(self) -> bool:
@@ -73,13 +79,14 @@ class Failure:
         return self.code == Code.CONNECTION_REFUSED
 
     def record(self) -> dict[str, str]:
-        """The record's ``error`` object."""
-        return {"code": str(self.code), "message": self.message}
+        """The attempt's error as the record builder takes it (tasks.record_error): evalsup's code, the
+        message, and what the server said of its own (``server_code``, ``type``, ``param``)."""
+        return {"code": str(self.code), "message": self.message, **self.said}
 
 
-def transport(code: Code, message: str) -> Failure:
-    """No HTTP answer: refused, reset, a timeout, or a cut stream."""
-    return Failure(code, message, Kind.ENDPOINT)
+def transport(code: Code, message: str, said: dict[str, str] | None = None) -> Failure:
+    """No HTTP answer: refused, reset, a timeout, a cut stream, or an error event mid-stream."""
+    return Failure(code, message, Kind.ENDPOINT, said=said or {})
 
 
 def answer(code: Code, message: str, status: int | None = 200) -> Failure:
@@ -87,17 +94,24 @@ def answer(code: Code, message: str, status: int | None = 200) -> Failure:
     return Failure(code, message, Kind.FINAL if code is Code.TOO_LARGE else Kind.ANSWER, status)
 
 
-def from_status(status: int, message: str, retry_after: float | None) -> Failure:
-    """An HTTP error answer. 429, and 503 with Retry-After, are the server's flow control, not failures."""
+def from_status(status: int, body: Any, retry_after: float | None) -> Failure:
+    """An HTTP error answer, its message and code read from the body whatever its shape (server_errors).
+    429, and 503 with Retry-After, are the server's flow control, not failures."""
+    err = http_error(status, body)
+    message = err.pop("message")
+    err.pop("code")
+    code = http_code(status)
     if status == 429 or (status == 503 and retry_after is not None):
-        return Failure(http_code(status), message, Kind.FLOW, status, retry_after)
-    if status in AUTH_STATUSES:
-        return Failure(http_code(status), message, Kind.AUTH, status)
-    if status in ENDPOINT_STATUSES:
-        return Failure(http_code(status), message, Kind.ENDPOINT, status, retry_after)
-    if status in RETRY_STATUSES:
-        return Failure(http_code(status), message, Kind.ANSWER, status, retry_after)
-    return Failure(http_code(status), message, Kind.REQUEST, status)
+        kind = Kind.FLOW
+    elif status in AUTH_STATUSES:
+        kind = Kind.AUTH
+    elif status in ENDPOINT_STATUSES:
+        kind = Kind.ENDPOINT
+    elif status in RETRY_STATUSES:
+        kind = Kind.ANSWER
+    else:
+        kind = Kind.REQUEST
+    return Failure(code, message, kind, status, retry_after, err)
 
 
 # What a 200 body must hold to be an answer, by the end of the path it answers (invalid_response otherwise).

@@ -1,0 +1,95 @@
+"""`evalsup mock`: the command, and the text of its --help past the options (live config, per-request overrides,
+fault modes). Imports the server (aiohttp) only when the command runs, so `evalsup --help` stays light."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+MOCK_HELP_EPILOG = """\b
+Live config (while it runs):
+  GET  /_mock/config           the knobs (api_key shown as ***)
+  POST /_mock/config           change any of them, e.g. {"fail_429": 0.5, "retry_after_s": 2}:
+                               latency_ms, jitter_ms, response_kb, fail_500, fail_429, retry_after_s, reset,
+                               malformed, seed (restarts the fault sequence), models, api_key,
+                               echo_headers_in_errors, revoked (true: every /v1 request gets 401),
+                               revoke_after (N: 401 after N requests, counted from start or reset),
+                               down (true: every connection is dropped, an outage)
+  GET  /_mock/stats            counters (requests, statuses, faults, in flight, bytes)
+  POST /_mock/reset            clear the counters, the mock.times attempt counts and the revoke_after count
+
+\b
+Per-request overrides: a "mock" object in the request body (a simple task line's "mock" key is sent there):
+  "status": 503                answer with this HTTP status and an OpenAI-style error body (429: Retry-After)
+  "in_stream": true            with a 5xx "status" on a streamed request: a 200 stream that fails midway (chat:
+                               an {"error": ...} event; /v1/responses: response.failed)
+  "retry_after": 2             Retry-After seconds for this 429
+  "delay_s": 0.5               latency of this request (instead of --latency-ms)
+  "reset": true                drop the connection with a TCP RST
+  "malformed": true            200 with a body that is not valid JSON
+  "cut_stream": true           send half the body (or of the SSE events), then close the connection
+  "times": 2                   the faults above apply to the first 2 attempts of this exact request only
+  "text": "..."                answer with this text (never padded)
+  "kb": 64                     pad this answer to about 64 KB (instead of --response-kb)
+  "refusal": "..."             chat: answer with this refusal (content null)
+
+\b
+Fault modes for clients' tests:
+  rate-limit storm             --fail-429 0.5 --retry-after 1 (or POST /_mock/config {"fail_429": 0.5})
+  revoked key                  --revoke-after N, or POST /_mock/config {"revoked": true}: 401, code
+                               invalid_api_key, on every /v1 request
+  outage                       POST /_mock/config {"down": true}, later {"down": false}
+  a task that always fails     its line's "mock": {"status": 400} (or any status, reset, cut_stream)
+  random faults                --fail-500, --fail-429, --reset, --malformed (one seeded draw per request)
+"""
+
+
+_FRACTION = click.FloatRange(0.0, 1.0)
+
+
+@click.command("mock", epilog=MOCK_HELP_EPILOG)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="A model name to serve (repeatable; default mock-model). Other names get 404 model_not_found.")
+@click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Mean latency per response.")
+@click.option("--jitter-ms", type=float, default=0.0, show_default=True, help="Uniform +- jitter.")
+@click.option("--response-kb", type=float, default=0.0, show_default=True,
+              help="Pad chat and completions text answers so the JSON body is about this size.")
+@click.option("--fail-500", type=_FRACTION, default=0.0, show_default=True, help="Fraction answered 500.")
+@click.option("--fail-429", type=_FRACTION, default=0.0, show_default=True,
+              help="Fraction answered 429 with Retry-After (a rate-limit storm at 0.3-1.0).")
+@click.option("--retry-after", type=float, default=1.0, show_default=True, help="Retry-After seconds on 429.")
+@click.option("--reset", type=_FRACTION, default=0.0, show_default=True,
+              help="Fraction of connections reset (TCP RST, no response).")
+@click.option("--malformed", type=_FRACTION, default=0.0, show_default=True,
+              help="Fraction answered 200 with a body that is not valid JSON (or a broken SSE event).")
+@click.option("--api-key-env", metavar="NAME", default=None,
+              help="Require \"Authorization: Bearer $NAME\" (the key is read from that variable, never printed).")
+@click.option("--revoke-after", type=click.IntRange(0), default=None, metavar="N",
+              help="Answer every /v1 request after the first N with 401 invalid_api_key (a key revoked mid-run).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the answers and of the fault draws.")
+def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
+         fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
+         api_key_env: str | None, revoke_after: int | None, seed: int) -> None:
+    """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
+
+    \b
+    POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (streamed with "stream": true),
+    GET /v1/models[/NAME]. Chat answers a tool call when the request has "tools", logprobs when asked,
+    n > 1 choices, and a usage chunk with stream_options.include_usage.
+    """
+    from evalsup.mock.server import MockConfig, serve_forever
+
+    key = None
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env)
+        if not key:
+            click.echo(f"evalsup: --api-key-env {api_key_env}: the variable is not set or empty", err=True)
+            sys.exit(2)
+    cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
+                     fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed,
+                     models=models or ("mock-model",), api_key=key, revoke_after=revoke_after)
+    serve_forever(cfg, host, port)
