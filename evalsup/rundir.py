@@ -61,15 +61,21 @@ class RunDirLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise RunDirError(f"cannot lock run directory {self.run_dir} ({self.path.name}): {e.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = _holder(fd)
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunDirBusy(f"{self.run_dir} is in use by another evalsup ({holder}); this {command} "
-                                 "touched nothing. Wait for it to end or stop it, then rerun") from None
-            raise RunDirError(f"cannot lock run directory {self.run_dir}: {e.strerror}") from None
+        for attempt in range(5):  # a read-only probe (held_by) holds a shared lock for a moment: try again
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+                if busy and attempt < 4:
+                    time.sleep(0.05)
+                    continue
+                holder = _holder(fd)
+                os.close(fd)
+                if busy:
+                    raise RunDirBusy(f"{self.run_dir} is in use by another evalsup ({holder}); this {command} "
+                                     "touched nothing. Wait for it to end or stop it, then rerun") from None
+                raise RunDirError(f"cannot lock run directory {self.run_dir}: {e.strerror}") from None
         self.fd = fd
         info = {"host": socket.gethostname(), "pid": os.getpid(), "started": round(time.time(), 3),
                 "command": command}
@@ -91,6 +97,23 @@ class RunDirLock:
                     self.run_dir.rmdir()
         os.close(self.fd)
         self.fd = None
+
+
+def held_by(run_dir: Path) -> str | None:
+    """Who holds the run directory's lock ("host h, PID p, started t"), or None if nobody does. Read-only: it
+    changes nothing in the directory (for `evalsup status`)."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return _holder(fd)
+    else:
+        return None
+    finally:
+        os.close(fd)  # drops the shared lock if it was taken
 
 
 @contextlib.contextmanager

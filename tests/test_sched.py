@@ -14,7 +14,7 @@ from conftest import ROOT, assert_exactly_once, env_for, evalsup_cmd, read_resul
 
 from evalsup import exitcodes
 from evalsup.mock.server import MockThread
-from evalsup.rundir import LOCK_NAME, RunDirBusy, RunDirLock
+from evalsup.rundir import LOCK_NAME, RunDirBusy, RunDirLock, held_by
 from evalsup.shards import ShardError, parse_shard, shard_from_env, shard_mismatch
 
 
@@ -69,9 +69,11 @@ def test_lock_is_released_by_a_dead_holder_and_names_a_live_one(tmp_path: Path) 
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunDirBusy, match=f"PID {holder.pid}"):
             RunDirLock(run_dir).acquire()
+        assert f"PID {holder.pid}" in (held_by(run_dir) or "")
     finally:
         holder.kill()  # as kill -9 would: the kernel drops the lock
         holder.wait()
+    assert held_by(run_dir) is None
     lock = RunDirLock(run_dir)
     lock.acquire()
     assert orjson.loads((run_dir / LOCK_NAME).read_bytes())["pid"] == os.getpid()

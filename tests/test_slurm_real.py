@@ -20,7 +20,7 @@ def _slurm_up() -> bool:
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
         return False
     try:
-        r = subprocess.run(["sinfo", "-h", "-o", "%a %t"], capture_output=True, text=True, timeout=10)
+        r = subprocess.run(["sinfo", "-h", "-o", "%a %t"], capture_output=True, text=True, timeout=3)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0 and any(x.split()[:1] == ["up"] and ("idle" in x or "mix" in x)
