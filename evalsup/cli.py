@@ -130,7 +130,8 @@ def run_options(f: Any) -> Any:
                      help="Serve Prometheus metrics on this port (/metrics)."),
         click.option("--metrics-host", default="127.0.0.1", show_default=True,
                      help="Address for --metrics-port (0.0.0.0 to expose it, e.g. in a pod)."),
-        click.option("--quiet", "-q", is_flag=True, help="Print only the final summary."),
+        click.option("--quiet", "-q", is_flag=True,
+                     help="No progress; at the end one line (done, ok, failed, req/s, results file)."),
         click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout."),
     ]
     for opt in reversed(opts):
@@ -226,8 +227,10 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
 @main.command()
 @click.option("--tasks", "n", type=click.IntRange(1, 10_000_000), default=2000, show_default=True,
               help="Sample tasks to make.")
-@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True)
+@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Worker processes (as for `evalsup run --workers`).")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True,
+              help="Requests in flight in total, split among the workers.")
 @click.option("--latency-ms", type=float, default=20.0, show_default=True, help="Mock latency per request.")
 @click.option("--response-kb", type=float, default=1.0, show_default=True, help="Mock response size.")
 @click.option("--dir", "where", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -265,8 +268,9 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: any free one).")
 @click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Mean latency per response.")
 @click.option("--jitter-ms", type=float, default=0.0, show_default=True, help="Uniform +- jitter.")
 @click.option("--response-kb", type=float, default=0.0, show_default=True, help="Pad answers to about this size.")
@@ -275,7 +279,8 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
 @click.option("--retry-after", type=float, default=1.0, show_default=True, help="Retry-After seconds on 429.")
 @click.option("--reset", type=float, default=0.0, show_default=True, help="Fraction of connections reset.")
 @click.option("--malformed", type=float, default=0.0, show_default=True, help="Fraction with a non-JSON body.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random faults and latencies (the same seed, the same faults).")
 def mock(host: str, port: int, latency_ms: float, jitter_ms: float, response_kb: float, fail_500: float,
          fail_429: float, retry_after: float, reset: float, malformed: float, seed: int) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks)."""
@@ -355,11 +360,23 @@ def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bo
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-def status(run_dir: Path) -> None:
-    """Progress of a run directory, from its checkpoint and results file (read-only)."""
-    from evalsup.status import status_text
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object (for scripts).")
+def status(run_dir: Path, as_json: bool) -> None:
+    """Where a run stands, read-only: state and why, done/ok/failed/invalid, outstanding task ids, rate and
+    ETA while it runs, its settings. RUN_DIR may also be the parent of shard-K-of-N/ directories (one row a
+    shard, a total and the missing shards). Fast on any size: figures come from the checkpoint and the tails
+    of the files, never a full read of results.jsonl.
+    """
+    if as_json:
+        import orjson
 
-    click.echo(status_text(run_dir))
+        from evalsup.status import status as status_dict
+
+        click.echo(orjson.dumps(status_dict(run_dir), option=orjson.OPT_INDENT_2).decode())
+    else:
+        from evalsup.status import status_text
+
+        click.echo(status_text(run_dir))
 
 
 @main.command()

@@ -24,7 +24,8 @@ from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RestartIntensity
-from evalsup.supervisor.progress import LineCounter, LiveDisplay, fmt_snapshot_plain
+from evalsup.supervisor.progress import LineCounter, LiveDisplay, RateWindow, fmt_snapshot_plain
+from evalsup.supervisor.progress import snapshot as progress_snapshot
 from evalsup.supervisor.scaling import ScaleUp, cpu_seconds
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.workers import State, WorkerHandle
@@ -75,7 +76,7 @@ class Supervisor:
         self.breaker = EndpointBreaker(max_down_s=cfg.max_wait_down_s)
         self.events: Any = lambda kind, **fields: None
         self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
-        self._rate_samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=120)
+        self.rate = RateWindow(self.started)  # results a second, for the progress (supervisor.progress)
         self.metrics: Any = None
         self._stuck_since: float | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -175,7 +176,8 @@ class Supervisor:
                     ref.started = True
         elif kind is Kind.HEARTBEAT:
             w.last_beat = time.monotonic()
-            w.parked = int(decode_json(payload).get("parked", 0))
+            beat = decode_json(payload)
+            w.parked, w.wire = int(beat.get("parked", 0)), int(beat.get("wire", 0))
         elif kind is Kind.TRIP:
             self._on_trip(w, str(decode_json(payload).get("reason", "")))
         elif kind is Kind.PROBE_RESULT:
@@ -625,6 +627,7 @@ class Supervisor:
             invalid=self.stats.invalid, counters=self.stats.counters(),
             finished=finished, done_ahead=sorted(self.skip_ids), pid=os.getpid(),
         )
+        self.events("progress", **self.stats.progress())  # the report's time series (tokens, errors by code)
         await j.checkpoint(cp)
 
     async def _ticker(self) -> None:
@@ -663,24 +666,8 @@ class Supervisor:
         return "running"
 
     def snapshot(self) -> dict[str, Any]:
-        now = time.monotonic()
-        st = self.stats
-        self._rate_samples.append((now, st.session_done))
-        t0, d0 = self._rate_samples[0]
-        for t, d in self._rate_samples:  # rate over the last ~30 s
-            if now - t <= 30:
-                t0, d0 = t, d
-                break
-        rate = (st.session_done - d0) / (now - t0) if now - t0 > 0.5 else 0.0
-        total = self.counter.total
-        mem = self.memory
-        return {
-            "state": self.state(), "done": st.done, "total": total, "failed": st.failed, "retries": st.retries,
-            "rate": rate, "eta_s": (max(0, total - st.done) / rate) if total is not None and rate > 0 else None,
-            "inflight": self._outstanding(), "workers_mb": [w.rss / MIB for w in self.workers if w.alive],
-            "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
-            "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
-        }
+        """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""
+        return progress_snapshot(self, time.monotonic())
 
     async def _progress(self) -> None:
         if self.cfg.quiet:
@@ -835,7 +822,8 @@ class Supervisor:
             await self.checkpoint(finished=self.finished)
         except JournalError as e:
             self.stop_message, self.stop_code = str(e), 1
-        self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code)
+        self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code,
+                    stopped=self.stop_message or None)  # why, for `evalsup status`
         self.journal.close()
         self.memory.close()
         self.events.close()

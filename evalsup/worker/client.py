@@ -106,6 +106,7 @@ class Client:
         self.bodies = BodyParser(whole_bodies)
         self.parked = 0
         self.retries = 0
+        self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
         self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
 
     def _scrub(self, raw: bytes) -> bytes:
@@ -223,7 +224,11 @@ class Client:
                 await self.pacer.charge_tokens(estimate)
             attempts += 1
             budget_used += 1
-            a = await self.attempt(url, payload, stream)
+            self.on_wire += 1
+            try:
+                a = await self.attempt(url, payload, stream)
+            finally:
+                self.on_wire -= 1
             ok = a.error is None
             if self.pacer.tpm and ok and isinstance(a.parsed, dict):
                 usage = a.parsed.get("usage")
