@@ -23,9 +23,11 @@ def _session_of(d: RunData) -> Callable[[float], int]:
 
     def which(t: float) -> int:
         for i, (a, b) in enumerate(spans):
-            if a - 1 <= t <= b + 1:
+            if a <= t <= b:
                 return i
-        return -1
+        near = min(range(len(spans)), key=lambda i: min(abs(t - spans[i][0]), abs(t - spans[i][1])))
+        a, b = spans[near]
+        return near if a - 0.5 <= t <= b + 0.5 else -1 - near  # just outside: still its session; else none
     return which
 
 
@@ -155,7 +157,8 @@ def hist_chart(chart_id: str, parts: list[tuple[LogHist, str, str]], xlabel: str
     for name, v in markers.items():
         if v is not None and v > 0 and first.edge(lo) <= math.log10(v) <= first.edge(hi):
             c.pct_marker(math.log10(v), f"{name} {fmt(v)}", f"{name}: {fmt(v)}")
-    ticks = [(e + math.log10(m), fmt(m * 10**e)) for e in range(first.lo, first.hi + 1) for m in (1, 2, 5)
+    mults = (1, 2, 5) if first.edge(hi) - first.edge(lo) > 1.3 else (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)
+    ticks = [(e + math.log10(m), fmt(m * 10**e)) for e in range(first.lo, first.hi + 1) for m in mults
              if first.edge(lo) <= e + math.log10(m) <= first.edge(hi)]
     c.axes(ticks, xlabel, 1.0, ylabel)
     return c.svg(chart_id.replace("-", " "))

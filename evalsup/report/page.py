@@ -95,8 +95,9 @@ def _figures(d: RunData) -> str:
                    + (f"{mem['limit_mb']:,.0f} MiB" if mem.get("limit_mb") else "none") + f" ({mem.get('source')})"),
         ("OOM kills", f"{s.get('oom_kills', 0)}"),
         ("endpoint down", f"{(s.get('breaker') or {}).get('opened', 0)} time(s)"),
-        ("tokens", f"{(s.get('tokens') or {}).get('per_s') or 0:,.0f} tokens/s"),
-        ("errors", ", ".join(f"{k} {v}" for k, v in (s.get("errors") or {}).items()) or "none"),
+        ("tokens, last session", f"{(s.get('tokens') or {}).get('per_s') or 0:,.0f} tokens/s"),
+        ("failed tasks by code", ", ".join(f"{k} {v:,}" for k, v in sorted(d.results.errors.items(),
+                                                                            key=lambda kv: -kv[1])) or "none"),
     ]
     return '<div class="figures">' + "".join(f"<div><b>{esc(k)}</b>{esc(v)}</div>" for k, v in rows) + "</div>"
 
