@@ -309,3 +309,29 @@ def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: M
     keep = os.environ.get("EVALSUP_KEEP_SCREENSHOT")
     if keep:
         shutil.copy(png, keep)
+
+
+def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockThread) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", 400, extra={"mock": {"delay_s": 0.05}})
+    run_dir = tmp_path / "t.run"
+    proc = start("run", "-w", "1", "-c", "8", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
+                 "--quiet", str(tasks))
+    try:
+        wait_for(lambda: results_count(run_dir) >= 20, 30, "20 results")
+        mock.configure(down=True)
+
+        def opened() -> bool:
+            try:
+                return b'"breaker_open"' in (run_dir / "events.jsonl").read_bytes()
+            except OSError:
+                return False
+        wait_for(opened, 30, "the breaker to open")
+        s = status_json(run_dir)
+        assert s["state"] == "running" and s["why"].startswith("waiting for the endpoint: down since "), s
+        text = run_cli("status", str(run_dir)).stdout
+        assert "running (waiting for the endpoint: down since" in text, text
+        mock.configure(down=False)
+    finally:
+        finish(proc, 120)
+    assert proc.returncode == 0
+    assert status_json(run_dir)["state"] == "finished"
