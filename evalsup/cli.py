@@ -384,7 +384,9 @@ def status(run_dir: Path, as_json: bool) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write the page (default: RUN_DIR/report.html).")
 def report(run_dir: Path, output: Path | None) -> None:
-    """Write one self-contained HTML page (opens offline) of a run: figures, memory, request rate, latency."""
+    """Write one self-contained HTML page (opens offline) of a run: figures and settings, throughput whole and
+    per session, finish reasons, rate/tokens/errors over time, latency, TTFT/ITL, output lengths, failed and
+    slowest tasks, memory."""
     from evalsup.report import ReportError, write_report
 
     try:
