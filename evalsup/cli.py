@@ -137,7 +137,8 @@ def run_options(f: Any) -> Any:
                      help="Serve Prometheus metrics on this port (/metrics)."),
         click.option("--metrics-host", default="127.0.0.1", show_default=True,
                      help="Address for --metrics-port (0.0.0.0 to expose it, e.g. in a pod)."),
-        click.option("--quiet", "-q", is_flag=True, help="Print only the final summary."),
+        click.option("--quiet", "-q", is_flag=True,
+                     help="No progress; at the end one line (done, ok, failed, req/s, results file)."),
         click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout."),
     ]
     for opt in reversed(opts):
@@ -243,8 +244,10 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
 @main.command()
 @click.option("--tasks", "n", type=click.IntRange(1, 10_000_000), default=2000, show_default=True,
               help="Sample tasks to make.")
-@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True)
+@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Worker processes (as for `evalsup run --workers`).")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True,
+              help="Requests in flight in total, split among the workers.")
 @click.option("--latency-ms", type=float, default=20.0, show_default=True, help="Mock latency per request.")
 @click.option("--response-kb", type=float, default=1.0, show_default=True, help="Mock response size.")
 @click.option("--dir", "where", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -378,11 +381,23 @@ def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bo
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-def status(run_dir: Path) -> None:
-    """Progress of a run directory, from its checkpoint and results file (read-only)."""
-    from evalsup.status import status_text
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object (for scripts).")
+def status(run_dir: Path, as_json: bool) -> None:
+    """Where a run stands, read-only: state and why, done/ok/failed/invalid, outstanding task ids, rate and
+    ETA while it runs, its settings. RUN_DIR may also be the parent of shard-K-of-N/ directories (one row a
+    shard, a total and the missing shards). Fast on any size: figures come from the checkpoint and the tails
+    of the files, never a full read of results.jsonl.
+    """
+    if as_json:
+        import orjson
 
-    click.echo(status_text(run_dir))
+        from evalsup.status import status as status_dict
+
+        click.echo(orjson.dumps(status_dict(run_dir), option=orjson.OPT_INDENT_2).decode())
+    else:
+        from evalsup.status import status_text
+
+        click.echo(status_text(run_dir))
 
 
 @main.command()
@@ -390,7 +405,9 @@ def status(run_dir: Path) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write the page (default: RUN_DIR/report.html).")
 def report(run_dir: Path, output: Path | None) -> None:
-    """Write one self-contained HTML page (opens offline) of a run: figures, memory, request rate, latency."""
+    """Write one self-contained HTML page (opens offline) of a run: figures and settings, throughput whole and
+    per session, finish reasons, rate/tokens/errors over time, latency, TTFT/ITL, output lengths, failed and
+    slowest tasks, memory."""
     from evalsup.report import ReportError, write_report
 
     try:

@@ -88,13 +88,15 @@ def test_plain_progress_lines_off_a_terminal(tmp_path: Path, mock: MockThread) -
     assert "Traceback" not in r.stderr
 
 
-def test_quiet_prints_only_the_summary(tmp_path: Path, mock: MockThread) -> None:
+def test_quiet_prints_one_line(tmp_path: Path, mock: MockThread) -> None:
     tasks = slow_tasks(tmp_path / "t.jsonl", 300, 0.02)
     r = run_cli(*run_args(mock, tasks, "--log-interval", "0.2", "--quiet"))
     assert r.returncode == 0, r.stderr
     assert "req/s" not in r.stderr and "done" not in r.stderr, r.stderr
     assert r.stderr.strip() == "", r.stderr
-    assert "300 done: 300 ok" in r.stdout
+    assert len(r.stdout.splitlines()) == 1, r.stdout  # no table
+    assert re.fullmatch(r"evalsup: finished: 300 done \(300 ok, 0 failed\), 300 this session in [\d.]+s "
+                        r"\([\d.,]+ req/s\) -> .*t\.run/results\.jsonl\n", r.stdout), r.stdout
 
 
 def test_json_prints_the_summary_on_stdout(tmp_path: Path, mock: MockThread) -> None:

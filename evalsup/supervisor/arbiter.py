@@ -27,6 +27,7 @@ from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.inbox import Inbox, RunStopped
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.progress import show_progress
+from evalsup.supervisor.progress import snapshot as progress_snapshot
 from evalsup.supervisor.scaling import cpu_seconds
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
 from evalsup.tasks import TaskError, TaskRef, read_line_at
@@ -258,17 +259,8 @@ class Supervisor(Inbox):
         return "running"
 
     def snapshot(self) -> dict[str, Any]:
-        st = self.stats
-        rate = self.rates.rate(time.monotonic(), st.session_done)
-        total = self.counter.total
-        mem = self.memory
-        return {
-            "state": self.state(), "done": st.done, "total": total, "failed": st.failed, "retries": st.retries,
-            "rate": rate, "eta_s": (max(0, total - st.done) / rate) if total is not None and rate > 0 else None,
-            "inflight": self.ledger.in_flight(), "workers_mb": [w.rss / MIB for w in self.workers if w.alive],
-            "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
-            "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
-        }
+        """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""
+        return progress_snapshot(self, time.monotonic())
 
     # ----- stopping -----
 
@@ -390,7 +382,8 @@ class Supervisor(Inbox):
             await self.checkpoint(finished=self.finished)
         except JournalError as e:
             self.stop_message, self.stop_code = str(e), ex.RESUMABLE
-        self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code)
+        self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code,
+                    stopped=self.stop_message or None)  # why, for `evalsup status`
         self.journal.close()
         assert self.memory is not None
         self.memory.close()

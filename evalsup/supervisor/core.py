@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from typing import Any
 
 from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
@@ -65,7 +66,7 @@ class SupervisorCore:
         self.breaker = EndpointBreaker(max_down_s=cfg.max_wait_down_s)
         self.events: Any = lambda kind, **fields: None
         self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
-        self.rates = RateWindow()
+        self.rate = RateWindow(time.monotonic())  # results a second, for the progress (supervisor.progress)
         self.metrics: Any = None
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
@@ -184,6 +185,7 @@ class SupervisorCore:
             invalid=self.stats.invalid, counters=self.stats.counters(),
             finished=finished, done_ahead=sorted(led.done_ahead), pid=os.getpid(),
         )
+        self.events("progress", **self.stats.progress())  # the report's time series (tokens, errors by code)
         await j.checkpoint(cp)
 
     def stop(self, message: str, code: int, mode: str) -> None:

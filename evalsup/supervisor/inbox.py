@@ -107,7 +107,7 @@ class Inbox(SupervisorCore):
         beat = decode_json(payload)
         w.last_beat = time.monotonic()
         w.parked = int(beat.get("parked", 0))
-        w.inflight = int(beat.get("inflight", 0))
+        w.wire = int(beat.get("wire", 0))
 
     def _on_ready(self, w: WorkerHandle, payload: memoryview) -> None:
         w.ready()

@@ -1,13 +1,21 @@
 """What a person watching the run sees: a live display on a terminal, a plain line every --log-interval off one.
 
-The total is counted by a background thread (newlines in the task file, divided by the shard count) so the
-run starts at once; until it is known, the bar shows what is done.
+The figures (`snapshot`) are the same for both and for ``--log-format json``:
+
+- ``inflight``: requests on the wire, summed from the workers' heartbeats (what the endpoint counts);
+  ``queued``: tasks handed to workers and not on the wire (waiting for a slot, a retry's back-off, the
+  endpoint's return);
+- ``rate``: results a second over a sliding window (RateWindow) whose first sample is the session's start, so
+  the first line already has a rate and an ETA;
+- ``total``: counted by a background thread (LineCounter: newlines in the task file, divided by the shard
+  count) that keeps following the file as it grows, so the run starts at once and the total follows the file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import sys
 import threading
 import time
@@ -21,28 +29,86 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 MIB = 1 << 20
+RATE_WINDOW_S = 30.0
 
 
 class LineCounter(threading.Thread):
-    def __init__(self, path: Path, shards: int) -> None:
+    """Counts the task file's lines, then every `poll_s` the lines appended since (a new, shorter file is
+    counted again): `total` follows a file that grows while it is read."""
+
+    def __init__(self, path: Path, shards: int, poll_s: float = 2.0) -> None:
         super().__init__(daemon=True, name="evalsup-count-lines")
         self.path = path
         self.shards = shards
+        self.poll_s = poll_s
         self.total: int | None = None
+        self._lines = 0  # complete lines before _pos
+        self._pos = 0
 
-    def run(self) -> None:
-        n = 0
-        last = b"\n"
+    def count_once(self) -> None:
+        """Count what was appended since the last call; sets `total`. A last line without its newline counts
+        as a line, and is read again next time."""
         try:
             with open(self.path, "rb") as f:
+                size = f.seek(0, 2)
+                if size < self._pos:  # replaced or cut: start over
+                    self._lines = self._pos = 0
+                f.seek(self._pos)
+                pos = self._pos
                 while chunk := f.read(1 << 22):
-                    n += chunk.count(b"\n")
-                    last = chunk[-1:]
+                    if (i := chunk.rfind(b"\n")) >= 0:
+                        self._lines += chunk.count(b"\n")
+                        self._pos = pos + i + 1
+                    pos += len(chunk)
         except OSError:
             return
-        if last != b"\n":
-            n += 1
+        n = self._lines + (1 if pos > self._pos else 0)
         self.total = -(-n // self.shards) if self.shards > 1 else n
+
+    def run(self) -> None:
+        while True:
+            self.count_once()
+            time.sleep(self.poll_s)
+
+
+class RateWindow:
+    """Results a second over the last `window_s`, from samples (time, count) passed in; the first sample is the
+    session's start, so a rate exists from the first second on. No clock of its own."""
+
+    def __init__(self, t0: float, window_s: float = RATE_WINDOW_S, count0: int = 0) -> None:
+        self.window_s = window_s
+        self.samples: collections.deque[tuple[float, int]] = collections.deque([(t0, count0)])
+
+    def rate(self, now: float, count: int) -> float:
+        """Add the sample (now, count) and return the rate over the window that ends there."""
+        s = self.samples
+        s.append((now, count))
+        while len(s) > 2 and now - s[1][0] >= self.window_s:
+            s.popleft()  # keep one sample at or before the window's start
+        t0, c0 = s[0]
+        return (count - c0) / (now - t0) if now - t0 > 0.05 else 0.0
+
+
+def snapshot(sup: Any, now: float) -> dict[str, Any]:
+    """The figures of `sup` (a Supervisor) at monotonic time `now`."""
+    st = sup.stats
+    rate = sup.rate.rate(now, st.session_done)
+    outstanding = sup.ledger.in_flight()
+    total = sup.counter.total
+    if total is not None:
+        total = max(total, st.done + st.invalid + outstanding)  # never "4000/3000"
+    left = None if total is None else max(0, total - st.done - st.invalid)
+    mem = sup.memory
+    wire = sum(w.wire for w in sup.workers if w.alive)
+    return {
+        "state": sup.state(), "done": st.done, "total": total, "failed": st.failed, "invalid": st.invalid,
+        "retries": st.retries, "rate": rate,
+        "eta_s": left / rate if left is not None and rate > 0 else (0.0 if left == 0 else None),
+        "inflight": wire, "queued": max(0, outstanding - wire),
+        "workers_mb": [w.rss / MIB for w in sup.workers if w.alive],
+        "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
+        "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
+    }
 
 
 def fmt_duration(seconds: float) -> str:
@@ -54,41 +120,44 @@ def fmt_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def _eta(s: dict[str, Any]) -> str:
+    return f"ETA {fmt_duration(math.ceil(s['eta_s']))}" if s.get("eta_s") is not None else "ETA ?"
+
+
+def _health(s: dict[str, Any], sep: str) -> list[str]:
+    parts = [f"{s['inflight']} in flight", f"{s.get('queued', 0)} queued in workers", f"{s['failed']:,} failed"]
+    if s.get("invalid"):
+        parts.append(f"{s['invalid']:,} invalid")
+    parts += [f"{s['retries']:,} retries", f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB"]
+    if s.get("cgroup_mb") is not None:
+        lim = f"{sep}{s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
+        parts.append(f"memory {s['cgroup_mb']:,.0f}{lim} MiB")
+    return parts
+
+
 def fmt_snapshot_plain(s: dict[str, Any]) -> str:
+    """One log line: `running: 120/300 (40.0%) done, 55.1 req/s, ETA 3s, 8 in flight, ...`."""
     total = s["total"]
     pct = f" ({100 * s['done'] / total:.1f}%)" if total else ""
-    eta = f", ETA {fmt_duration(s['eta_s'])}" if s.get("eta_s") is not None else ""
-    mem = ""
-    if s.get("cgroup_mb") is not None:
-        lim = f"/{s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
-        mem = f", memory {s['cgroup_mb']:,.0f}{lim} MiB"
-    return (f"{s['state']}: {s['done']:,}/{total if total is not None else '?'}{pct} done, {s['rate']:.1f} req/s{eta}, "
-            f"{s['inflight']} in flight, {s['failed']:,} failed, {s['retries']:,} retries, "
-            f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB{mem}")
+    return (f"{s['state']}: {s['done']:,}/{total if total is not None else '?'}{pct} done, {s['rate']:.1f} req/s, "
+            f"{_eta(s)}, " + ", ".join(_health(s, "/")))
 
 
 class LiveDisplay:
-    """The terminal display (rich): a bar with rate and ETA, and a line of health figures."""
+    """The terminal display (rich): a bar with rate and a labelled ETA, and a line of health figures."""
 
     def __init__(self, console: Console) -> None:
         # rich is imported here, for a terminal: --quiet and --json runs (and the workers' start) skip its ~20 ms
         from rich.console import Group
         from rich.live import Live
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TaskProgressColumn,
-            TextColumn,
-            TimeRemainingColumn,
-        )
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
         from rich.text import Text
 
         self._group, self._text = Group, Text
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                                 console=console, auto_refresh=False)
-        self.task = self.progress.add_task("running", total=None, rate="")
+                                 TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
+                                 TextColumn("{task.fields[eta]}"), console=console, auto_refresh=False)
+        self.task = self.progress.add_task("running", total=None, rate="", eta="")
         self.health = Text("")
         self.live = Live(Group(self.progress, self.health), console=console, refresh_per_second=4, transient=False)
 
@@ -97,33 +166,12 @@ class LiveDisplay:
 
     def update(self, s: dict[str, Any]) -> None:
         self.progress.update(self.task, completed=s["done"], total=s["total"], description=s["state"],
-                             rate=f"{s['rate']:.1f} req/s")
-        mem = ""
-        if s.get("cgroup_mb") is not None:
-            lim = f" / {s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
-            mem = f"   memory {s['cgroup_mb']:,.0f}{lim} MiB"
-        self.health = self._text(f"in flight {s['inflight']}   failed {s['failed']:,}   retries {s['retries']:,}   "
-                                 f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB{mem}")
+                             rate=f"{s['rate']:.1f} req/s", eta=_eta(s))
+        self.health = self._text("   ".join(_health(s, " / ")).replace(" in flight", " in flight (requests)", 1))
         self.live.update(self._group(self.progress, self.health), refresh=True)
 
     def stop(self) -> None:
         self.live.stop()
-
-
-class RateWindow:
-    """Tasks a second over the last ~30 s, from (time, done) samples taken when a snapshot is made."""
-
-    def __init__(self) -> None:
-        self._samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=120)
-
-    def rate(self, now: float, done: int) -> float:
-        self._samples.append((now, done))
-        t0, d0 = self._samples[0]
-        for t, d in self._samples:
-            if now - t <= 30:
-                t0, d0 = t, d
-                break
-        return (done - d0) / (now - t0) if now - t0 > 0.5 else 0.0
 
 
 async def show_progress(quiet: bool, log_format: str, log_interval_s: float, snapshot: Callable[[], dict[str, Any]],

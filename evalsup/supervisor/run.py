@@ -17,7 +17,7 @@ from evalsup.journal import JournalError, load_checkpoint, write_atomic
 from evalsup.rundir import RunDirBusy, RunDirError, RunDirLock
 from evalsup.shards import shard_mismatch
 from evalsup.supervisor.arbiter import RunStopped, Supervisor
-from evalsup.supervisor.summary import build_summary, print_summary
+from evalsup.supervisor.summary import build_summary, print_summary, summary_line
 
 
 def _logger(cfg: RunConfig) -> Any:
@@ -103,6 +103,10 @@ def _run_locked(cfg: RunConfig, log: Any) -> int:
         log(f"cannot write summary.json: {e.strerror}")
     if cfg.json_summary:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif cfg.quiet:
+        print(summary_line(summary), flush=True)  # -q: one line
+        if code in (0, 130, 143):
+            return code  # the line says it all
     else:
         from rich.console import Console
 

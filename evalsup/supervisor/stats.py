@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import math
+import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +66,8 @@ class RunStats:
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
     bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)
+    # (unix time, done) at each of the last checkpoints of this session: `evalsup status` takes its rate from it
+    history: collections.deque[tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=31))
 
     @property
     def done(self) -> int:
@@ -103,8 +107,18 @@ class RunStats:
         self.peak_rss["total"] = max(self.peak_rss["total"], supervisor_rss + sum(worker_rss))
 
     def counters(self) -> dict[str, Any]:
-        """What carries over a resume in the checkpoint."""
-        return {"restarts": self.restarts, "recycles": self.recycles, "poisoned": self.poisoned[:1000]}
+        """What the checkpoint keeps: what carries over a resume, and (not carried over) the recent history of
+        the done count, sampled at each call, that `evalsup status` computes a rate and an ETA from."""
+        self.history.append((round(time.time(), 3), self.done))
+        return {"restarts": self.restarts, "recycles": self.recycles, "poisoned": self.poisoned[:1000],
+                "history": list(self.history)}
+
+    def progress(self) -> dict[str, Any]:
+        """The cumulative figures of the `progress` event (events.jsonl, one at each checkpoint): the report
+        draws tokens/s and errors by code over time from the differences between two of them."""
+        return {"done": self.done, "ok": self.succeeded, "failed": self.failed, "session_done": self.session_done,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "retries": self.retries, "errors": dict(self.errors)}
 
     def restore(self, counters: dict[str, Any]) -> None:
         for k, v in counters.get("restarts", {}).items():

@@ -50,6 +50,16 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
     }
 
 
+def summary_line(s: dict[str, Any]) -> str:
+    """The whole summary in one line (--quiet)."""
+    why = s.get("stop_reason") or s.get("stopped") or "unfinished"
+    state = "finished" if s.get("finished") else f"stopped ({why}; rerun to resume)"
+    invalid = f", {s['invalid']:,} invalid" if s.get("invalid") else ""
+    return (f"evalsup: {state}: {s['total']:,} done ({s['succeeded']:,} ok, {s['failed']:,} failed{invalid}), "
+            f"{s['this_session']:,} this session in {s['wall_s']:,.1f}s ({s['requests_per_s'] or 0:,.1f} req/s) "
+            f"-> {s['run_dir']}/results.jsonl")
+
+
 def print_summary(summary: dict[str, Any], console: Console) -> None:
     from rich.table import Table  # here: a --json run never loads rich
 

@@ -106,7 +106,7 @@ class WorkerHandle:
         self.fatal: str | None = None
         self.rss = 0
         self.parked = 0  # requests parked by the breaker (from heartbeats)
-        self.inflight = 0  # requests on the wire (from heartbeats)
+        self.wire = 0  # requests on the wire (from heartbeats): the progress's "in flight"
         self.recycling = False  # being replaced: gets no new task
         self.replaced = False  # its replacement has been started
         self.peak_rss = 0

@@ -102,6 +102,7 @@ class Client:
         self.bodies = BodyParser(whole_bodies)
         self.parked = 0
         self.retries = 0
+        self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
         self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
 
@@ -238,7 +239,11 @@ class Client:
                 await self.pacer.charge_tokens(estimate)
             used += 1
             sent += 1
-            a = await self.attempt(url, payload, stream, need)
+            self.on_wire += 1
+            try:
+                a = await self.attempt(url, payload, stream, need)
+            finally:
+                self.on_wire -= 1
             f = a.failure
             if f is None:
                 self.breaker.success()

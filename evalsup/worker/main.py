@@ -236,7 +236,8 @@ class Worker:
             c = self.client
             self.out.send(encode_json(Kind.HEARTBEAT, {
                 "inflight": self.inflight, "queued": len(self.queue), "done": self.done, "t": time.time(),
-                "parked": c.parked if c else 0, "retries": c.retries if c else 0}))
+                "parked": c.parked if c else 0, "retries": c.retries if c else 0,
+                "wire": c.on_wire if c else 0}))  # requests on the wire (status/progress "in flight")
             await self.out.drain()
             await asyncio.sleep(interval)
 
