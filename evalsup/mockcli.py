@@ -50,8 +50,9 @@ _FRACTION = click.FloatRange(0.0, 1.0)
 
 
 @click.command("mock", epilog=MOCK_HELP_EPILOG)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: any free one).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="A model name to serve (repeatable; default mock-model). Other names get 404 model_not_found.")
 @click.option("--latency-ms", type=float, default=0.0, show_default=True, help="Mean latency per response.")
