@@ -159,7 +159,7 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
         from evalsup.inputs import InputError, Source, iter_lines, materialize
 
         try:
-            task_arg = str(materialize(Source("iterable", "tasks"), out, chunks=iter_lines(tasks)))
+            task_arg = str(materialize(Source("iterable", "the tasks given"), out, chunks=iter_lines(tasks)))
         except InputError as e:
             raise BadInput(str(e)) from None
     cmd = [sys.executable, "-m", "evalsup", "run", task_arg, *_argv(options), "--json"]

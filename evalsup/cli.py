@@ -41,7 +41,7 @@ def _click_option(o: Option) -> Any:
     if o.metavar:
         kw["metavar"] = o.metavar
     if o.kind == "flag":
-        return click.option(*o.flags, o.name, is_flag=True, **kw)
+        return click.option(*o.flags, o.name, is_flag=True, default=o.default, **kw)
     types: dict[str, Any] = {"int": int, "float": float, "str": None, "path": click.Path(path_type=Path),
                              "file": click.Path(exists=True, dir_okay=False), "bool": None}
     if o.kind == "int" and (o.lo is not None or o.hi is not None):

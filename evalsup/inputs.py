@@ -231,7 +231,7 @@ def materialize(src: Source, run_dir: Path, chunks: Iterable[bytes] | None = Non
     else:
         if old is not None and _has_results(run_dir):
             partial.unlink()
-            raise InputError(f"{src.name} differs from the tasks of the run in {run_dir} (its copy {copy}); "
+            raise InputError(f"{src.name}: not the tasks the run in {run_dir} started with (its copy {copy}); "
                              "rerun with --fresh (fresh=True) to start over, or use another --out")
         os.replace(partial, copy)
         _fsync_dir(run_dir)
