@@ -121,6 +121,11 @@ def _last_message(lines: Iterable[str]) -> str:
     return ""
 
 
+def _echo(msg: str) -> None:
+    sys.stderr.write(f"evalsup: {msg}\n")
+    sys.stderr.flush()
+
+
 def _child_env() -> dict[str, str]:
     """The caller's environment, with this evalsup importable in the child (a source tree as much as a wheel)."""
     env = dict(os.environ)
@@ -159,7 +164,8 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
         from evalsup.inputs import InputError, Source, iter_lines, materialize
 
         try:
-            task_arg = str(materialize(Source("iterable", "the tasks given"), out, chunks=iter_lines(tasks)))
+            task_arg = str(materialize(Source("iterable", "the tasks given"), out, chunks=iter_lines(tasks),
+                                       log=_echo if progress else None))
         except InputError as e:
             raise BadInput(str(e)) from None
     cmd = [sys.executable, "-m", "evalsup", "run", task_arg, *_argv(options), "--json"]
