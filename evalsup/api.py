@@ -17,11 +17,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
@@ -97,13 +98,64 @@ def _check_settings(task_arg: str, options: dict[str, Any]) -> None:
         raise BadSettings(str(e)) from None
 
 
-def _pump(stream: IO[bytes], keep: collections.deque[str], echo: bool) -> None:
-    for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", "replace")
-        keep.append(line.rstrip("\n"))
-        if echo:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+def _tail(path: Path, keep: collections.deque[str], echo: bool, done: threading.Event) -> None:
+    """Follow the run's stderr file line by line until the run has ended and every line is read."""
+    with open(path, "rb") as f:
+        part = b""
+        while True:
+            chunk = f.readline()
+            if chunk:
+                part += chunk
+                if not part.endswith(b"\n"):
+                    continue
+                line = part.decode("utf-8", "replace")
+                part = b""
+                keep.append(line.rstrip("\n"))
+                if echo:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            elif done.is_set():
+                if part:
+                    keep.append(part.decode("utf-8", "replace"))
+                return
+            else:
+                done.wait(0.1)
+
+
+def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool
+               ) -> tuple[int, dict[str, Any] | None, collections.deque[str]]:
+    """Run ``cmd`` (an `evalsup run`) to its end; its exit code, --json summary and last stderr lines.
+
+    Its output goes to files, not pipes: a run whose caller died (SIGTERM from _die_with_parent) must still be
+    able to write its log lines while it drains. Its own session: a Ctrl-C at a terminal reaches it once,
+    through us, as SIGINT (it stops at once and checkpoints), and then KeyboardInterrupt is raised here."""
+    err_path, out_path = tmp / "stderr", tmp / "stdout"
+    with open(err_path, "wb") as err_f, open(out_path, "wb") as out_f:
+        proc = subprocess.Popen(cmd, stdin=None if stdin else subprocess.DEVNULL, stdout=out_f, stderr=err_f,
+                                env=_child_env(), start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    err_lines: collections.deque[str] = collections.deque(maxlen=200)
+    done = threading.Event()
+    tail = threading.Thread(target=_tail, args=(err_path, err_lines, progress, done), daemon=True)
+    tail.start()
+    interrupted = False
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt:  # stop the run resumably: it checkpoints and exits
+            interrupted = True
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGINT)
+    done.set()
+    tail.join()
+    if interrupted:
+        raise KeyboardInterrupt
+    try:
+        summary = orjson.loads(out_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        summary = None
+    return code, summary if isinstance(summary, dict) else None, err_lines
 
 
 def _last_message(lines: Iterable[str]) -> str:
@@ -119,6 +171,15 @@ def _last_message(lines: Iterable[str]) -> str:
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue
     return ""
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when this process dies (a killed notebook kernel, a kill -9), so
+    the run drains and checkpoints instead of going on unwatched; a later call resumes it."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _echo(msg: str) -> None:
@@ -171,36 +232,8 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
     cmd = [sys.executable, "-m", "evalsup", "run", task_arg, *_argv(options), "--json"]
     if not progress:
         cmd.append("--quiet")
-    proc = subprocess.Popen(cmd, stdin=None if task_arg == "-" else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_child_env(), start_new_session=True)
-    assert proc.stdout is not None and proc.stderr is not None
-    err_lines: collections.deque[str] = collections.deque(maxlen=200)
-    out_lines: collections.deque[str] = collections.deque(maxlen=100_000)
-    pumps = [threading.Thread(target=_pump, args=(proc.stderr, err_lines, progress), daemon=True),
-             threading.Thread(target=_pump, args=(proc.stdout, out_lines, False), daemon=True)]
-    for t in pumps:
-        t.start()
-    interrupted = False
-    while True:
-        try:
-            code = proc.wait()
-            break
-        except KeyboardInterrupt:  # stop the run resumably: the child checkpoints and exits
-            interrupted = True
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGINT)
-    for t in pumps:
-        t.join()
-    proc.stdout.close()
-    proc.stderr.close()
-    if interrupted:
-        raise KeyboardInterrupt
-    summary: dict[str, Any] | None = None
-    if out_lines:
-        try:
-            summary = orjson.loads("\n".join(out_lines))
-        except orjson.JSONDecodeError:
-            summary = None
+    with tempfile.TemporaryDirectory(prefix="evalsup-run-") as tmp:
+        code, summary, err_lines = _supervise(cmd, task_arg == "-", Path(tmp), progress)
     err = error_for_exit(code, _last_message(err_lines))
     if err is not None:
         raise err

@@ -79,6 +79,8 @@ def _task_file(run_dir: Path | None, tasks: str | Path | None) -> Path:
         info = load_info(run_dir)
         if info and Path(info["tasks"]).is_file():
             return Path(info["tasks"])
+        if info and (run_dir / "tasks.jsonl").is_file():  # the run directory's own copy, moved with it
+            return run_dir / "tasks.jsonl"
         name = run_dir.name[: -len(".run")] if run_dir.name.endswith(".run") else None
         if name and (run_dir.parent / f"{name}.jsonl").is_file():  # the CLI's default: TASKS.run beside TASKS
             return run_dir.parent / f"{name}.jsonl"
