@@ -175,7 +175,9 @@ def _last_message(lines: Iterable[str]) -> str:
 
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM it when this process dies (a killed notebook kernel, a kill -9), so
-    the run drains and checkpoints instead of going on unwatched; a later call resumes it."""
+    the run drains and checkpoints instead of going on unwatched; a later call resumes it. (Linux may send it
+    twice, from each of a multi-threaded caller's dying threads in turn: then the run stops at once, 143,
+    checkpointed all the same.)"""
     import ctypes
 
     pr_set_pdeathsig = 1
