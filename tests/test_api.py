@@ -304,3 +304,16 @@ def test_the_run_drains_when_its_caller_is_killed_and_a_new_call_resumes(tmp_pat
     got, _ = finish(script(tmp_path, again, slow_mock.url, out, "b.py"))
     assert got == {"total": 400}
     assert_exactly_once(out, qids(400))
+
+
+def test_the_demo_prints_next_steps_that_work(tmp_path: Path) -> None:
+    r = run_cli("demo", "--tasks", "30", "--workers", "1", "--latency-ms", "1", "--dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "tasks.run"
+    steps = r.stderr[r.stderr.index("next steps:"):].splitlines()
+    status = next(line.split()[:3] for line in steps if "evalsup status" in line)
+    assert status == ["evalsup", "status", str(run_dir)]
+    shown = run_cli(*status[1:])
+    assert shown.returncode == 0 and "30" in shown.stdout, shown.stdout + shown.stderr
+    assert any(line.split()[:3] == ["evalsup", "report", str(run_dir)] for line in steps)
+    assert any("--base-url http://HOST:PORT/v1" in line for line in steps)
