@@ -322,3 +322,16 @@ def test_the_demo_prints_next_steps_that_work(tmp_path: Path) -> None:
     assert shown.returncode == 0 and "30" in shown.stdout, shown.stdout + shown.stderr
     assert any(line.split()[:3] == ["evalsup", "report", str(run_dir)] for line in steps)
     assert any("--base-url http://HOST:PORT/v1" in line for line in steps)
+
+
+def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
+    """df.to_dict("records") holds numpy scalars, NaN and timestamps: each task line is still plain JSON."""
+    pd = pytest.importorskip("pandas")
+    from evalsup.inputs import iter_lines
+
+    df = pd.DataFrame({"id": ["a", "b"], "prompt": ["p", "q"], "n": [1, 2], "x": [0.5, float("nan")],
+                       "when": pd.to_datetime(["2026-01-01", "2026-01-02"])})
+    lines = b"".join(iter_lines(df.to_dict("records"))).splitlines()
+    assert [orjson.loads(line) for line in lines] == [
+        {"id": "a", "prompt": "p", "n": 1, "x": 0.5, "when": "2026-01-01T00:00:00"},
+        {"id": "b", "prompt": "q", "n": 2, "x": None, "when": "2026-01-02T00:00:00"}]
