@@ -67,6 +67,15 @@ def error_for_exit(code: int, message: str) -> EvalsupError | None:
     """The exception for a finished `evalsup run` with this exit code and last message; None for success."""
     if code == EXIT_OK:
         return None
+    if code < 0:  # killed by a signal (kill -9, the OOM killer): the checkpoint stands, a rerun carries on
+        import signal
+
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        # (its last line, if any, is progress, not a reason)
+        return RunStopped(f"the run was killed by {name}; call again with the same tasks and out to resume", code)
     message = message or f"evalsup run exited with code {code}"
     if _ENDPOINT.search(message):
         return EndpointUnavailable(message, code)

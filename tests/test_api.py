@@ -235,7 +235,7 @@ def test_iterable_resumes_after_kill9_exactly_once(tmp_path: Path, slow_mock: Mo
                     progress=False)
         print(json.dumps({"stopped": None}))
     except evalsup.RunStopped as e:
-        print(json.dumps({"stopped": e.code, "resumable": e.resumable}))
+        print(json.dumps({"stopped": e.code, "resumable": e.resumable, "msg": str(e)}))
     """
     out = tmp_path / "run"
     p = script(tmp_path, body, slow_mock.url, out, "a.py")
@@ -243,7 +243,8 @@ def test_iterable_resumes_after_kill9_exactly_once(tmp_path: Path, slow_mock: Mo
     child = psutil.Process(p.pid).children()[0]  # the run: its own process group with its workers
     os.killpg(child.pid, signal.SIGKILL)
     got, _ = finish(p)
-    assert got == {"stopped": -9, "resumable": True}
+    assert got == {"stopped": -9, "resumable": True,
+                   "msg": "the run was killed by SIGKILL; call again with the same tasks and out to resume"}
     assert (out / "results.jsonl").read_bytes().count(b"\n") < 400
     again = """
     res = evalsup.run(tasks(400), base_url=URL, model="mock-model", out=OUT, progress=True)
