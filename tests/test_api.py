@@ -336,3 +336,19 @@ def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
     assert [orjson.loads(line) for line in lines] == [
         {"id": "a", "prompt": "p", "n": 1, "x": 0.5, "when": "2026-01-01T00:00:00"},
         {"id": "b", "prompt": "q", "n": 2, "x": None, "when": "2026-01-02T00:00:00"}]
+
+
+def test_exit_codes_map_to_exceptions_in_one_place() -> None:
+    """The codes the CLI may end with (75: a resumable stop, once the CLI uses it) and the exception each becomes."""
+    from evalsup.errors import BadInput, BadSettings, EndpointUnavailable, RunStopped, error_for_exit
+
+    assert error_for_exit(0, "") is None
+    cases = [(2, "t.jsonl:4: malformed JSON", BadInput), (2, "--shard 5/4: need 0 <= K < N", BadSettings),
+             (2, "cannot reach the endpoint http://x/v1: refused", EndpointUnavailable),
+             (1, "the endpoint has been down for more than --max-wait-down 5s (refused)", EndpointUnavailable),
+             (75, "stopped; rerun the same command to resume", RunStopped), (130, "interrupted", RunStopped)]
+    for code, msg, kind in cases:
+        e = error_for_exit(code, msg)
+        assert type(e) is kind and str(e) == msg and e.code == code, (code, msg)
+        if isinstance(e, RunStopped):
+            assert e.resumable
