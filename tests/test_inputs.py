@@ -225,3 +225,21 @@ def test_scorer_timeout_zero_in_a_run_times_every_scorer_out(tmp_path: Path, moc
     assert r.returncode == 0, r.stderr
     recs = assert_exactly_once(tmp_path / "tasks.run", {f"t{i}" for i in range(20)})
     assert all("longer than --scorer-timeout 0s" in rec["score_errors"]["exact_match"] for rec in recs)
+
+
+def test_copy_is_checked_by_its_content_even_without_input_json(tmp_path: Path) -> None:
+    """A kill between the copy's rename and input.json's write: the copy is hashed again, not trusted or lost."""
+    from evalsup.inputs import InputError, Source, materialize
+
+    run_dir = tmp_path / "r"
+    src = Source("stdin", "stdin")
+    copy = materialize(src, run_dir, chunks=[b'{"id": "a", "prompt": "p"}\n'])
+    (run_dir / "results.jsonl").write_bytes(b'{"custom_id": "a"}\n')  # the run has results
+    mtime = copy.stat().st_mtime_ns
+    (run_dir / "input.json").unlink()
+    assert materialize(src, run_dir, chunks=[b'{"id": "a", ', b'"prompt": "p"}\n']) == copy  # same bytes
+    assert copy.stat().st_mtime_ns == mtime and (run_dir / "input.json").exists()
+    (run_dir / "input.json").unlink()
+    with pytest.raises(InputError, match="not the tasks the run in"):
+        materialize(src, run_dir, chunks=[b'{"id": "b", "prompt": "p"}\n'])
+    assert copy.read_bytes() == b'{"id": "a", "prompt": "p"}\n' and not (run_dir / "tasks.jsonl.partial").exists()
