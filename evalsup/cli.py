@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 
 import click
 
-from evalsup.config import ConfigError, RunConfig, WorkerConfig, default_run_dir, parse_shard, resolve_base_url
+from evalsup.config import ConfigError, build_config
 from evalsup.mockcli import mock_command
+from evalsup.options import RUN_OPTIONS, Option
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -32,164 +34,31 @@ def main() -> None:
     """
 
 
+def _click_option(o: Option) -> Any:
+    """The click decorator for one run option of the table in evalsup/options.py."""
+    kw: dict[str, Any] = {"help": o.help, "hidden": o.hidden}
+    if o.show_default:
+        kw["show_default"] = True
+    if o.metavar:
+        kw["metavar"] = o.metavar
+    if o.kind == "flag":
+        return click.option(*o.flags, o.name, is_flag=True, default=o.default, **kw)
+    types: dict[str, Any] = {"int": int, "float": float, "str": None, "path": click.Path(path_type=Path),
+                             "file": click.Path(exists=True, dir_okay=False), "bool": None}
+    if o.kind == "int" and (o.lo is not None or o.hi is not None):
+        kw["type"] = click.IntRange(o.lo, o.hi)
+    elif o.kind == "choice":
+        kw["type"] = click.Choice(list(o.choices))
+    elif types[o.kind] is not None:
+        kw["type"] = types[o.kind]
+    return click.option(*o.flags, o.name, default=o.default, multiple=o.multiple, **kw)
+
+
 def run_options(f: Any) -> Any:
-    opts = [
-        click.option("--workers", "-w", type=click.IntRange(1, 256), default=None,
-                     help="Worker processes (each an asyncio event loop with its own HTTP connections). "
-                          "Default: start with 1 and add one while every worker is CPU-bound (large "
-                          "responses, high rates), up to min(4, 2 x CPUs), fewer under a small memory limit."),
-        click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=64, show_default=True,
-                     help="Requests in flight in total, split evenly among the workers."),
-        click.option("--window", type=click.IntRange(0, 100_000), default=0,
-                     help="Tasks handed to one worker ahead of its results (default 2 x its concurrency)."),
-        click.option("--out", "-o", "out", type=click.Path(path_type=Path), default=None,
-                     help="Run directory (default: TASKS.run beside the task file)."),
-        click.option("--fresh", is_flag=True,
-                     help="Start over: move an existing run directory aside (never deleted) instead of resuming."),
-        click.option("--model", default=None, help="Model for simple-form lines (and lines whose body has none)."),
-        click.option("--max-tokens", type=int, default=None, help="max_tokens for requests that do not set it."),
-        click.option("--temperature", type=float, default=None, help="temperature for requests that do not set it."),
-        click.option("--max-attempts", type=click.IntRange(1, 100), default=5, show_default=True,
-                     help="Attempts a task may use up on failures of its own (connection errors, timeouts, 5xx, "
-                          "broken answers). Waiting on 429 / Retry-After and parking while the whole endpoint "
-                          "is down use none."),
-        click.option("--max-rate-limited-wait", type=click.FloatRange(0), default=1800.0, show_default=True,
-                     help="Seconds a task may spend waiting on 429 (and 503 with Retry-After) answers, which "
-                          "are the server's flow control and use no attempt; past it the task is written as "
-                          "failed (rate_limited)."),
-        click.option("--timeout", "total_timeout", type=float, default=600.0, show_default=True,
-                     help="Total seconds one attempt may take."),
-        click.option("--connect-timeout", type=float, default=10.0, show_default=True,
-                     help="Seconds to open a connection."),
-        click.option("--read-timeout", type=float, default=120.0, show_default=True,
-                     help="Seconds to wait for the first byte, and between chunks."),
-        click.option("--max-response-mb", type=float, default=64.0, show_default=True,
-                     help="Larger responses become error records."),
-        click.option("--max-line-mb", type=float, default=16.0, show_default=True,
-                     help="Longer task lines are invalid."),
-        click.option("--on-invalid", type=click.Choice(["error", "skip"]), default="error", show_default=True,
-                     help="A bad task line stops the run (error), or is recorded in invalid.jsonl (skip)."),
-        click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
-                     help="Environment variable that holds the API key (sent as a bearer token)."),
-        click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="File that holds the API key (instead of the environment)."),
-        click.option("--insecure", is_flag=True, help="Do not verify TLS certificates."),
-        click.option("--grace", type=float, default=20.0, show_default=True,
-                     help="On SIGTERM, seconds to let requests in flight finish before checkpointing."),
-        click.option("--hang-timeout", type=float, default=60.0, show_default=True,
-                     help="A worker silent (no heartbeat) this long is killed and replaced."),
-        click.option("--max-task-crashes", type=click.IntRange(1, 100), default=3, show_default=True,
-                     help="A task whose workers died this often is written as failed (worker_crashed)."),
-        click.option("--max-restarts", type=click.IntRange(0, 10_000), default=10, show_default=True,
-                     help="More unplanned worker restarts than this in 60s stops the run (resumably)."),
-        click.option("--shard", default=None, metavar="K/N|auto",
-                     help="Process only the lines whose index (non-blank lines from 0) is K mod N; auto reads "
-                          "JOB_COMPLETION_INDEX+EVALSUP_SHARDS, SLURM_ARRAY_TASK_ID+SLURM_ARRAY_TASK_COUNT or "
-                          "AWS_BATCH_JOB_ARRAY_INDEX+AWS_BATCH_JOB_ARRAY_SIZE. Run dir: TASKS.run/shard-K-of-N/."),
-        click.option("--stream", is_flag=True,
-                     help="Stream responses (SSE): records ttft_s; the reassembled body is written."),
-        click.option("--max-requests-per-s", type=float, default=None,
-                     help="Global request rate limit, across all workers together."),
-        click.option("--max-tokens-per-min", type=float, default=None,
-                     help="Global token rate limit (estimated before a request, corrected from usage)."),
-        click.option("--arrivals", type=click.Choice(["uniform", "poisson"]), default="uniform", show_default=True,
-                     help="Spacing of request starts under --max-requests-per-s."),
-        click.option("--max-wait-down", type=float, default=600.0, show_default=True,
-                     help="Seconds to wait for an endpoint that went down before stopping (resumably)."),
-        click.option("--check/--no-check", default=True, show_default=True,
-                     help="Check the endpoint, key and model with one tiny request before the run."),
-        click.option("--memory-limit", "memory_limit_mb", type=float, default=None,
-                     help="Memory budget in MiB for the whole job (default: the container's cgroup limit)."),
-        click.option("--memory-high", "memory_high_mb", type=float, default=None,
-                     help="Pause dispatch above this many MiB in use (default: 85% of the limit); "
-                          "resume below 70% of the limit (or 70/85 of --memory-high)."),
-        click.option("--max-worker-rss", "max_worker_rss_mb", type=float, default=None,
-                     help="Recycle a worker past this RSS in MiB (default: its share of the limit, or 1024); "
-                          "kill it past 1.5x."),
-        click.option("--max-tasks-per-worker", type=click.IntRange(1, None), default=None,
-                     help="Recycle a worker after this many tasks (bounds slow leaks)."),
-        click.option("--max-tasks-jitter", type=click.IntRange(0, None), default=None,
-                     help="Add up to this many to --max-tasks-per-worker, per worker, so they do not recycle at once "
-                          "(default: a tenth of it)."),
-        click.option("--monitor-interval", type=float, default=0.5, show_default=True,
-                     help="Seconds between memory samples (written to memory.jsonl)."),
-        click.option("--trace-memory", is_flag=True,
-                     help="Run tracemalloc in workers; one recycled for RSS writes leaks/worker-PID.txt."),
-        click.option("--worker-plugin", default=None, hidden=True,
-                     help="module:function called in the worker for each task (testing hooks)."),
-        click.option("--scorer", "scorers", multiple=True, metavar="NAME|module:fn|file.py:fn",
-                     help="Score each successful response in the workers (repeatable): exact_match, contains, "
-                          "regex, json_valid, choice, or your own function fn(task, response) -> number|bool|dict."),
-        click.option("--scorer-timeout", type=float, default=30.0, show_default=True,
-                     help="Seconds one scorer call may take; past it the task gets an error score."),
-        click.option("--ignore-case", "score_ignore_case", is_flag=True,
-                     help="exact_match/contains/regex/choice: compare case-insensitively."),
-        click.option("--no-strip", "score_no_strip", is_flag=True,
-                     help="exact_match/contains/regex: do not strip surrounding white space."),
-        click.option("--regex", "score_pattern", default=None,
-                     help="Pattern for the regex scorer when a task has no 'pattern' (its first group is compared "
-                          "to 'expected')."),
-        click.option("--log-interval", type=float, default=10.0, show_default=True,
-                     help="Off a terminal, seconds between progress lines."),
-        click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-                     help="json: one JSON object per log line, for log collectors."),
-        click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-                     help="Serve Prometheus metrics on this port (/metrics)."),
-        click.option("--metrics-host", default="127.0.0.1", show_default=True,
-                     help="Address for --metrics-port (0.0.0.0 to expose it, e.g. in a pod)."),
-        click.option("--quiet", "-q", is_flag=True,
-                     help="No progress; at the end one line (done, ok, failed, req/s, results file)."),
-        click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
+    """Every option of `evalsup run`, from evalsup.options.RUN_OPTIONS (the one definition)."""
+    for o in reversed(RUN_OPTIONS):
+        f = _click_option(o)(f)
     return f
-
-
-def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
-    wc = WorkerConfig(
-        base_url=base_url, concurrency=0, api_key_env=kw["api_key_env"], api_key_file=kw["api_key_file"],
-        model=kw["model"], max_tokens=kw["max_tokens"], temperature=kw["temperature"],
-        max_attempts=kw["max_attempts"], max_rate_limited_s=kw["max_rate_limited_wait"],
-        connect_timeout_s=kw["connect_timeout"],
-        read_timeout_s=kw["read_timeout"], total_timeout_s=kw["total_timeout"],
-        max_response_mb=kw["max_response_mb"], insecure=kw["insecure"], plugin=kw["worker_plugin"],
-        trace_memory=kw.get("trace_memory", False), stream=kw.get("stream", False),
-        scorers=tuple(kw.get("scorers") or ()), scorer_timeout_s=kw.get("scorer_timeout") or 30.0,
-        score_strip=not kw.get("score_no_strip"), score_ignore_case=bool(kw.get("score_ignore_case")),
-        score_pattern=kw.get("score_pattern"),
-    )
-    mib = 1 << 20
-
-    def mb(name: str) -> int | None:
-        v = kw.get(name)
-        return None if v is None else int(v * mib)
-    workers = kw["workers"]
-    autoscale = workers is None
-    if workers is None:
-        from evalsup.config import default_workers
-        from evalsup.supervisor.cgroup import container_limit
-
-        limit = mb("memory_limit_mb") or container_limit()[0]
-        workers = default_workers(limit)
-    concurrency = max(kw["concurrency"], workers)
-    shard = parse_shard(kw.get("shard"))
-    return RunConfig(
-        tasks_path=tasks, run_dir=kw["out"] or default_run_dir(tasks, shard), worker=wc, workers=workers, shard=shard,
-        autoscale=autoscale and workers > 1,
-        concurrency=concurrency, window=kw["window"], max_line_mb=kw["max_line_mb"], on_invalid=kw["on_invalid"],
-        fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
-        max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
-        json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
-        max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=kw.get("max_tasks_per_worker"),
-        max_tasks_jitter=int(kw["max_tasks_jitter"]) if kw.get("max_tasks_jitter") is not None
-        else int(kw.get("max_tasks_per_worker") or 0) // 10, monitor_interval_s=kw.get("monitor_interval") or 0.5,
-        max_requests_per_s=kw.get("max_requests_per_s"), max_tokens_per_min=kw.get("max_tokens_per_min"),
-        arrivals=kw.get("arrivals") or "uniform", max_wait_down_s=kw.get("max_wait_down") or 600.0,
-        check=kw.get("check", True), log_interval_s=kw.get("log_interval") or 10.0,
-        log_format=kw.get("log_format") or "text", metrics_port=kw.get("metrics_port"),
-        metrics_host=kw.get("metrics_host") or "127.0.0.1",
-    )
 
 
 def _move_aside(run_dir: Path) -> None:
@@ -209,10 +78,8 @@ def _move_aside(run_dir: Path) -> None:
 
 @main.command()
 @click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--base-url", default=None,
-              help="Endpoint base URL including /v1, e.g. http://localhost:8000/v1 (default: $OPENAI_BASE_URL).")
 @run_options
-def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
+def run(tasks: Path, **kw: Any) -> None:
     """Send every task in TASKS (JSONL) to the endpoint; results go to TASKS.run/results.jsonl.
 
     TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
@@ -220,25 +87,38 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
     a line are copied to its record's "metadata". Rerunning the same command after a crash or a stop
     resumes where the run left off: every task ends up in results.jsonl exactly once.
 
+    TASKS may also be gzip or zstandard compressed (.jsonl.gz, .jsonl.zst), a FIFO, or - for stdin (with
+    --out): it is streamed once into the run directory's own copy, RUN_DIR/tasks.jsonl, which the run reads.
+
     Exit codes: 0 every task has its record (failed requests are records, not errors); 75 stopped before
-    the end (signal, endpoint down, crash loop, disk full): rerun to resume; 2 bad input or settings;
-    73 another evalsup holds the run directory; 1 anything else.
+    the end (signal, endpoint down, key refused, crash loop, disk full): rerun to resume; 2 bad input or
+    settings; 73 another evalsup holds the run directory; 1 anything else.
     """
     from evalsup import earlysignals
+    from evalsup.inputs import InputError, classify, materialize
 
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
     try:
-        url = resolve_base_url(base_url)
-        if not tasks.exists():
-            raise ConfigError(f"{tasks}: no such file")
-        cfg = build_config(tasks, url, kw)
-    except ConfigError as e:
+        cfg = build_config(tasks, kw)
+        src = classify(tasks)
+        if src.kind == "stdin" and kw["out"] is None:
+            raise ConfigError("reading tasks from stdin (-) needs --out RUN_DIR (where its copy and the results go)")
+    except (ConfigError, InputError) as e:
         _fail(str(e))
     if cfg.fresh:
         _move_aside(cfg.run_dir)
+    if src.kind != "file":
+        try:
+            cfg = dataclasses.replace(cfg, tasks_path=materialize(src, cfg.run_dir, log=_note))
+        except InputError as e:
+            _fail(str(e))
     from evalsup.supervisor.run import run as run_job
 
     sys.exit(run_job(cfg))
+
+
+def _note(msg: str) -> None:
+    click.echo(f"evalsup: {msg}", err=True)
 
 
 @main.command()
@@ -270,19 +150,25 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
         _move_aside(run_dir)
     with MockThread(MockConfig(latency_ms=latency_ms, jitter_ms=latency_ms / 4, response_kb=response_kb)) as mock:
         click.echo(f"evalsup demo: {n:,} tasks in {tasks}, mock endpoint on {mock.url}", err=True)
-        names = ("model", "max_tokens", "temperature", "api_key_file", "worker_plugin", "out")
-        kw: dict[str, Any] = dict.fromkeys(names)
-        kw.update(workers=workers, concurrency=concurrency, window=0, fresh=False, max_attempts=5,
-                  max_rate_limited_wait=1800.0,
-                  total_timeout=600.0, connect_timeout=10.0, read_timeout=120.0, max_response_mb=64.0,
-                  max_line_mb=16.0, on_invalid="error", api_key_env="EVALSUP_DEMO_NO_KEY", insecure=False,
-                  grace=20.0, hang_timeout=60.0, max_task_crashes=3, max_restarts=10, quiet=False,
-                  json_summary=False, model="mock-model")
-        cfg = build_config(tasks, mock.url, kw)
+        cfg = build_config(tasks, {"base_url": mock.url, "workers": workers, "concurrency": concurrency,
+                                   "model": "mock-model", "api_key_env": "EVALSUP_DEMO_NO_KEY"})
         from evalsup.supervisor.run import run as run_job
 
         code = run_job(cfg)
+    if code == 0:
+        _next_steps(cfg.run_dir)
     sys.exit(code)
+
+
+def _next_steps(run_dir: Path) -> None:
+    click.echo(f"""
+next steps:
+  evalsup status {run_dir}      progress of a run (from another shell, while it goes)
+  evalsup report {run_dir}      one HTML page: memory, request rate, latency
+  evalsup run --base-url http://HOST:PORT/v1 --model MODEL tasks.jsonl      against your own server
+  python: evalsup.run(tasks, ...) runs a job, evalsup.read_results("{run_dir}") streams its records
+          (README: Python)""",
+               err=True)
 
 
 main.add_command(mock_command)  # `evalsup mock`: evalsup/mockcli.py

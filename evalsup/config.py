@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from evalsup.ipc.messages import WorkerConfig
+from evalsup.options import DEFAULTS as OPT  # every run option's default, defined once (evalsup/options.py)
 
-DEFAULT_CONCURRENCY = 64
+DEFAULT_CONCURRENCY: int = OPT["concurrency"]
 MIB = 1 << 20
 
 __all__ = ["ConfigError", "RunConfig", "WorkerConfig"]
@@ -21,37 +22,40 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A run's settings. Those that are options take their defaults from evalsup/options.py (build_config
+    fills them all from there); the rest are internal tunings."""
+
     tasks_path: Path
     run_dir: Path
     worker: WorkerConfig
     workers: int = 4  # with autoscale, the most there may be
     autoscale: bool = False  # start with one worker, add one while each is CPU-bound (supervisor.scaling)
-    concurrency: int = DEFAULT_CONCURRENCY  # total requests in flight across all workers
-    window: int = 0  # tasks outstanding per worker; 0 = 2 x its concurrency
-    max_line_mb: float = 16.0
-    on_invalid: Literal["error", "skip"] = "error"
-    fresh: bool = False
+    concurrency: int = OPT["concurrency"]  # total requests in flight across all workers
+    window: int = OPT["window"]  # tasks outstanding per worker; 0 = 2 x its concurrency
+    max_line_mb: float = OPT["max_line_mb"]
+    on_invalid: Literal["error", "skip"] = OPT["on_invalid"]
+    fresh: bool = OPT["fresh"]
     flush_interval_s: float = 1.0
     checkpoint_interval_s: float = 2.0
-    grace_s: float = 20.0
-    hang_timeout_s: float = 60.0
-    max_task_crashes: int = 3
-    max_restarts: int = 10
-    quiet: bool = False
-    json_summary: bool = False
-    log_interval_s: float = 10.0
-    log_format: Literal["text", "json"] = "text"
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
+    grace_s: float = OPT["grace"]
+    hang_timeout_s: float = OPT["hang_timeout"]
+    max_task_crashes: int = OPT["max_task_crashes"]
+    max_restarts: int = OPT["max_restarts"]
+    quiet: bool = OPT["quiet"]
+    json_summary: bool = OPT["json_summary"]
+    log_interval_s: float = OPT["log_interval"]
+    log_format: Literal["text", "json"] = OPT["log_format"]
+    metrics_port: int | None = OPT["metrics_port"]
+    metrics_host: str = OPT["metrics_host"]
     shard: tuple[int, int] | None = None  # (K, N): only lines whose index is K mod N
     # the endpoint
-    max_requests_per_s: float | None = None
-    max_tokens_per_min: float | None = None
-    arrivals: Literal["uniform", "poisson"] = "uniform"
-    max_wait_down_s: float = 600.0
-    check: bool = True
+    max_requests_per_s: float | None = OPT["max_requests_per_s"]
+    max_tokens_per_min: float | None = OPT["max_tokens_per_min"]
+    arrivals: Literal["uniform", "poisson"] = OPT["arrivals"]
+    max_wait_down_s: float = OPT["max_wait_down"]
+    check: bool = OPT["check"]
     # memory supervision
-    monitor_interval_s: float = 0.5
+    monitor_interval_s: float = OPT["monitor_interval"]
     memory_limit: int | None = None  # bytes; overrides the cgroup's limit (or sets one where there is none)
     memory_high: int | None = None  # bytes; default high_frac of the effective limit
     high_frac: float = 0.85
@@ -59,7 +63,7 @@ class RunConfig:
     psi_threshold: float = 10.0
     max_worker_rss: int | None = None  # bytes; default: a worker's share of the limit, or 1 GiB without one
     hard_rss_factor: float = 1.5
-    max_tasks_per_worker: int | None = None
+    max_tasks_per_worker: int | None = OPT["max_tasks_per_worker"]
     max_tasks_jitter: int = 0
 
     @property
@@ -81,6 +85,54 @@ class RunConfig:
         return self.window if self.window > 0 else max(2, 2 * concurrency)
 
 
+def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
+    """The RunConfig of a run of ``tasks`` with the options ``given`` (keys of evalsup.options.RUN_OPTIONS; the
+    rest take their defaults). An explicit value is used as given: 0 is 0. Raises ConfigError."""
+    from evalsup.options import with_defaults
+
+    kw = with_defaults(given)
+    wc = WorkerConfig(
+        base_url=resolve_base_url(kw["base_url"]), concurrency=0, api_key_env=kw["api_key_env"],
+        api_key_file=None if kw["api_key_file"] is None else str(kw["api_key_file"]),
+        model=kw["model"], max_tokens=kw["max_tokens"], temperature=kw["temperature"],
+        max_attempts=kw["max_attempts"], max_rate_limited_s=kw["max_rate_limited_wait"],
+        connect_timeout_s=kw["connect_timeout"],
+        read_timeout_s=kw["read_timeout"], total_timeout_s=kw["timeout"],
+        max_response_mb=kw["max_response_mb"], insecure=kw["insecure"], plugin=kw["worker_plugin"],
+        trace_memory=kw["trace_memory"], stream=kw["stream"],
+        scorers=tuple(kw["scorers"]), scorer_timeout_s=kw["scorer_timeout"],
+        score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
+    )
+
+    def mb(name: str) -> int | None:
+        v = kw[name]
+        return None if v is None else int(v * MIB)
+    workers = kw["workers"]
+    autoscale = workers is None
+    if workers is None:
+        from evalsup.supervisor.cgroup import container_limit
+
+        limit = mb("memory_limit_mb")
+        workers = default_workers(container_limit()[0] if limit is None else limit)
+    shard = parse_shard(kw["shard"])
+    per_worker = kw["max_tasks_per_worker"]
+    jitter = kw["max_tasks_jitter"]
+    return RunConfig(
+        tasks_path=tasks, run_dir=Path(kw["out"]) if kw["out"] is not None else default_run_dir(tasks, shard),
+        worker=wc, workers=workers, shard=shard, autoscale=autoscale and workers > 1,
+        concurrency=max(kw["concurrency"], workers), window=kw["window"], max_line_mb=kw["max_line_mb"],
+        on_invalid=kw["on_invalid"], fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
+        max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
+        json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
+        max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=per_worker,
+        max_tasks_jitter=int(jitter) if jitter is not None else int(per_worker or 0) // 10,
+        monitor_interval_s=kw["monitor_interval"], max_requests_per_s=kw["max_requests_per_s"],
+        max_tokens_per_min=kw["max_tokens_per_min"], arrivals=kw["arrivals"], max_wait_down_s=kw["max_wait_down"],
+        check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
+        metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
+    )
+
+
 def resolve_base_url(flag: str | None) -> str:
     url = flag or os.environ.get("OPENAI_BASE_URL")
     if not url:
@@ -95,7 +147,12 @@ def resolve_base_url(flag: str | None) -> str:
 
 def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> Path:
     name = tasks_path.name
-    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else tasks_path.stem
+    for ext in (".jsonl.gz", ".jsonl.zst", ".jsonl"):  # tasks.jsonl.gz -> tasks.run
+        if name.endswith(ext):
+            stem = name[: -len(ext)]
+            break
+    else:
+        stem = tasks_path.stem
     run_dir = tasks_path.with_name(stem + ".run")
     return run_dir / f"shard-{shard[0]}-of-{shard[1]}" if shard else run_dir
 
