@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import re
 
-# exit codes of `evalsup run` (README: exit codes). 75 (EX_TEMPFAIL) is the resumable stop once the CLI uses it.
-EXIT_OK = 0
-EXIT_STOPPED = 1  # the run could not go on; a rerun resumes
-EXIT_BAD = 2  # bad input or settings
-EXIT_RESUMABLE = 75
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
+from evalsup.exitcodes import BAD_INPUT as EXIT_BAD
+from evalsup.exitcodes import LOCKED as EXIT_LOCKED
+from evalsup.exitcodes import OK as EXIT_OK
+from evalsup.exitcodes import RESUMABLE as EXIT_RESUMABLE
 
 
 class EvalsupError(Exception):
@@ -81,6 +78,6 @@ def error_for_exit(code: int, message: str) -> EvalsupError | None:
         return EndpointUnavailable(message, code)
     if code == EXIT_BAD:
         return BadInput(message, code) if _INPUT.search(message) else BadSettings(message, code)
-    # 1, 75, 130, 143, and any other code (e.g. a run directory locked by another run): nothing is lost, a
-    # rerun carries on from the checkpoint
-    return RunStopped(message, code, resumable=True)
+    # 75: stopped before the end, a rerun carries on from the checkpoint; 73: another run holds the run
+    # directory (call again once it is done); 1 and anything else: a rerun alone will not fix it
+    return RunStopped(message, code, resumable=code in (EXIT_RESUMABLE, EXIT_LOCKED))
