@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 
 from evalsup.mock.server import MockConfig, MockThread
@@ -68,3 +71,207 @@ def assert_exactly_once(run_dir: Path, ids: set[str]) -> list[dict[str, Any]]:
     assert not dupes, f"ids written twice: {sorted(dupes)[:10]}"
     assert set(got) == ids, f"missing {sorted(ids - set(got))[:10]}, extra {sorted(set(got) - ids)[:10]}"
     return recs
+
+
+# ------------------------------------------------------------------------ the one harness for running evalsup
+
+LIVENESS_S = 90.0  # how long a step may take before a test calls it stuck (never a performance bound)
+PLUGINS = ROOT / "tests" / "plugins"
+
+
+def lines(path: Path, objs: list[dict[str, Any]]) -> Path:
+    """Write ``objs`` as a JSONL task file."""
+    path.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
+    return path
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    """The run's summary.json."""
+    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
+
+
+def run_args(mock: MockThread, tasks: Path, *extra: str) -> tuple[str, ...]:
+    return ("run", "--model", "mock-model", "--base-url", mock.url, *extra, str(tasks))
+
+
+def ids_of(n: int, start: int = 0) -> set[str]:
+    return {f"t{i}" for i in range(start, start + n)}
+
+
+def chat_requests(mock: MockThread) -> int:
+    """Generation requests the mock has seen (not counting the start-up check of /v1/models)."""
+    return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
+
+
+def complete_lines(path: Path) -> int:
+    """Complete (newline-terminated) lines of a file; 0 if it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def memory_samples(run_dir: Path) -> list[dict[str, Any]]:
+    """Complete lines of memory.jsonl (the last one may be half written while the run goes on)."""
+    try:
+        data = (run_dir / "memory.jsonl").read_bytes()
+    except FileNotFoundError:
+        return []
+    return [orjson.loads(x) for x in data[: data.rfind(b"\n") + 1].splitlines() if x]
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = LIVENESS_S, proc: Run | None = None) -> None:
+    """Poll ``cond``; the deadline only guards against a hang, it is not what the test measures. With ``proc``,
+    its end while waiting fails at once, with its stderr."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc is not None and not proc.running():
+            raise AssertionError(f"evalsup exited ({proc.p.returncode}) while waiting for {what}; "
+                                 f"stderr:\n{proc.stderr[-3000:]}")
+        if time.monotonic() > deadline:
+            tail = f"; stderr:\n{proc.stderr[-3000:]}" if proc is not None else ""
+            raise AssertionError(f"gave up after {timeout:g}s waiting for {what}{tail}")
+        time.sleep(0.02)
+
+
+class Run:
+    """One evalsup command (or ``argv``) in its own session (its workers share its process group), output to
+    files. It remembers every child it saw, so teardown kills exactly what the test started, by PID."""
+
+    _count = 0
+
+    def __init__(self, where: Path, *args: str, env: dict[str, str] | None = None,
+                 argv: list[str] | None = None) -> None:
+        Run._count += 1
+        self.out_path = where / f"evalsup-{Run._count}.stdout"
+        self.err_path = where / f"evalsup-{Run._count}.stderr"
+        self.args = args
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.p = subprocess.Popen(argv or evalsup_cmd(*args), stdout=out, stderr=err, env=env_for(env),
+                                      start_new_session=True)
+        self.pid = self.p.pid
+        self.seen: dict[int, psutil.Process] = {}
+
+    def workers(self) -> list[psutil.Process]:
+        """The live (non-zombie) descendants of the process, remembered for teardown."""
+        try:
+            kids = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        live = []
+        for k in kids:
+            try:
+                if k.status() == psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.NoSuchProcess:
+                continue
+            self.seen.setdefault(k.pid, k)
+            live.append(k)
+        return live
+
+    def running(self) -> bool:
+        self.workers()
+        return self.p.poll() is None
+
+    def wait(self, timeout: float = LIVENESS_S) -> int | None:
+        """The exit code, or None if it still runs after ``timeout`` (a hang guard, not a measurement)."""
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        return self.p.returncode
+
+    def finish(self, timeout: float = LIVENESS_S) -> int:
+        """The exit code; fails the test, with the stderr, if it still runs after ``timeout``."""
+        rc = self.wait(timeout)
+        if rc is None:
+            raise AssertionError(f"evalsup {' '.join(self.args[:1])} still running after {timeout:g}s; "
+                                 f"stderr:\n{self.stderr[-3000:]}")
+        return rc
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def interrupt(self, grace: float = 15.0) -> None:
+        """SIGINT (stop now, checkpoint), then SIGKILL if it does not go."""
+        if self.p.poll() is None:
+            self.workers()
+            os.kill(self.pid, signal.SIGINT)
+            try:
+                self.p.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+    def kill_group(self) -> None:
+        """SIGKILL the supervisor and its workers at once (the process group, as the OOM killer would)."""
+        self.workers()
+        os.killpg(self.pid, signal.SIGKILL)
+        self.p.wait()
+
+    def leftovers(self) -> list[int]:
+        """Children seen earlier that still run."""
+        out = []
+        for proc in self.seen.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def alive_pids(self) -> list[int]:
+        return ([self.pid] if self.p.poll() is None else []) + self.leftovers()
+
+    def wait_workers_gone(self, timeout: float = 20.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
+
+    def wait_results(self, run_dir: Path, at_least: int = 1, timeout: float = LIVENESS_S) -> int:
+        """Wait until results.jsonl holds ``at_least`` complete lines while the run still goes."""
+        results = run_dir / "results.jsonl"
+        deadline = time.monotonic() + timeout
+        while (n := complete_lines(results)) < at_least:
+            assert self.running(), f"run ended (exit {self.p.returncode}) before {at_least} results:\n{self.stderr}"
+            assert time.monotonic() < deadline, f"no {at_least} results after {timeout:g}s:\n{self.stderr}"
+            time.sleep(0.02)
+        return n
+
+    @property
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def cleanup(self) -> None:
+        self.workers()
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        for proc in self.seen.values():
+            try:
+                if proc.is_running():  # psutil checks it is still the same process (create time)
+                    proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    """start(*evalsup_args, env=None, argv=None) -> Run; whatever still runs at teardown is killed by PID."""
+    procs: list[Run] = []
+
+    def _start(*args: str, env: dict[str, str] | None = None, argv: list[str] | None = None) -> Run:
+        p = Run(tmp_path, *args, env=env, argv=argv)
+        procs.append(p)
+        return p
+
+    yield _start
+    for p in procs:
+        p.cleanup()

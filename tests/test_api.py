@@ -339,16 +339,19 @@ def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
 
 
 def test_exit_codes_map_to_exceptions_in_one_place() -> None:
-    """The codes the CLI may end with (75: a resumable stop, once the CLI uses it) and the exception each becomes."""
+    """The codes the CLI may end with (evalsup.exitcodes) and the exception each becomes."""
     from evalsup.errors import BadInput, BadSettings, EndpointUnavailable, RunStopped, error_for_exit
 
     assert error_for_exit(0, "") is None
     cases = [(2, "t.jsonl:4: malformed JSON", BadInput), (2, "--shard 5/4: need 0 <= K < N", BadSettings),
              (2, "cannot reach the endpoint http://x/v1: refused", EndpointUnavailable),
-             (1, "the endpoint has been down for more than --max-wait-down 5s (refused)", EndpointUnavailable),
-             (75, "stopped; rerun the same command to resume", RunStopped), (130, "interrupted", RunStopped)]
+             (75, "the endpoint has been down for more than --max-wait-down 5s (refused)", EndpointUnavailable),
+             (75, "stopped; rerun the same command to resume", RunStopped), (75, "interrupted", RunStopped),
+             (73, "tasks.run is in use by evalsup (pid 7)", RunStopped)]
     for code, msg, kind in cases:
         e = error_for_exit(code, msg)
         assert type(e) is kind and str(e) == msg and e.code == code, (code, msg)
         if isinstance(e, RunStopped):
             assert e.resumable
+    broken = error_for_exit(1, "a bug")
+    assert isinstance(broken, RunStopped) and not broken.resumable  # 1: a rerun alone will not fix it
