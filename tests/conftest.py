@@ -15,6 +15,8 @@ from typing import Any
 import orjson
 import psutil
 import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from evalsup.mock.server import MockConfig, MockThread
 
@@ -77,6 +79,7 @@ def assert_exactly_once(run_dir: Path, ids: set[str]) -> list[dict[str, Any]]:
 
 LIVENESS_S = 90.0  # how long a step may take before a test calls it stuck (never a performance bound)
 PLUGINS = ROOT / "tests" / "plugins"
+FAULTS_PLUGIN = PLUGINS / "faults.py"
 
 
 def lines(path: Path, objs: list[dict[str, Any]]) -> Path:
@@ -275,3 +278,65 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Run]]:
     yield _start
     for p in procs:
         p.cleanup()
+
+
+def resume_line(stderr: str) -> str:
+    lines = [x for x in stderr.splitlines() if "resuming:" in x]
+    assert len(lines) == 1, f"expected one 'resuming:' line, got {len(lines)}:\n{stderr}"
+    return lines[0]
+
+
+def assert_clean_exit(proc: Run | subprocess.CompletedRuness[str]) -> None:
+    err = proc.stderr
+    assert "Traceback" not in err, err
+
+
+# ------------------------------------------------------------- a Responses API stream (test_sse, test_fidelity)
+
+
+def responses_events(final: dict[str, Any]) -> list[bytes]:
+    start = {**final, "status": "in_progress", "output": [], "usage": None}
+    msg = final["output"][0]
+    evs: list[dict[str, Any]] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**msg, "content": []}},
+        {"type": "response.output_text.delta", "item_id": msg["id"], "output_index": 0, "content_index": 0,
+         "delta": "Hello ", "logprobs": []},
+        {"type": "response.output_text.delta", "item_id": msg["id"], "output_index": 0, "content_index": 0,
+         "delta": "world", "logprobs": []},
+        {"type": "response.completed", "response": final},
+    ]
+    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    out = []
+    for seq, ev in enumerate(evs):
+        ev["sequence_number"] = seq
+        adapter.validate_python(ev)
+        out.append(b"event: " + ev["type"].encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n")
+    return out
+
+
+RESPONSE_FINAL = {
+    "id": "resp_1", "object": "response", "created_at": 1700000000, "status": "completed", "model": "gpt-x",
+    "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hello world", "annotations": []}]}],
+    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None, "incomplete_details": None,
+    "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
+    "usage": {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+              "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 5},
+}
+
+
+def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``evalsup ARGS`` with its output in pipes (for reading it as it comes); end it with ``communicate``."""
+    return subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env_for(env))
+
+
+def communicate(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """Wait for a run started with ``popen``; kill it (only it) if it overstays."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

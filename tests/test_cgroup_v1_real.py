@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_exactly_once, evalsup_cmd, write_tasks
-from test_memory_control import Running, memory_samples, summary_of
+from conftest import Run, assert_exactly_once, evalsup_cmd, memory_samples, summary, write_tasks
 
 from evalsup.mock.server import MockThread
 from evalsup.supervisor.cgroup import parse_keyed, parse_proc_cgroup
@@ -116,7 +115,7 @@ def test_run_in_a_512_mib_v1_cgroup_completes_without_oom(tmp_path: Path, mock: 
                        str(tasks))
     # the child joins the cgroup before it execs evalsup, so the supervisor and every worker it starts is in it
     wrapper = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(v1_cgroup / "cgroup.procs"), *argv]
-    p = Running(tmp_path, wrapper)
+    p = Run(tmp_path, argv=wrapper)
     try:
         rc = p.wait(RUN_TIMEOUT_S)
         members = _read(v1_cgroup / "tasks").split()
@@ -137,7 +136,7 @@ def test_run_in_a_512_mib_v1_cgroup_completes_without_oom(tmp_path: Path, mock: 
 
     oom = parse_keyed(_read(v1_cgroup / "memory.oom_control"))
     failcnt = int(_read(v1_cgroup / "memory.failcnt"))
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     # the limit really was the supervisor's: it read it from the cgroup it ran in
     assert s["memory"]["source"] == "cgroup1" and s["memory"]["limit_mb"] == 512, s["memory"]
     # no OOM kill: not by the kernel's count, not by evalsup's

@@ -12,23 +12,23 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import assert_exactly_once, read_results, run_cli, write_tasks
-from test_resume import (
-    PLUGIN,
-    Proc,
+from conftest import FAULTS_PLUGIN as PLUGIN
+from conftest import (
+    Run,
     assert_clean_exit,
+    assert_exactly_once,
     chat_requests,
     ids_of,
+    read_results,
     resume_line,
     run_args,
-    start,
-    summary_of,
+    run_cli,
+    summary,
     wait_until,
+    write_tasks,
 )
 
 from evalsup.mock.server import MockThread
-
-__all__ = ["start"]  # the fixture, shared with test_resume.py
 
 SEED = int(os.environ.get("EVALSUP_CHAOS_SEED", time.time_ns() % 1_000_000))
 
@@ -70,7 +70,7 @@ def mark_lines(tasks: Path, marks: dict[int, dict[str, object]]) -> None:
 
 @pytest.mark.slow
 def test_sigkill_whole_supervisor_at_random_moments(tmp_path: Path, mock: MockThread,
-                                                    start: Callable[..., Proc]) -> None:
+                                                    start: Callable[..., Run]) -> None:
     print(f"chaos seed {SEED} (EVALSUP_CHAOS_SEED={SEED} replays the same choices)")
     rng = random.Random(SEED)
     n, kills = 8000, 6
@@ -113,12 +113,12 @@ def test_sigkill_whole_supervisor_at_random_moments(tmp_path: Path, mock: MockTh
     assert data.endswith(b"\n") and b"\n\n" not in data
     recs = assert_exactly_once(run_dir, ids_of(n))  # every line parses, every id once, nothing else
     assert all(x["error"] is None and x["response"]["status_code"] == 200 for x in recs), f"seed {SEED}"
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["total"] == s["succeeded"] == n, f"seed {SEED}: {s}"
 
 
 @pytest.mark.slow
-def test_sigkill_random_workers_during_a_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
+def test_sigkill_random_workers_during_a_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     print(f"chaos seed {SEED} (EVALSUP_CHAOS_SEED={SEED} replays the same choices)")
     rng = random.Random(SEED)
     n, workers = 6000, 4
@@ -145,11 +145,11 @@ def test_sigkill_random_workers_during_a_run(tmp_path: Path, mock: MockThread, s
         wait_until(lambda: len([w for w in p.workers() if w.pid not in killed]) == workers or not p.running(),
                    "the dead worker to be replaced")
     assert len(killed) >= 5, f"seed {SEED}: only {len(killed)} kills before the run was nearly done"
-    assert p.wait() == 0, p.stderr
+    assert p.finish() == 0, p.stderr
     assert_clean_exit(p)
     recs = assert_exactly_once(run_dir, ids_of(n))
     assert all(x["error"] is None for x in recs), [x for x in recs if x["error"]][:3]
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["worker_restarts"] > 0
     assert s["worker_restarts_by_cause"].get("crashed") == len(killed), s["worker_restarts_by_cause"]
     assert len({x["metrics"]["worker"] for x in recs}) > workers  # the replacements did work too
@@ -169,7 +169,7 @@ def test_poison_task_is_written_as_worker_crashed(tmp_path: Path, mock: MockThre
     assert poison["error"]["code"] == "worker_crashed", poison
     assert poison["error"]["message"]
     assert poison["response"] is None
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["finished"] is True
     assert "t150" in s["poisoned"]
     assert s["worker_restarts_by_cause"].get("crashed") == 3  # --max-task-crashes defaults to 3
@@ -183,7 +183,7 @@ def test_poison_task_is_written_as_worker_crashed(tmp_path: Path, mock: MockThre
 
 @pytest.mark.slow
 def test_crashed_and_hung_workers_are_replaced_and_their_tasks_handed_on(
-        tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
+        tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     n = 300
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     mark_lines(tasks, {100: {"once": "crash"}, 200: {"once": "hang"}})
@@ -191,14 +191,14 @@ def test_crashed_and_hung_workers_are_replaced_and_their_tasks_handed_on(
     marks.mkdir()
     p = start(*run_args(mock, tasks, "-w", "2", "--hang-timeout", "3", "--worker-plugin", f"{PLUGIN}:once"),
               env={"EVALSUP_TEST_MARKS": str(marks)})
-    assert p.wait() == 0, p.stderr
+    assert p.finish() == 0, p.stderr
     assert_clean_exit(p)
     assert sorted(x.name for x in marks.iterdir()) == ["t100.crash", "t200.hang"]  # both happened
     assert p.wait_workers_gone() == [], "the hung worker was left behind"
     run_dir = tmp_path / "tasks.run"
     recs = assert_exactly_once(run_dir, ids_of(n))
     assert all(x["error"] is None for x in recs), [x for x in recs if x["error"]][:3]
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     by_cause = s["worker_restarts_by_cause"]
     assert by_cause.get("crashed") == 1 and by_cause.get("hung") == 1, by_cause
     assert s["worker_restarts"] == 2 and s["poisoned"] == []

@@ -17,11 +17,12 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
+from conftest import RESPONSE_FINAL as FINAL
 from conftest import env_for, evalsup_cmd, read_results, run_cli
+from conftest import responses_events as _responses_events
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
-from test_sse import FINAL, _responses_events
 
 from evalsup.mock.server import MockThread
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli
+from conftest import assert_exactly_once, env_for, evalsup_cmd, lines, read_results, run_cli, summary
 
 from evalsup.mock.server import MockConfig, MockThread
 
@@ -24,13 +24,8 @@ POISON = {"500": {"status": 500}, "reset": {"reset": True}, "slow": {"delay_s": 
 CODES = {"500": "http_500", "reset": "connection_error", "slow": "timeout_total", "cut": "stream_cut"}
 
 
-def _lines(path: Path, objs: list[dict[str, Any]]) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
-    return path
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
-    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(("fault", "where"), [("500", "alone"), ("500", "end"), ("500", "block"), ("reset", "block"),
@@ -43,7 +38,7 @@ def test_a_task_that_always_fails_gets_its_record_and_the_run_ends(tmp_path: Pat
     poison = [{"id": f"bad{i}", "prompt": f"p{i}", "mock": POISON[fault]} for i in range(bad)]
     at = {"alone": 0, "end": len(rows), "block": 100}[where]
     rows[at:at] = poison
-    tasks = _lines(tmp_path / "t.jsonl", rows)
+    tasks = lines(tmp_path / "t.jsonl", rows)
     extra = ["--timeout", "1"] if fault == "slow" else ["--stream"] if fault == "cut" else []
     t0 = time.monotonic()
     r = run_cli("run", "-w", "2", "-c", "16", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
@@ -62,7 +57,7 @@ def test_a_task_that_always_fails_gets_its_record_and_the_run_ends(tmp_path: Pat
 
 def test_attempts_never_exceed_max_attempts_through_false_alarms(tmp_path: Path, mock: MockThread) -> None:
     rows = [{"id": f"bad{i}", "prompt": f"p{i}", "mock": {"status": 502}} for i in range(30)]
-    tasks = _lines(tmp_path / "t.jsonl", rows)
+    tasks = lines(tmp_path / "t.jsonl", rows)
     r = run_cli("run", "-w", "1", "-c", "30", "--max-attempts", "2", "--model", "mock-model", "--base-url", mock.url,
                 str(tasks), timeout=120)
     assert r.returncode == 0, r.stderr
@@ -75,7 +70,7 @@ def test_rate_limit_storm_and_cut_streams_fail_nothing(tmp_path: Path) -> None:
     with MockThread(MockConfig(latency_ms=2, fail_429=0.3, retry_after_s=0.05, seed=3)) as mock:
         rows = [{"id": f"t{i}", "prompt": f"q{i}", **({"mock": {"cut_stream": True, "times": 1}} if i % 5 == 0
                                                        else {})} for i in range(500)]
-        tasks = _lines(tmp_path / "t.jsonl", rows)
+        tasks = lines(tmp_path / "t.jsonl", rows)
         r = run_cli("run", "-w", "2", "--stream", "--model", "mock-model", "--base-url", mock.url, str(tasks),
                     timeout=180)
         assert r.returncode == 0, r.stderr
@@ -87,7 +82,7 @@ def test_rate_limit_storm_and_cut_streams_fail_nothing(tmp_path: Path) -> None:
 def test_429s_with_500s_fail_nothing(tmp_path: Path) -> None:
     with MockThread(MockConfig(latency_ms=1, fail_429=0.25, fail_500=0.10, retry_after_s=0.02, seed=5)) as mock:
         rows = [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(1500)]
-        tasks = _lines(tmp_path / "t.jsonl", rows)
+        tasks = lines(tmp_path / "t.jsonl", rows)
         r = run_cli("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks), timeout=180)
         assert r.returncode == 0, r.stderr
         recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(1500)})
@@ -96,7 +91,7 @@ def test_429s_with_500s_fail_nothing(tmp_path: Path) -> None:
 
 def test_rate_limited_past_the_budget_is_a_rate_limited_record(tmp_path: Path, mock: MockThread) -> None:
     rows = [{"id": "ok", "prompt": "q"}, {"id": "limited", "prompt": "p", "mock": {"status": 429, "retry_after": 0.3}}]
-    tasks = _lines(tmp_path / "t.jsonl", rows)
+    tasks = lines(tmp_path / "t.jsonl", rows)
     r = run_cli("run", "-w", "1", "--max-rate-limited-wait", "1", "--model", "mock-model", "--base-url", mock.url,
                 str(tasks))
     assert r.returncode == 0, r.stderr
@@ -114,7 +109,7 @@ def _wait_for_results(run_dir: Path, n: int, p: subprocess.Popen[str], timeout: 
 
 def test_a_key_revoked_mid_run_stops_resumably_and_fails_nothing(tmp_path: Path) -> None:
     rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.01}} for i in range(3000)]
-    tasks = _lines(tmp_path / "t.jsonl", rows)
+    tasks = lines(tmp_path / "t.jsonl", rows)
     env = {"OPENAI_API_KEY": "sk-good"}
     with MockThread(MockConfig(latency_ms=1, api_key="sk-good")) as mock:
         args = ("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, str(tasks))
@@ -137,7 +132,7 @@ def test_a_key_revoked_mid_run_stops_resumably_and_fails_nothing(tmp_path: Path)
 
 def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockThread) -> None:
     rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.02}} for i in range(1500)]
-    tasks = _lines(tmp_path / "t.jsonl", rows)
+    tasks = lines(tmp_path / "t.jsonl", rows)
     p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "8", "--hang-timeout", "2", "--model", "mock-model",
                                      "--base-url", mock.url, str(tasks)),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(),
@@ -149,7 +144,7 @@ def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockTh
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(1500)})
-    s = _summary(tmp_path / "t.run")
+    s = summary(tmp_path / "t.run")
     assert s["worker_restarts"] == 0, err
     assert "hung" not in err
 
@@ -179,7 +174,7 @@ def not_an_answer() -> Iterator[str]:
 
 
 def test_a_200_without_choices_is_an_invalid_response_record(tmp_path: Path, not_an_answer: str) -> None:
-    tasks = _lines(tmp_path / "t.jsonl", [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(3)])
+    tasks = lines(tmp_path / "t.jsonl", [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(3)])
     r = run_cli("run", "-w", "1", "-c", "1", "--no-check", "--max-attempts", "2", "--model", "m", "--base-url",
                 not_an_answer, str(tasks))
     assert r.returncode == 0, r.stderr
@@ -187,4 +182,4 @@ def test_a_200_without_choices_is_an_invalid_response_record(tmp_path: Path, not
     assert len(recs) == 3
     for rec in recs:
         assert rec["error"]["code"] == "invalid_response" and rec["metrics"]["attempts"] == 2
-    assert _summary(tmp_path / "t.run")["succeeded"] == 0
+    assert summary(tmp_path / "t.run")["succeeded"] == 0

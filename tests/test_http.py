@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import env_for, evalsup_cmd, read_results, run_cli, write_tasks
+from conftest import env_for, evalsup_cmd, lines, read_results, run_cli, summary, write_tasks
 from openai.types.chat import ChatCompletion
 
 from evalsup.mock.server import MockConfig, MockThread
@@ -22,17 +22,12 @@ def _post(url: str, obj: dict[str, Any]) -> None:
     urllib.request.urlopen(req, timeout=5).read()
 
 
-def _lines(path: Path, objs: list[dict[str, Any]]) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
-    return path
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
-    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
 
 
 def test_429_retry_after_is_honoured(tmp_path: Path, mock: MockThread) -> None:
-    tasks = _lines(tmp_path / "t.jsonl", [
+    tasks = lines(tmp_path / "t.jsonl", [
         {"id": f"r{i}", "prompt": f"q{i}", "mock": {"status": 429, "retry_after": 1.0, "times": 1}} for i in range(20)
     ])
     r = run_cli("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks))
@@ -43,7 +38,7 @@ def test_429_retry_after_is_honoured(tmp_path: Path, mock: MockThread) -> None:
         assert rec["error"] is None and rec["response"]["status_code"] == 200
         assert rec["metrics"]["attempts"] == 1, "a 429 is the server's flow control: it uses up no attempt"
         assert rec["metrics"]["latency_s"] >= 1.0, "the second request came before Retry-After"
-    assert _summary(tmp_path / "t.run")["retries"] == 20
+    assert summary(tmp_path / "t.run")["retries"] == 20
 
 
 def test_failed_attempts_are_retried_400_is_final(tmp_path: Path, mock: MockThread) -> None:
@@ -52,7 +47,7 @@ def test_failed_attempts_are_retried_400_is_final(tmp_path: Path, mock: MockThre
                                   for i in range(10)]
     objs += [{"id": f"b{i}", "prompt": f"q{i}", "mock": {"reset": True, "times": 1}} for i in range(10)]
     objs += [{"id": "bad", "prompt": "x", "mock": {"status": 400}}]
-    tasks = _lines(tmp_path / "t.jsonl", objs)
+    tasks = lines(tmp_path / "t.jsonl", objs)
     r = run_cli("run", "-w", "1", "-c", "1", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     assert r.returncode == 0, r.stderr
     recs = {x["custom_id"]: x for x in read_results(tmp_path / "t.run")}
@@ -64,7 +59,7 @@ def test_failed_attempts_are_retried_400_is_final(tmp_path: Path, mock: MockThre
     assert bad["metrics"]["attempts"] == 1
     assert bad["error"]["code"] == "http_400"
     assert bad["response"]["status_code"] == 400 and "error" in bad["response"]["body"]
-    s = _summary(tmp_path / "t.run")
+    s = summary(tmp_path / "t.run")
     assert s["failed"] == 1 and s["errors"] == {"http_400": 1} and s["retries"] == 30
 
 
@@ -86,7 +81,7 @@ def test_burst_of_500s_or_resets_is_ridden_out(tmp_path: Path, mock: MockThread,
     assert p.returncode == 0, err
     recs = read_results(tmp_path / "t.run")
     assert len(recs) == 1200 and all(x["error"] is None for x in recs)
-    assert _summary(tmp_path / "t.run")["retries"] > 0
+    assert summary(tmp_path / "t.run")["retries"] > 0
 
 
 def test_random_faults_all_recover(tmp_path: Path) -> None:
@@ -99,7 +94,7 @@ def test_random_faults_all_recover(tmp_path: Path) -> None:
         assert len(recs) == 300 and all(x["error"] is None for x in recs)
         for x in recs:
             ChatCompletion.model_validate(x["response"]["body"])
-        assert _summary(tmp_path / "t.run")["retries"] > 0
+        assert summary(tmp_path / "t.run")["retries"] > 0
 
 
 def test_endpoint_outage_opens_breaker_and_fails_nothing(tmp_path: Path, mock: MockThread) -> None:
@@ -122,7 +117,7 @@ def test_endpoint_outage_opens_breaker_and_fails_nothing(tmp_path: Path, mock: M
     assert len(recs) == 600 and during < 600
     failed = [x for x in recs if x["error"] is not None]
     assert failed == [], failed[:3]
-    s = _summary(tmp_path / "t.run")
+    s = summary(tmp_path / "t.run")
     assert s["breaker"]["opened"] >= 1 and s["breaker"]["down_s"] > 1.0
     assert "endpoint looks down" in err and "endpoint is back" in err
 
@@ -145,8 +140,8 @@ def test_global_rate_limit_across_workers(tmp_path: Path, mock: MockThread) -> N
 def test_streaming_ttft_and_reassembled_body(tmp_path: Path, mock: MockThread) -> None:
     objs = [{"custom_id": f"s{i}", "method": "POST", "url": "/v1/chat/completions",
              "body": {"model": "mock-model", "messages": [{"role": "user", "content": f"q{i}"}]}} for i in range(20)]
-    plain = _lines(tmp_path / "plain.jsonl", objs)
-    streamed = _lines(tmp_path / "stream.jsonl", objs)
+    plain = lines(tmp_path / "plain.jsonl", objs)
+    streamed = lines(tmp_path / "stream.jsonl", objs)
     assert run_cli("run", "--base-url", mock.url, str(plain)).returncode == 0
     r = run_cli("run", "--stream", "--base-url", mock.url, str(streamed))
     assert r.returncode == 0, r.stderr
@@ -160,14 +155,14 @@ def test_streaming_ttft_and_reassembled_body(tmp_path: Path, mock: MockThread) -
         assert body["choices"][0]["finish_reason"] == a[cid]["response"]["body"]["choices"][0]["finish_reason"]
         assert body["usage"] == a[cid]["response"]["body"]["usage"]
         assert 0 < rec["metrics"]["ttft_s"] <= rec["metrics"]["latency_s"]
-    s = _summary(tmp_path / "stream.run")
+    s = summary(tmp_path / "stream.run")
     assert s["ttft_s"]["p50"] is not None and s["tokens"]["completion"] > 0
 
 
 def test_cut_stream_is_retried_never_written_as_success(tmp_path: Path, mock: MockThread) -> None:
     objs = [{"id": f"c{i}", "prompt": f"q{i}", "mock": {"cut_stream": True, "times": 1}} for i in range(10)]
     objs.append({"id": "always-cut", "prompt": "x", "mock": {"cut_stream": True}})
-    tasks = _lines(tmp_path / "t.jsonl", objs)
+    tasks = lines(tmp_path / "t.jsonl", objs)
     r = run_cli("run", "--stream", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     assert r.returncode == 0, r.stderr
     recs = {x["custom_id"]: x for x in read_results(tmp_path / "t.run")}
@@ -203,7 +198,7 @@ def test_api_key_never_written_even_when_echoed(tmp_path: Path) -> None:
     with MockThread(MockConfig(api_key=secret, echo_headers_in_errors=True)) as m:
         objs = [{"id": f"e{i}", "prompt": "x", "mock": {"status": 400}} for i in range(5)]
         objs += [{"id": f"o{i}", "prompt": "x"} for i in range(5)]
-        tasks = _lines(tmp_path / "t.jsonl", objs)
+        tasks = lines(tmp_path / "t.jsonl", objs)
         r = run_cli("run", "--model", "mock-model", "--base-url", m.url, str(tasks), env={"OPENAI_API_KEY": secret})
         assert r.returncode == 0, r.stderr
     assert secret not in r.stdout + r.stderr
@@ -215,7 +210,7 @@ def test_api_key_never_written_even_when_echoed(tmp_path: Path) -> None:
 
 
 def test_max_response_mb_makes_an_error_record(tmp_path: Path, mock: MockThread) -> None:
-    tasks = _lines(tmp_path / "t.jsonl", [{"id": "big", "prompt": "x", "mock": {"kb": 2048}},
+    tasks = lines(tmp_path / "t.jsonl", [{"id": "big", "prompt": "x", "mock": {"kb": 2048}},
                                           {"id": "small", "prompt": "y"}])
     r = run_cli("run", "--max-response-mb", "1", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     assert r.returncode == 0, r.stderr

@@ -9,19 +9,16 @@ import os
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import psutil
 import pytest
-from conftest import assert_exactly_once, env_for, evalsup_cmd, run_cli, write_tasks
+from conftest import LIVENESS_S, assert_exactly_once, env_for, evalsup_cmd, run_cli, wait_until, write_tasks
 
 from evalsup.mock.server import MockConfig, MockThread
 from evalsup.options import DEFAULTS, RUN_OPTIONS
-
-LIVENESS_S = 90.0  # how long a step may take before the test calls it stuck (not a performance bound)
 
 
 @pytest.fixture
@@ -36,14 +33,6 @@ def complete_lines(path: Path) -> int:
         return 0
     data = path.read_bytes()
     return data.count(b"\n")
-
-
-def wait_until(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + LIVENESS_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def kill_tree(p: subprocess.Popen[bytes]) -> None:

@@ -14,13 +14,9 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
-from conftest import assert_exactly_once, env_for, evalsup_cmd, run_cli, write_tasks
+from conftest import assert_exactly_once, env_for, evalsup_cmd, run_cli, summary, write_tasks
 
 from evalsup.mock.server import MockThread
-
-
-def _summary(run_dir: Path) -> dict[str, object]:
-    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("ring_mb", ["16", "0"])
@@ -38,7 +34,7 @@ def test_large_results_are_written_whole(tmp_path: Path, mock: MockThread, ring_
                 env={"EVALSUP_RING_MB": ring_mb})
     assert r.returncode == 0, r.stderr
     recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(n)})
-    via_ring = _summary(tmp_path / "t.run")["results_via_ring"]
+    via_ring = summary(tmp_path / "t.run")["results_via_ring"]
     assert via_ring == 0 if ring_mb == "0" else 0 < via_ring <= n // 3, via_ring  # only the lines past 256 KiB
     for rec in recs:
         body = rec["response"]["body"]
@@ -79,7 +75,7 @@ def test_workers_killed_while_sending_large_results(tmp_path: Path, mock: MockTh
     assert kills >= 3
     recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(n)})
     assert all(x["error"] is None for x in recs)
-    s = _summary(tmp_path / "t.run")
+    s = summary(tmp_path / "t.run")
     assert s["worker_restarts"] >= 3
     assert s["results_via_ring"] > 0  # killed workers' lines still in their rings were written whole
 
@@ -115,5 +111,5 @@ def test_a_worker_naming_a_ring_place_it_never_wrote_is_replaced_and_its_task_re
     assert "bad ring reference" in r.stderr
     recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(n)})
     assert all(x["error"] is None for x in recs)
-    s = _summary(tmp_path / "t.run")
+    s = summary(tmp_path / "t.run")
     assert s["worker_restarts"] >= 1 and s["results_via_ring"] > 0

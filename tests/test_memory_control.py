@@ -9,18 +9,23 @@ samples, and waits only have generous deadlines against hangs.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import orjson
-import psutil
 import pytest
-from conftest import ROOT, assert_exactly_once, env_for, evalsup_cmd, run_cli, write_tasks
+from conftest import (
+    ROOT,
+    Run,
+    assert_exactly_once,
+    complete_lines,
+    memory_samples,
+    run_cli,
+    summary,
+    wait_until,
+    write_tasks,
+)
 
 from evalsup.mock.server import MockThread
 from evalsup.supervisor.cgroup import CgroupProbe
@@ -31,130 +36,6 @@ LEAK_PLUGIN = PLUGINS / "leak.py"
 
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def summary_of(run_dir: Path) -> dict[str, Any]:
-    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
-
-
-def memory_samples(run_dir: Path) -> list[dict[str, Any]]:
-    """Complete lines of memory.jsonl (the last one may be half written while the run goes on)."""
-    try:
-        data = (run_dir / "memory.jsonl").read_bytes()
-    except FileNotFoundError:
-        return []
-    return [orjson.loads(x) for x in data[: data.rfind(b"\n") + 1].splitlines() if x]
-
-
-def complete_lines(path: Path) -> int:
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, proc: Running | None = None) -> None:
-    """Poll ``cond``; the deadline only guards against a hang, it is not what the test measures."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if proc is not None and not proc.running():
-            raise AssertionError(f"evalsup exited ({proc.p.returncode}) while waiting for {what}; "
-                                 f"stderr:\n{proc.stderr[-3000:]}")
-        if time.monotonic() > deadline:
-            tail = f"; stderr:\n{proc.stderr[-3000:]}" if proc is not None else ""
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{tail}")
-        time.sleep(0.05)
-
-
-class Running:
-    """One evalsup command started by the test, in its own session, output to files. It remembers every
-    worker it saw so that teardown kills exactly the processes this test started, by PID."""
-
-    def __init__(self, where: Path, argv: list[str], env: dict[str, str] | None = None, name: str = "evalsup") -> None:
-        self.out_path = where / f"{name}.stdout"
-        self.err_path = where / f"{name}.stderr"
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.p = subprocess.Popen(argv, stdout=out, stderr=err, env=env_for(env), start_new_session=True)
-        self.pid = self.p.pid
-        self.seen: dict[int, psutil.Process] = {}
-        try:
-            self._me: psutil.Process | None = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
-            self._me = None
-
-    def note_children(self) -> list[int]:
-        if self._me is None:
-            return []
-        try:
-            kids = self._me.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        for k in kids:
-            self.seen.setdefault(k.pid, k)
-        return [k.pid for k in kids]
-
-    def running(self) -> bool:
-        self.note_children()
-        return self.p.poll() is None
-
-    def wait(self, timeout: float) -> int | None:
-        """The exit code, or None if it still runs after ``timeout`` (a hang guard, not a measurement)."""
-        deadline = time.monotonic() + timeout
-        while self.running():
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.1)
-        return self.p.returncode
-
-    def interrupt(self, grace: float = 15.0) -> None:
-        """SIGINT (stop now, checkpoint), then SIGKILL if it does not go."""
-        if self.p.poll() is None:
-            self.note_children()
-            os.kill(self.pid, signal.SIGINT)
-            try:
-                self.p.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-
-    @property
-    def stdout(self) -> str:
-        return self.out_path.read_text(errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def alive_pids(self) -> list[int]:
-        out = [self.pid] if self.p.poll() is None else []
-        for proc in self.seen.values():
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(proc.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    def cleanup(self) -> None:
-        self.note_children()
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
-        for proc in self.seen.values():
-            try:
-                if proc.is_running():  # psutil checks it is still the same process (create time)
-                    proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Running]]:
-    """Append every Running to this list; whatever still runs at teardown is killed by PID."""
-    procs: list[Running] = []
-    yield procs
-    for p in procs:
-        p.cleanup()
 
 
 def base_args(mock: MockThread, tasks: Path, *extra: str) -> list[str]:
@@ -184,7 +65,7 @@ def test_leaking_worker_is_recycled_before_its_hard_limit_with_leak_report(tmp_p
     run_dir = tmp_path / "tasks.run"
     recs = assert_exactly_once(run_dir, {f"t{i}" for i in range(n)})
     assert all(x["error"] is None for x in recs)
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["total"] == s["succeeded"] == n and s["failed"] == 0
     # 300 tasks x 2 MiB = 600 MiB leaked in all: two workers under 150 MiB each cannot hold that
     assert s["recycles"]["rss"] > 0, s["recycles"]
@@ -218,7 +99,7 @@ def test_max_tasks_per_worker_recycles_workers(tmp_path: Path, mock: MockThread)
     run_dir = tmp_path / "tasks.run"
     recs = assert_exactly_once(run_dir, {f"t{i}" for i in range(n)})
     assert all(x["error"] is None for x in recs)
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     per_pid = Counter(x["metrics"]["worker"] for x in recs)
     detail = f"tasks per worker pid {dict(per_pid)}, recycles {s['recycles']}; stderr:\n{r.stderr}"
     assert s["recycles"]["tasks"] >= 3, detail
@@ -282,7 +163,7 @@ def mock_quiet(mock: MockThread) -> Callable[[], bool]:
 
 @pytest.mark.slow
 def test_fake_cgroup_v2_pause_and_resume_with_hysteresis(tmp_path: Path, mock: MockThread,
-                                                        started: list[Running]) -> None:
+                                                        start: Callable[..., Run]) -> None:
     """memory.max 1 GiB: pause above 85% (870.4 MiB), resume only at or below 70% (716.8 MiB). The test moves
     memory.current up past the high mark, down between the marks (still paused, nothing new reaches the
     endpoint), then below the low mark (resumes and finishes)."""
@@ -301,21 +182,19 @@ def test_fake_cgroup_v2_pause_and_resume_with_hysteresis(tmp_path: Path, mock: M
     tasks = write_tasks(tmp_path / "tasks.jsonl", n, extra={"mock": {"delay_s": 0.2}})
     run_dir = tmp_path / "tasks.run"
     results = run_dir / "results.jsonl"
-    p = Running(tmp_path, evalsup_cmd(*base_args(mock, tasks, "-w", "2", "-c", "8", "--monitor-interval",
-                                                 str(interval))),
-                env={"EVALSUP_CGROUP_ROOT": str(fake.root)})
-    started.append(p)
+    p = start(*base_args(mock, tasks, "-w", "2", "-c", "8", "--monitor-interval", str(interval)),
+              env={"EVALSUP_CGROUP_ROOT": str(fake.root)})
 
-    wait_until(lambda: complete_lines(results) >= 30, 60, "the first results", p)
+    wait_until(lambda: complete_lines(results) >= 30, "the first results", 60, p)
     assert not any(x["paused"] for x in memory_samples(run_dir)), "paused before the high mark was crossed"
 
     # 1. above the high mark: pause
     fake.set_current(900 * MIB)
-    wait_until(lambda: any(x["paused"] for x in memory_samples(run_dir)), 30, "a paused sample in memory.jsonl", p)
-    wait_until(lambda: "pausing" in p.stderr, 10, "'pausing' on stderr", p)
+    wait_until(lambda: any(x["paused"] for x in memory_samples(run_dir)), "a paused sample in memory.jsonl", 30, p)
+    wait_until(lambda: "pausing" in p.stderr, "'pausing' on stderr", 10, p)
     # requests already at the endpoint land (0.2 s each); after that nothing new may arrive
     quiet = mock_quiet(mock)
-    wait_until(quiet, 30, "the requests in flight to land", p)
+    wait_until(quiet, "the requests in flight to land", 30, p)
     at_pause = mock.stats()["requests"]
     assert at_pause < n, "the run was over before the pause could be tested; give tasks more delay"
 
@@ -325,7 +204,7 @@ def test_fake_cgroup_v2_pause_and_resume_with_hysteresis(tmp_path: Path, mock: M
     def between_samples() -> int:
         return sum(1 for x in memory_samples(run_dir) if x["working_set"] == 780 * MIB)
 
-    wait_until(lambda: between_samples() >= 15, 60, "15 samples between the marks", p)
+    wait_until(lambda: between_samples() >= 15, "15 samples between the marks", 60, p)
     assert mock.stats()["requests"] == at_pause, "requests reached the endpoint while dispatch was paused"
     assert "resuming" not in p.stderr, p.stderr
 
@@ -363,7 +242,7 @@ def test_fake_cgroup_v2_pause_and_resume_with_hysteresis(tmp_path: Path, mock: M
     assert resumed and resumed[0] <= first_low + 2, trail[first_low:first_low + 5]
     assert not any(paused[resumed[0]:]), "paused again after resuming"
 
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["throttle"]["episodes"] == 1, s["throttle"]
     assert s["throttle"]["paused_s"] > 0, s["throttle"]
     assert s["memory"]["source"] == "cgroup2", s["memory"]

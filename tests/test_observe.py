@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import ROOT, env_for, evalsup_cmd, read_results, run_cli, write_tasks
+from conftest import ROOT, communicate, env_for, evalsup_cmd, popen, read_results, run_cli, write_tasks
 from prometheus_client.parser import text_string_to_metric_families
 
 from evalsup.mock.server import MockConfig, MockThread
@@ -48,21 +48,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env_for(env))
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[str, str]:
-    """Wait for a run we started; kill it (only it) if it overstays."""
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def wait_for(cond: Any, timeout: float, what: str) -> None:
@@ -168,7 +153,7 @@ def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
 def test_status_of_a_running_then_finished_run(tmp_path: Path, mock: MockThread) -> None:
     tasks = slow_tasks(tmp_path / "t.jsonl", 200, 0.1)  # ~5 s at 4 in flight
     run_dir = tmp_path / "t.run"
-    proc = start(["run", "-w", "2", "-c", "4", "--model", "mock-model", "--base-url", mock.url, "--quiet",
+    proc = popen(*["run", "-w", "2", "-c", "4", "--model", "mock-model", "--base-url", mock.url, "--quiet",
                   str(tasks)])
     try:
         # a checkpoint is written at the start; wait for it and for the first results after it
@@ -186,7 +171,7 @@ def test_status_of_a_running_then_finished_run(tmp_path: Path, mock: MockThread)
         assert 0 < done <= on_disk < 200, (done, on_disk)  # never claims more than what is written
         assert proc.poll() is None, "the run ended before status was checked: make it slower"
     finally:
-        _, err = finish(proc)
+        _, err = communicate(proc, 30)
     assert proc.returncode == 0, err
     before = snapshot(run_dir)
     r = run_cli("status", str(run_dir))
@@ -257,7 +242,7 @@ def test_metrics_during_and_at_the_end_of_a_run(tmp_path: Path, mock: MockThread
     tasks.write_bytes(b"\n".join(lines) + b"\n")
     cg = fake_cgroup(tmp_path / "cgroup", 300 * MIB)
     port = free_port()
-    proc = start(run_args(mock, tasks, "--metrics-port", str(port), "--monitor-interval", "0.1", "--quiet",
+    proc = popen(*run_args(mock, tasks, "--metrics-port", str(port), "--monitor-interval", "0.1", "--quiet",
                           "--worker-plugin", f"{ROOT / 'tests/plugins/obs_slow_exit.py'}:noop"),
                  env={"EVALSUP_CGROUP_ROOT": str(cg), "EVALSUP_TEST_EXIT_DELAY_S": "1.5"})
     scrapes: list[Scrape] = []
@@ -268,7 +253,7 @@ def test_metrics_during_and_at_the_end_of_a_run(tmp_path: Path, mock: MockThread
                 scrapes.append(sc)
             time.sleep(0.05)
     finally:
-        _, err = finish(proc)
+        _, err = communicate(proc, 30)
     assert proc.returncode == 0, err
     assert len(scrapes) >= 5, f"only {len(scrapes)} successful scrapes"
     last = scrapes[-1]
@@ -393,7 +378,7 @@ def test_report_of_a_throttled_recycled_run_renders_in_chromium(tmp_path: Path, 
     cg = fake_cgroup(tmp_path / "cgroup", 300 * MIB)
     tasks = slow_tasks(tmp_path / "t.jsonl", 600, 0.01)
     run_dir = tmp_path / "t.run"
-    proc = start(run_args(mock, tasks, "--max-tasks-per-worker", "100", "--monitor-interval", "0.1", "--quiet"),
+    proc = popen(*run_args(mock, tasks, "--max-tasks-per-worker", "100", "--monitor-interval", "0.1", "--quiet"),
                  env={"EVALSUP_CGROUP_ROOT": str(cg)})
 
     def last_done() -> int:
@@ -417,7 +402,7 @@ def test_report_of_a_throttled_recycled_run_renders_in_chromium(tmp_path: Path, 
         set_current(cg, int(0.5 * GIB))  # below the low mark (70%): resume
         wait_for(lambda: "resume" in events(), 5, "the resume")
     finally:
-        _, err = finish(proc)
+        _, err = communicate(proc, 30)
     assert proc.returncode == 0, err
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     assert summary["throttle"]["episodes"] == 1 and summary["recycles"]["tasks"] >= 1, summary

@@ -1,6 +1,6 @@
 """Crash safety of a run directory: resume after a kill, a torn last line, SIGTERM drain, a changed input,
 --fresh, `evalsup status`, and a full or read-only disk. Real processes, real signals, real files, the mock
-on 127.0.0.1. Helpers here (`Proc`, `start`, ...) are also used by test_chaos.py."""
+on 127.0.0.1. The harness (`Run`, `start`, `wait_until`...) is tests/conftest.py's."""
 
 from __future__ import annotations
 
@@ -14,163 +14,29 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pytest
-from conftest import assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli, write_tasks
+from conftest import (
+    LIVENESS_S,
+    Run,
+    assert_clean_exit,
+    assert_exactly_once,
+    chat_requests,
+    complete_lines,
+    ids_of,
+    read_results,
+    resume_line,
+    run_args,
+    run_cli,
+    summary,
+    wait_until,
+    write_tasks,
+)
 
 from evalsup.exitcodes import RESUMABLE
 from evalsup.mock.server import MockThread
 from evalsup.rundir import LOCK_NAME
 
-PLUGIN = Path(__file__).resolve().parent / "plugins" / "faults.py"
-LIVENESS_S = 90.0  # how long a step may take before the test calls it stuck (not a performance bound)
-
-
 # ------------------------------------------------------------------------------------------- helpers
-
-
-class Proc:
-    """One evalsup command in its own session (its workers share its process group), output to files.
-    Remembers every worker it saw, so teardown can kill leftovers by PID (and only those)."""
-
-    _count = 0
-
-    def __init__(self, where: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        Proc._count += 1
-        self.out_path = where / f"evalsup-{Proc._count}.stdout"
-        self.err_path = where / f"evalsup-{Proc._count}.stderr"
-        self.args = args
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.p = subprocess.Popen(evalsup_cmd(*args), stdout=out, stderr=err, env=env_for(env),
-                                      start_new_session=True)
-        self.pid = self.p.pid
-        self.seen: dict[int, psutil.Process] = {}
-
-    def workers(self) -> list[psutil.Process]:
-        """The live (non-zombie) children of the supervisor, remembered for teardown."""
-        try:
-            kids = psutil.Process(self.pid).children()
-        except psutil.NoSuchProcess:
-            return []
-        live = []
-        for k in kids:
-            try:
-                if k.status() == psutil.STATUS_ZOMBIE:
-                    continue
-            except psutil.NoSuchProcess:
-                continue
-            self.seen.setdefault(k.pid, k)
-            live.append(k)
-        return live
-
-    def running(self) -> bool:
-        return self.p.poll() is None
-
-    def wait(self, timeout: float = LIVENESS_S) -> int:
-        deadline = time.monotonic() + timeout
-        while self.p.poll() is None:
-            self.workers()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"evalsup {' '.join(self.args[:1])} still running after {timeout:g}s; "
-                                     f"stderr:\n{self.stderr[-3000:]}")
-            time.sleep(0.05)
-        return self.p.returncode
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
-
-    def kill_group(self) -> None:
-        """SIGKILL the supervisor and its workers at once (the whole process group, as the OOM killer or a
-        node failure would)."""
-        self.workers()
-        os.killpg(self.pid, signal.SIGKILL)
-        self.p.wait()
-
-    def leftovers(self) -> list[int]:
-        """Workers seen earlier that still run."""
-        out = []
-        for proc in self.seen.values():
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(proc.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    def wait_workers_gone(self, timeout: float = 20.0) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while (left := self.leftovers()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return left
-
-    @property
-    def stdout(self) -> str:
-        return self.out_path.read_text(errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def cleanup(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
-        for proc in self.seen.values():
-            try:
-                if proc.is_running():  # psutil checks it is still the same process (create time)
-                    proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    """start(*evalsup_args, env=None) -> Proc; everything started is cleaned up (by PID) at teardown."""
-    procs: list[Proc] = []
-
-    def _start(*args: str, env: dict[str, str] | None = None) -> Proc:
-        p = Proc(tmp_path, *args, env=env)
-        procs.append(p)
-        return p
-
-    yield _start
-    for p in procs:
-        p.cleanup()
-
-
-def run_args(mock: MockThread, tasks: Path, *extra: str) -> tuple[str, ...]:
-    return ("run", "--model", "mock-model", "--base-url", mock.url, *extra, str(tasks))
-
-
-def ids_of(n: int, start: int = 0) -> set[str]:
-    return {f"t{i}" for i in range(start, start + n)}
-
-
-def complete_lines(path: Path) -> int:
-    """Complete (newline-terminated) lines of a file; 0 if it does not exist."""
-    try:
-        with open(path, "rb") as f:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
-
-
-def wait_for_lines(proc: Proc, results: Path, at_least: int = 1, timeout: float = LIVENESS_S) -> int:
-    """Wait until results.jsonl holds at_least complete lines, while the run is still going."""
-    deadline = time.monotonic() + timeout
-    while (n := complete_lines(results)) < at_least:
-        assert proc.running(), f"run ended (exit {proc.p.returncode}) before {at_least} results:\n{proc.stderr}"
-        assert time.monotonic() < deadline, f"no {at_least} results after {timeout:g}s:\n{proc.stderr}"
-        proc.workers()
-        time.sleep(0.02)
-    return n
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = LIVENESS_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
 
 
 def quiesce(mock: MockThread) -> None:
@@ -187,17 +53,6 @@ def quiesce(mock: MockThread) -> None:
         time.sleep(0.3)
 
 
-def chat_requests(mock: MockThread) -> int:
-    """Generation requests the mock has seen (not counting the start-up check of /v1/models)."""
-    return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
-
-
-def resume_line(stderr: str) -> str:
-    lines = [x for x in stderr.splitlines() if "resuming:" in x]
-    assert len(lines) == 1, f"expected one 'resuming:' line, got {len(lines)}:\n{stderr}"
-    return lines[0]
-
-
 def resumed_done(line: str) -> int:
     m = re.search(r"resuming:\D*([\d,]+) done", line)
     assert m, f"the resume line does not say how many are done: {line!r}"
@@ -210,16 +65,7 @@ def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
             if p.is_file() and p.name != LOCK_NAME}
 
 
-def summary_of(run_dir: Path) -> dict[str, Any]:
-    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
-
-
-def assert_clean_exit(proc: Proc | subprocess.CompletedProcess[str]) -> None:
-    err = proc.stderr
-    assert "Traceback" not in err, err
-
-
-def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc], n: int = 2000,
+def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run], n: int = 2000,
                    at_least: int = 300) -> tuple[Path, Path, tuple[str, ...]]:
     """A run SIGKILLed (whole process group) while results were coming in; the mock is fast again after."""
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
@@ -227,7 +73,7 @@ def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc],
     args = run_args(mock, tasks, "-w", "3")
     mock.configure(latency_ms=100, jitter_ms=20)
     p = start(*args)
-    wait_for_lines(p, run_dir / "results.jsonl", at_least)
+    p.wait_results(run_dir, at_least)
     time.sleep(0.3)  # somewhere between flushes and checkpoints
     p.kill_group()
     assert p.wait_workers_gone() == []
@@ -241,7 +87,7 @@ def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc],
 
 
 def test_rerun_after_sigkill_resumes_exactly_once(tmp_path: Path, mock: MockThread,
-                                                  start: Callable[..., Proc]) -> None:
+                                                  start: Callable[..., Run]) -> None:
     n = 2000
     _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
     done_before = complete_lines(run_dir / "results.jsonl")
@@ -258,7 +104,7 @@ def test_rerun_after_sigkill_resumes_exactly_once(tmp_path: Path, mock: MockThre
     # what was there is kept as it was, and only what was missing was asked for again
     assert (run_dir / "results.jsonl").read_bytes().startswith(prefix)
     assert chat_requests(mock) == n - done_before
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["total"] == s["succeeded"] == n and s["failed"] == 0
 
 
@@ -267,7 +113,7 @@ def _checkpoint(run_dir: Path) -> dict[str, Any]:
 
 
 def test_second_crash_soon_after_a_resume_is_still_exactly_once(tmp_path: Path, mock: MockThread,
-                                                                start: Callable[..., Proc]) -> None:
+                                                                start: Callable[..., Run]) -> None:
     """Crash; rerun; crash again after the rerun wrote its first checkpoint but before it got far; rerun.
     The records written after the first run's last checkpoint must not be redone by the third run."""
     n = 2000
@@ -306,7 +152,7 @@ def test_second_crash_soon_after_a_resume_is_still_exactly_once(tmp_path: Path, 
     assert all(x["error"] is None for x in recs)
 
 
-def test_torn_final_line_is_cut_on_resume(tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
+def test_torn_final_line_is_cut_on_resume(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     n = 2000
     _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
     results = run_dir / "results.jsonl"
@@ -327,7 +173,7 @@ def test_torn_final_line_is_cut_on_resume(tmp_path: Path, mock: MockThread, star
 
 
 def test_status_reads_a_stopped_run_without_touching_it(tmp_path: Path, mock: MockThread,
-                                                       start: Callable[..., Proc]) -> None:
+                                                       start: Callable[..., Run]) -> None:
     n = 2000
     _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
     results = run_dir / "results.jsonl"
@@ -357,7 +203,7 @@ def test_status_reads_a_stopped_run_without_touching_it(tmp_path: Path, mock: Mo
 
 @pytest.mark.parametrize("to", ["supervisor", "group"])
 def test_sigterm_drains_exits_75_and_rerun_completes(tmp_path: Path, mock: MockThread,
-                                                    start: Callable[..., Proc], to: str) -> None:
+                                                    start: Callable[..., Run], to: str) -> None:
     """SIGTERM to the supervisor, or to every process of the run at once (scancel, docker stop, a pod's
     deletion): the same drain, the same resumable exit, no request redone."""
     n = 2000
@@ -366,14 +212,14 @@ def test_sigterm_drains_exits_75_and_rerun_completes(tmp_path: Path, mock: MockT
     args = run_args(mock, tasks, "-w", "3", "--grace", "60")
     mock.configure(latency_ms=200, jitter_ms=20)
     p = start(*args)
-    wait_for_lines(p, run_dir / "results.jsonl", 1)
+    p.wait_results(run_dir, 1)
     assert mock.stats()["in_flight"] > 0
     if to == "group":
         assert len(p.workers()) == 3
         os.killpg(p.pid, signal.SIGTERM)  # the supervisor and its workers, at once
     else:
         p.signal(signal.SIGTERM)
-    assert p.wait() == RESUMABLE, p.stderr
+    assert p.finish() == RESUMABLE, p.stderr
     assert_clean_exit(p)
     assert any("resume" in x for x in p.stderr.splitlines()), f"no line says how to resume:\n{p.stderr}"
     assert p.wait_workers_gone() == [], "workers outlived their supervisor"
@@ -394,8 +240,8 @@ def test_sigterm_drains_exits_75_and_rerun_completes(tmp_path: Path, mock: MockT
     assert_exactly_once(run_dir, ids_of(n))
 
 
-def _hung_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc], grace: str
-              ) -> tuple[Proc, Path, tuple[str, ...], int]:
+def _hung_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run], grace: str
+              ) -> tuple[Run, Path, tuple[str, ...], int]:
     """A run whose requests in flight hang (the mock stops answering) after some results came in."""
     n = 2000
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
@@ -403,7 +249,7 @@ def _hung_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc], grac
     args = run_args(mock, tasks, "-w", "2", "--grace", grace)
     mock.configure(latency_ms=20, jitter_ms=5)
     p = start(*args)
-    wait_for_lines(p, run_dir / "results.jsonl", 1)
+    p.wait_results(run_dir, 1)
     mock.configure(latency_ms=3_600_000, jitter_ms=0)  # from now on nothing is answered
     wait_until(lambda: mock.stats()["in_flight"] >= 10, "requests hanging in the mock")
     p.signal(signal.SIGTERM)
@@ -413,12 +259,12 @@ def _hung_run(tmp_path: Path, mock: MockThread, start: Callable[..., Proc], grac
 
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_second_signal_exits_at_once_and_stays_resumable(tmp_path: Path, mock: MockThread,
-                                                         start: Callable[..., Proc], second: int) -> None:
+                                                         start: Callable[..., Run], second: int) -> None:
     p, run_dir, args, n = _hung_run(tmp_path, mock, start, grace="3600")
     time.sleep(0.5)
     assert p.running(), f"the run did not wait for its hanging requests:\n{p.stderr}"
     p.signal(second)
-    assert p.wait() == RESUMABLE, p.stderr  # an hour of grace: ending at all means it did not wait for it
+    assert p.finish() == RESUMABLE, p.stderr  # an hour of grace: ending at all means it did not wait for it
     assert_clean_exit(p)
     assert any("resume" in x for x in p.stderr.splitlines()), f"no line says how to resume:\n{p.stderr}"
     assert p.wait_workers_gone() == [], "workers outlived their supervisor"
@@ -433,9 +279,9 @@ def test_second_signal_exits_at_once_and_stays_resumable(tmp_path: Path, mock: M
 
 
 def test_sigterm_grace_over_exits_75_and_rerun_redoes_the_rest(tmp_path: Path, mock: MockThread,
-                                                              start: Callable[..., Proc]) -> None:
+                                                              start: Callable[..., Run]) -> None:
     p, run_dir, args, n = _hung_run(tmp_path, mock, start, grace="1")
-    assert p.wait() == RESUMABLE, p.stderr
+    assert p.finish() == RESUMABLE, p.stderr
     assert_clean_exit(p)
     assert any("resume" in x for x in p.stderr.splitlines()), f"no line says how to resume:\n{p.stderr}"
     assert p.wait_workers_gone() == []
@@ -535,12 +381,12 @@ def test_full_disk_stops_clearly_and_rerun_after_growing_completes(tmp_path: Pat
     resume_line(r.stderr)
     recs = assert_exactly_once(run_dir, ids_of(n))  # nothing lost, nothing doubled, every line parses
     assert all(x["error"] is None for x in recs)
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["total"] == s["succeeded"] == n
     assert_clean_exit(first)  # the disk-full stop was a clear message, not a traceback
 
 
-def test_read_only_run_dir_is_a_clear_error(tmp_path: Path, mock: MockThread, start: Callable[..., Proc],
+def test_read_only_run_dir_is_a_clear_error(tmp_path: Path, mock: MockThread, start: Callable[..., Run],
                                             small_fs: Path) -> None:
     assert _mount("-o", "remount,size=64m", str(small_fs)).returncode == 0
     n = 2000
@@ -549,7 +395,7 @@ def test_read_only_run_dir_is_a_clear_error(tmp_path: Path, mock: MockThread, st
     args = run_args(mock, tasks, "-w", "2", "--out", str(run_dir))
     mock.configure(latency_ms=100, jitter_ms=20)
     p = start(*args)
-    wait_for_lines(p, run_dir / "results.jsonl", 200)
+    p.wait_results(run_dir, 200)
     p.kill_group()
     assert p.wait_workers_gone() == []
     mock.configure(latency_ms=5, jitter_ms=2)

@@ -7,16 +7,14 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import ROOT, assert_exactly_once, run_cli, summary, write_tasks
 
 from evalsup.mock.server import MockThread
 from evalsup.supervisor.scaling import ScaleUp, cpu_seconds
-from tests.conftest import ROOT, assert_exactly_once, run_cli, write_tasks
 
 BURN = str(ROOT / "tests" / "plugins" / "busy.py") + ":burn"
 
 
-def _summary(run: Path) -> dict[str, object]:
-    return dict(orjson.loads((run / "summary.json").read_bytes()))
 
 
 def test_cpu_bound_worker_gets_company_and_every_result_is_written_once(tmp_path: Path, mock: MockThread) -> None:
@@ -26,7 +24,7 @@ def test_cpu_bound_worker_gets_company_and_every_result_is_written_once(tmp_path
     p = run_cli("run", str(tasks), "--base-url", mock.url, "--model", "mock-model", "--concurrency", "32",
                 "--out", str(run), "--worker-plugin", BURN, "--json", "--quiet")
     assert p.returncode == 0, p.stderr
-    s = _summary(run)
+    s = summary(run)
     assert s["workers"] >= 2 and s["workers_added"] >= 1, s  # type: ignore[operator]
     assert s["workers"] <= s["max_workers"]  # type: ignore[operator]
     events = [orjson.loads(line) for line in (run / "events.jsonl").read_bytes().splitlines()]
@@ -43,7 +41,7 @@ def test_light_run_keeps_one_worker(tmp_path: Path, mock: MockThread) -> None:
     p = run_cli("run", str(tasks), "--base-url", mock.url, "--model", "mock-model", "--concurrency", "16",
                 "--out", str(run), "--json", "--quiet")
     assert p.returncode == 0, p.stderr
-    s = _summary(run)
+    s = summary(run)
     assert s["workers"] == 1 and s["workers_added"] == 0, s
     assert_exactly_once(run, {f"t{i}" for i in range(700)})
 
@@ -54,7 +52,7 @@ def test_explicit_workers_are_kept(tmp_path: Path, mock: MockThread) -> None:
     p = run_cli("run", str(tasks), "--base-url", mock.url, "--model", "mock-model", "--workers", "3",
                 "--concurrency", "32", "--out", str(run), "--worker-plugin", BURN, "--json", "--quiet")
     assert p.returncode == 0, p.stderr
-    s = _summary(run)
+    s = summary(run)
     assert s["workers"] == 3 and "workers_added" not in s, s
     assert len({r["metrics"]["worker"] for r in assert_exactly_once(run, {f"t{i}" for i in range(600)})}) == 3
 

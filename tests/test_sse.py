@@ -7,10 +7,11 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import RESPONSE_FINAL as FINAL
+from conftest import responses_events as _responses_events
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from openai.types.responses import Response
 
 from evalsup.tasks import output_line
 from evalsup.worker.server_errors import http_error, request_id_of, server_error, text_body
@@ -117,38 +118,6 @@ def test_chat_stream_without_done_or_finish_is_cut_and_error_event_fails() -> No
         _feed([_chunk([_delta(0, {"content": "Hi"})]),
                {"error": {"message": "engine died", "type": "server_error", "code": "server_error"}}])
     assert info.value.code == "server_error" and info.value.message == "engine died"
-
-
-def _responses_events(final: dict[str, Any]) -> list[bytes]:
-    start = {**final, "status": "in_progress", "output": [], "usage": None}
-    msg = final["output"][0]
-    evs: list[dict[str, Any]] = [
-        {"type": "response.created", "response": start},
-        {"type": "response.output_item.added", "output_index": 0, "item": {**msg, "content": []}},
-        {"type": "response.output_text.delta", "item_id": msg["id"], "output_index": 0, "content_index": 0,
-         "delta": "Hello ", "logprobs": []},
-        {"type": "response.output_text.delta", "item_id": msg["id"], "output_index": 0, "content_index": 0,
-         "delta": "world", "logprobs": []},
-        {"type": "response.completed", "response": final},
-    ]
-    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
-    out = []
-    for seq, ev in enumerate(evs):
-        ev["sequence_number"] = seq
-        adapter.validate_python(ev)
-        out.append(b"event: " + ev["type"].encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n")
-    return out
-
-
-FINAL = {
-    "id": "resp_1", "object": "response", "created_at": 1700000000, "status": "completed", "model": "gpt-x",
-    "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": "Hello world", "annotations": []}]}],
-    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None, "incomplete_details": None,
-    "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
-    "usage": {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-              "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 5},
-}
 
 
 def test_responses_stream_writes_the_completed_events_body() -> None:

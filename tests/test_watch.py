@@ -17,26 +17,12 @@ from typing import Any
 import click
 import orjson
 import pytest
-from conftest import env_for, evalsup_cmd, read_results, run_cli, write_tasks
+from conftest import communicate, popen, read_results, run_cli, write_tasks
 
 from evalsup.cli import main as cli_main
 from evalsup.mock.server import MockThread
 from evalsup.report.scan import MAX_FAILED_ROWS, SLOWEST, ResultScan
 from evalsup.supervisor.progress import LineCounter, RateWindow
-
-
-def start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env_for())
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def wait_for(cond: Any, timeout: float, what: str) -> None:
@@ -130,7 +116,7 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
     tasks = tmp_path / "t.jsonl"
     tasks.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
     run_dir = tmp_path / "t.run"
-    proc = start("run", "-w", "2", "-c", "4", "--window", "24", "--model", "mock-model", "--base-url", mock.url,
+    proc = popen("run", "-w", "2", "-c", "4", "--window", "24", "--model", "mock-model", "--base-url", mock.url,
                  "--quiet", str(tasks))
     try:
         # the rate comes from the checkpoint's history: wait for three checkpoints with results between them
@@ -153,7 +139,7 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
         assert "ETA" in text and "model=mock-model" in text and "sk-must-not-show" not in text, text
         proc.send_signal(signal.SIGTERM)
     finally:
-        finish(proc)
+        communicate(proc)
     assert proc.returncode in (0, 75), proc.returncode  # 75: the resumable stop of issue 19, when it lands
     s = status_json(run_dir)
     recs = read_results(run_dir)
@@ -172,7 +158,7 @@ def test_status_of_a_killed_run_counts_what_is_on_disk(tmp_path: Path, mock: Moc
     tasks = tmp_path / "t.jsonl"
     tasks.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
     run_dir = tmp_path / "t.run"
-    proc = start("run", "-w", "1", "-c", "8", "--model", "mock-model", "--base-url", mock.url, "--quiet", str(tasks))
+    proc = popen("run", "-w", "1", "-c", "8", "--model", "mock-model", "--base-url", mock.url, "--quiet", str(tasks))
 
     def slow_in_checkpoint() -> bool:
         try:
@@ -184,7 +170,7 @@ def test_status_of_a_killed_run_counts_what_is_on_disk(tmp_path: Path, mock: Moc
         wait_for(slow_in_checkpoint, 30, "a checkpoint with results and slow tasks outstanding")
         os.kill(proc.pid, signal.SIGKILL)  # the supervisor only: its workers see their pipes close
     finally:
-        finish(proc)
+        communicate(proc)
     lines = (run_dir / "results.jsonl").read_bytes().split(b"\n")[:-1]  # complete lines (a torn one is not done)
     s = status_json(run_dir)
     assert s["state"] == "stopped" and "killed" in s["why"], s
@@ -262,12 +248,12 @@ def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: M
     run_dir = tmp_path / "t.run"
     args = ["run", "-w", "1", "-c", "8", "--stream", "--base-url", mock.url, "--monitor-interval", "0.1", "--quiet",
             str(tasks)]
-    proc = start(*args)
+    proc = popen(*args)
     try:
         wait_for(lambda: results_count(run_dir) >= 60, 30, "60 results")
         proc.send_signal(signal.SIGTERM)
     finally:
-        finish(proc)
+        communicate(proc)
     assert proc.returncode in (0, 75), proc.returncode
     r = run_cli(*args)  # the second session
     assert r.returncode == 0, r.stderr
@@ -314,7 +300,7 @@ def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: M
 def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockThread) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", 400, extra={"mock": {"delay_s": 0.05}})
     run_dir = tmp_path / "t.run"
-    proc = start("run", "-w", "1", "-c", "8", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
+    proc = popen("run", "-w", "1", "-c", "8", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
                  "--quiet", str(tasks))
     try:
         wait_for(lambda: results_count(run_dir) >= 20, 30, "20 results")
@@ -332,6 +318,6 @@ def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockT
         assert "running (waiting for the endpoint: down since" in text, text
         mock.configure(down=False)
     finally:
-        finish(proc, 120)
+        communicate(proc, 120)
     assert proc.returncode == 0
     assert status_json(run_dir)["state"] == "finished"
