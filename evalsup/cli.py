@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 import time
@@ -193,12 +194,23 @@ def _move_aside(run_dir: Path) -> None:
         click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
 
 
+_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
+
+
 @main.command()
-@click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False), required=False)
 @click.option("--base-url", default=None,
               help="Endpoint base URL including /v1, e.g. http://localhost:8000/v1 (default: $OPENAI_BASE_URL).")
+@click.option("--retry-failed", "retry_failed", is_flag=False, flag_value="*", default=None, metavar="[CODE,...]",
+              help="Send again the tasks whose record is an error (only those with these error codes, e.g. "
+                   "http_429,timeout, when given): their records are replaced, not duplicated (the old ones go to "
+                   "replaced.jsonl). Works on a finished or a stopped run.")
+@click.option("--accept-changed-settings", is_flag=True,
+              help="Resume even though a request setting (--model, --max-tokens, --temperature, --stream, the "
+                   "endpoint's path, --scorer...) differs from the run's; the change is recorded in run.json.")
 @run_options
-def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
+def run(tasks: Path | None, base_url: str | None, retry_failed: str | None, accept_changed_settings: bool,
+        **kw: Any) -> None:
     """Send every task in TASKS (JSONL) to the endpoint; results go to TASKS.run/results.jsonl.
 
     TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
@@ -209,6 +221,14 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
     Exit codes: 0 done (failed requests are records, not errors), 1 the run could not go on,
     2 bad input or settings, 130 interrupted.
     """
+    codes: frozenset[str] | None = None
+    if retry_failed is not None:
+        if tasks is None and retry_failed != "*" and not _CODES.match(retry_failed):
+            tasks, retry_failed = Path(retry_failed), "*"  # `--retry-failed tasks.jsonl`: the flag without codes
+        codes = frozenset() if retry_failed == "*" else frozenset(c for c in retry_failed.split(",") if c)
+    if tasks is None:
+        _fail("missing TASKS (the task file); see evalsup run --help")
+    assert tasks is not None
     try:
         url = resolve_base_url(base_url)
         if not tasks.exists():
@@ -220,7 +240,9 @@ def run(tasks: Path, base_url: str | None, **kw: Any) -> None:
         _move_aside(cfg.run_dir)
     from evalsup.supervisor.run import run as run_job
 
-    sys.exit(run_job(cfg))
+    if codes is not None and cfg.fresh:
+        _fail("--retry-failed needs the run to retry; it cannot go with --fresh")
+    sys.exit(run_job(cfg, accept_changed_settings=accept_changed_settings, retry_failed=codes))
 
 
 @main.command()
@@ -374,6 +396,37 @@ def report(run_dir: Path, output: Path | None) -> None:
         click.echo(f"report written to {write_report(run_dir, output)}")
     except ReportError as e:
         _fail(str(e), 1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+def repair(run_dir: Path) -> None:
+    """Move the damaged lines of RUN_DIR/results.jsonl (not a record, or a second record for a task) to
+    damaged.jsonl, so that the next `evalsup run` of the same command sends their tasks again, exactly once.
+
+    Crash-safe; changes nothing when nothing is damaged. Exit 0 when done, 1 when it cannot write.
+    """
+    from evalsup.journal import JournalError
+    from evalsup.rebuild import rewrite
+
+    if not (run_dir / "results.jsonl").exists():
+        _fail(f"{run_dir}: no results.jsonl (not a run directory)")
+    try:
+        rep = rewrite(run_dir)
+    except JournalError as e:
+        _fail(str(e), e.code)
+    except OSError as e:
+        _fail(f"cannot repair {run_dir}: {e.strerror}", 1)
+    if not rep.damaged_count and not rep.torn_bytes:
+        click.echo(f"{run_dir}: results.jsonl has no damaged line; nothing to repair")
+        return
+    where = ", ".join(f"results.jsonl:{n} ({why})" for n, why in rep.damaged)
+    more = " ..." if rep.damaged_count > len(rep.damaged) else ""
+    if rep.damaged_count:
+        click.echo(f"{run_dir}: moved {rep.damaged_count:,} damaged line(s) to damaged.jsonl: {where}{more}")
+    if rep.torn_bytes:
+        click.echo(f"{run_dir}: cut a torn last line of {rep.torn_bytes} bytes")
+    click.echo("their tasks have no record now: rerun the same `evalsup run` command to send them again, once")
 
 
 if __name__ == "__main__":  # pragma: no cover

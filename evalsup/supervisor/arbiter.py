@@ -19,7 +19,7 @@ from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, BufferPool, ProtocolError, quiet_gc
 from evalsup.ipc.ring import ring_size_from_env
-from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
+from evalsup.journal import EXIT_DISK, Checkpoint, Journal, JournalError, ResumeState, previous_fingerprint
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.memory import MemoryControl
@@ -89,13 +89,13 @@ class Supervisor:
         cfg = self.cfg
         if not cfg.tasks_path.is_file():
             raise RunStopped(f"{cfg.tasks_path}: no such file", 2)
-        self.fp = fingerprint(cfg.tasks_path)
+        self.fp = fingerprint(cfg.tasks_path, previous_fingerprint(cfg.run_dir))  # resume: hash only if written
         if cfg.shard is not None:
             self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
-            raise RunStopped(str(e), 2) from None
+            raise RunStopped(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
         if state is None:
             self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
             return
@@ -231,7 +231,7 @@ class Supervisor:
                     x.stream.release("backlog")
 
     def _on_journal_error(self, message: str) -> None:
-        self._stop(f"{message}; the run directory still describes what is safely on disk", 1, "now")
+        self._stop(f"{message}; the run directory still describes what is safely on disk", EXIT_DISK, "now")
 
     def _count_result(self, w: WorkerHandle, meta: dict[str, Any]) -> None:
         if meta["ok"]:
@@ -641,7 +641,7 @@ class Supervisor:
                     self.journal.flush()
                     last_flush = now
             except JournalError as e:
-                self._stop(str(e), 1, "now")
+                self._stop(str(e), EXIT_DISK, "now")
                 return
             self._breaker_tick(now)
             for w in list(self.workers):
@@ -810,7 +810,7 @@ class Supervisor:
             try:
                 await self.checkpoint()  # from the start, the run directory says where the run is
             except JournalError as e:
-                self._stop(str(e), 1, "now")
+                self._stop(str(e), EXIT_DISK, "now")
             ticker = asyncio.create_task(self._ticker())
             monitor = asyncio.create_task(self._monitor())
             progress = asyncio.create_task(self._progress())
@@ -834,7 +834,8 @@ class Supervisor:
         try:
             await self.checkpoint(finished=self.finished)
         except JournalError as e:
-            self.stop_message, self.stop_code = str(e), 1
+            if self.stop_code == 0 or not self.journal.broken:  # keep the first cause (the failed write) if any
+                self.stop_message, self.stop_code = str(e), EXIT_DISK
         self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code)
         self.journal.close()
         self.memory.close()
