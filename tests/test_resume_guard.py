@@ -1,0 +1,230 @@
+"""Issue 18 items 4-7: resume by content guarded by settings, --retry-failed, a damaged run directory and
+`evalsup repair`, a full disk. Real processes, real files, the mock on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import assert_exactly_once, read_results, run_cli, write_tasks
+from test_resume import (
+    Proc,
+    assert_clean_exit,
+    chat_requests,
+    complete_lines,
+    ids_of,
+    quiesce,
+    resume_line,
+    resumed_done,
+    run_args,
+    snapshot,
+    start,  # noqa: F401 - a fixture
+    summary_of,
+    wait_for_lines,
+    wait_until,
+)
+
+from evalsup.mock.server import MockThread
+
+
+def _finished(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
+              tasks_extra: Callable[[int], dict[str, Any] | None] | None = None) -> tuple[Path, Path, tuple[str, ...]]:
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, n)
+    if tasks_extra is not None:  # per-task fields (the mock's per-request behaviour)
+        lines = tasks.read_bytes().splitlines()
+        out = []
+        for i, line in enumerate(lines):
+            obj = orjson.loads(line)
+            obj.update(tasks_extra(i) or {})
+            out.append(orjson.dumps(obj))
+        tasks.write_bytes(b"\n".join(out) + b"\n")
+    run_dir = tmp_path / "tasks.run"
+    args = run_args(mock, tasks, "-w", "2", *extra)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    return tasks, run_dir, args
+
+
+# ------------------------------------------------------------------------------ resume by content
+
+
+def test_touch_and_identical_copy_resume_without_sending_anything(tmp_path: Path, mock: MockThread) -> None:
+    tasks, run_dir, args = _finished(tmp_path, mock)
+    mock.reset_stats()
+    time.sleep(0.01)
+    tasks.touch()
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert resumed_done(resume_line(r.stderr)) == 100
+    copy = tmp_path / "copy.jsonl"
+    shutil.copyfile(tasks, copy)
+    os.replace(copy, tasks)  # a byte-identical file, another inode, new times
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == 0
+    assert_exactly_once(run_dir, ids_of(100))
+
+
+def test_appended_lines_run_and_nothing_else(tmp_path: Path, mock: MockThread) -> None:
+    tasks, run_dir, args = _finished(tmp_path, mock)
+    with open(tasks, "ab") as f:
+        for i in range(100, 130):
+            f.write(orjson.dumps({"id": f"t{i}", "prompt": f"q{i}"}) + b"\n")
+    mock.reset_stats()
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "grew" in r.stderr, r.stderr
+    assert chat_requests(mock) == 30
+    recs = assert_exactly_once(run_dir, ids_of(130))
+    assert all(x["error"] is None for x in recs)
+    # and once more: the grown file is now the run's input, unchanged
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == 30
+
+
+def test_a_file_whose_last_line_was_extended_is_changed(tmp_path: Path, mock: MockThread) -> None:
+    tasks, run_dir, args = _finished(tmp_path, mock, 20)
+    tasks.write_bytes(tasks.read_bytes().rstrip(b"\n"))  # same content, no final newline: a new run
+    r = run_cli(*args[:-1], "--fresh", args[-1])
+    assert r.returncode == 0, r.stderr
+    with open(tasks, "ab") as f:
+        f.write(b' \n{"id": "t20", "prompt": "x"}\n')  # the old last line goes on (with a space): changed
+    r = run_cli(*args)
+    assert r.returncode == 2 and "changed" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------ settings guard
+
+
+def test_changed_request_settings_are_refused_and_can_be_accepted(tmp_path: Path, mock: MockThread) -> None:
+    secret = "sk-test-DO-NOT-WRITE-0123456789"
+    tasks, run_dir, args = _finished(tmp_path, mock, 50, "--temperature", "0.2", "--max-tokens", "16")
+    run = orjson.loads((run_dir / "run.json").read_bytes())
+    assert run["version"] == 1
+    assert run["settings"]["temperature"] == 0.2 and run["settings"]["max_tokens"] == 16
+    assert run["settings"]["model"] == "mock-model" and run["settings"]["endpoint_path"] == "/v1"
+    assert summary_of(run_dir)["settings"] == run["settings"]
+    with open(tasks, "ab") as f:
+        f.write(orjson.dumps({"id": "t50", "prompt": "q50"}) + b"\n")
+    before = snapshot(run_dir)
+
+    changed = (*args[:-1], "--temperature", "0.9", "--max-tokens", "16", "--stream", args[-1])
+    r = run_cli(*changed, env={"OPENAI_API_KEY": secret})
+    assert r.returncode == 2, r.stderr
+    assert_clean_exit(r)
+    lines = r.stderr.splitlines()
+    assert any("temperature" in x and "0.2" in x and "0.9" in x for x in lines), r.stderr
+    assert any("stream" in x for x in lines), r.stderr
+    assert not any("max_tokens" in x for x in lines), r.stderr
+    assert "--fresh" in r.stderr and "--accept-changed-settings" in r.stderr, r.stderr
+    assert snapshot(run_dir) == before, "a refused resume changed the run directory"
+
+    # settings that change no request change freely
+    free = (*args[:-1], "--temperature", "0.2", "--max-tokens", "16", "-w", "1", "-c", "3", "--timeout", "30",
+            "--log-format", "json", args[-1])
+    r = run_cli(*free)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(run_dir, ids_of(51))
+
+    r = run_cli(*changed[:-1], "--accept-changed-settings", changed[-1], env={"OPENAI_API_KEY": secret})
+    assert r.returncode == 0, r.stderr
+    run = orjson.loads((run_dir / "run.json").read_bytes())
+    assert run["settings"]["temperature"] == 0.9 and run["settings"]["stream"] is True
+    assert run["changes"][-1]["from"]["temperature"] == 0.2
+    for p in run_dir.rglob("*"):
+        if p.is_file():
+            assert secret.encode() not in p.read_bytes(), f"the key is in {p}"
+
+
+# ------------------------------------------------------------------------------ --retry-failed
+
+
+def _fail_once(ids: set[int], status: int = 400) -> Callable[[int], dict[str, Any] | None]:
+    """The mock answers these tasks' first attempt with `status` (and succeeds after)."""
+    return lambda i: {"mock": {"status": status, "times": 1}} if i in ids else None
+
+
+def test_retry_failed_replaces_the_failed_records(tmp_path: Path, mock: MockThread) -> None:
+    bad = {3, 17, 40, 41, 99}
+    tasks, run_dir, args = _finished(tmp_path, mock, 100, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    recs = read_results(run_dir)
+    assert {r["custom_id"] for r in recs if r["error"]} == {f"t{i}" for i in bad}
+    sent = chat_requests(mock)  # (no reset_stats: it would forget the attempts behind mock.times)
+
+    r = run_cli(*args[:-1], "--retry-failed", "timeout,http_500", args[-1])  # other codes: nothing to do
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == sent
+
+    r = run_cli(*args[:-1], "--retry-failed", args[-1])  # `--retry-failed tasks.jsonl`: every error
+    assert r.returncode == 0, r.stderr
+    assert_clean_exit(r)
+    assert chat_requests(mock) == sent + len(bad)
+    recs = assert_exactly_once(run_dir, ids_of(100))
+    assert all(x["error"] is None for x in recs)
+    s = summary_of(run_dir)
+    assert s["total"] == s["succeeded"] == 100 and s["failed"] == 0
+    replaced = [orjson.loads(x) for x in (run_dir / "replaced.jsonl").read_bytes().splitlines()]
+    assert {x["custom_id"] for x in replaced} == {f"t{i}" for i in bad}
+
+
+def test_kill_during_retry_failed_then_rerun_is_exactly_once(tmp_path: Path, mock: MockThread,
+                                                             start: Callable[..., Proc]) -> None:
+    n = 600
+    bad = set(range(0, n, 3))  # 200 failed records
+    tasks, run_dir, args = _finished(tmp_path, mock, n, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    assert sum(1 for r in read_results(run_dir) if r["error"]) == len(bad)
+    mock.configure(latency_ms=300, jitter_ms=50)
+    retry = (*args[:-1], "-c", "8", "--retry-failed", "http_400", args[-1])
+    p = start(*retry)
+    results = run_dir / "results.jsonl"
+    wait_until(lambda: (run_dir / "replaced.jsonl").exists() or not p.running(), "the rewrite")
+    wait_for_lines(p, results, n - len(bad) + 20)  # the compacted file plus some retried records
+    p.kill_group()
+    assert p.wait_workers_gone() == []
+    assert complete_lines(results) < n, "the retry finished before it could be killed"
+    mock.configure(latency_ms=5, jitter_ms=2)
+    quiesce(mock)
+    r = run_cli(*retry)
+    assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(run_dir, ids_of(n))
+    assert all(x["error"] is None for x in recs)
+
+
+@pytest.mark.parametrize("step", ["written", "committed", "results_renamed"])
+def test_a_crash_inside_the_rewrite_is_completed_or_undone(tmp_path: Path, mock: MockThread, step: str) -> None:
+    """The states a crash between the rewrite's steps leaves (evalsup.rebuild): the next run finishes a
+    committed rewrite and drops one that was not; either way every task ends up once."""
+    bad = {1, 5, 9}
+    tasks, run_dir, args = _finished(tmp_path, mock, 30, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    done = tmp_path / "done.run"
+    shutil.copytree(run_dir, done)
+    from evalsup.rebuild import NEXT, rewrite
+
+    rewrite(done, lambda rec: rec["error"] is not None)  # the rewrite, finished, on a copy
+    if step == "written":  # step 1 done, no commit: undone
+        shutil.copy(done / "results.jsonl", run_dir / "results.jsonl.new")
+        expect_requests = 0
+    elif step == "committed":  # step 2 done: completed
+        shutil.copy(done / "results.jsonl", run_dir / "results.jsonl.new")
+        shutil.copy(done / "replaced.jsonl", run_dir / "replaced.jsonl.new")
+        shutil.copy(done / "checkpoint.json", run_dir / NEXT)
+        expect_requests = len(bad)
+    else:  # step 3 done too
+        shutil.copy(done / "results.jsonl", run_dir / "results.jsonl")
+        shutil.copy(done / "checkpoint.json", run_dir / NEXT)
+        expect_requests = len(bad)
+    sent = chat_requests(mock)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == sent + expect_requests
+    recs = assert_exactly_once(run_dir, ids_of(30))
+    assert sum(1 for x in recs if x["error"]) == (len(bad) if step == "written" else 0)
+    assert not list(run_dir.glob("*.new")) and not (run_dir / NEXT).exists()
