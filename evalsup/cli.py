@@ -379,8 +379,12 @@ def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bo
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 def status(run_dir: Path) -> None:
     """Progress of a run directory, from its checkpoint and results file (read-only)."""
+    from evalsup.results_file import check_run_dir
     from evalsup.status import status_text
 
+    damaged = check_run_dir(run_dir)  # a damaged results.jsonl: one line naming results.jsonl:LINE, exit 2
+    if damaged is not None:
+        _fail(damaged)
     click.echo(status_text(run_dir))
 
 
@@ -417,6 +421,10 @@ def repair(run_dir: Path) -> None:
         _fail(str(e), e.code)
     except OSError as e:
         _fail(f"cannot repair {run_dir}: {e.strerror}", 1)
+    if rep.rechecked and not rep.damaged_count:
+        click.echo(f"{run_dir}: every line is a record, but lines the checkpoint covers were changed; the "
+                   "checkpoint now covers them as they are (tasks without a record run on the next resume)")
+        return
     if not rep.damaged_count and not rep.torn_bytes:
         click.echo(f"{run_dir}: results.jsonl has no damaged line; nothing to repair")
         return

@@ -142,10 +142,7 @@ class Journal:
         if cp is None:  # crashed before the first checkpoint: everything in results counts as D
             cp = Checkpoint(fingerprint=fingerprint)
         keep = complete_length(self.results_path)
-        if keep < cp.results_len:
-            raise RunDirDamaged(f"{self.results_path} is shorter than its checkpoint says ({keep} < {cp.results_len} "
-                                "bytes): it was edited or truncated; rerun with --fresh")
-        verify_covered(self.results_path, cp)  # every line L covers, in one read
+        verify_covered(self.results_path, cp, keep)  # every line L covers, in one read
         scan_results(self.results_path, cp.results_len, (cp.results_lines or 0) + 1)  # each line after, parsed
         if opt.retry_failed is not None:
             cp = self._retry_failed(opt.retry_failed, cp)

@@ -9,7 +9,9 @@ from typing import IO, Any
 
 import orjson
 
+from evalsup.checkpoint import RunDirDamaged
 from evalsup.idset import IdSet
+from evalsup.results_file import iter_records
 from evalsup.tasks import TaskError, TaskReader
 
 
@@ -86,11 +88,8 @@ def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool
         reader = _LineAt(tmp, w)
         pos = 0
         for d in run_dirs:
-            with open(d / "results.jsonl", "rb") as f:
-                for line in f:
-                    if not line.endswith(b"\n"):
-                        break  # a torn last line of a stopped shard: not a result
-                    rec = orjson.loads(line)
+            try:  # checked: a damaged line is a one-line error naming results.jsonl:LINE (a torn last line ends)
+                for _n, line, rec in iter_records(d / "results.jsonl"):
                     cid = str(rec["custom_id"])
                     if ids.add(cid, pos, reader) is not None:
                         rep.duplicate_count += 1
@@ -104,6 +103,8 @@ def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool
                         rep.succeeded += 1
                     else:
                         rep.failed += 1
+            except RunDirDamaged as e:
+                raise MergeError(str(e)) from None
         w.flush()
         if tasks is not None:
             final = out.with_name(out.name + ".sorted") if sort else None

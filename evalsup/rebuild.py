@@ -71,6 +71,7 @@ class RewriteReport:
     replaced: int = 0  # records moved to replaced.jsonl
     kept: int = 0
     torn_bytes: int = 0
+    rechecked: bool = False  # the covered lines were changed but are all records: the checkpoint was re-based
 
 
 class _IdAt:
@@ -153,7 +154,10 @@ def rewrite(run_dir: Path, drop: Callable[[dict[str, Any]], bool] | None = None,
         for f in (new, dmg, rpl):
             f.flush()
             os.fsync(f.fileno())
-    if not rep.damaged_count and not rep.replaced and not rep.torn_bytes:
+    # lines edited in place that still are records: the checkpoint's line count and CRC are taken anew
+    rep.rechecked = cp is not None and (cp.results_len > keep_len or (
+        cp.results_crc is not None and prefix_sums(results, cp.results_len) != (cp.results_lines, cp.results_crc)))
+    if not rep.damaged_count and not rep.replaced and not rep.torn_bytes and not rep.rechecked:
         for p in (new_p, dmg_p, rpl_p):
             p.unlink()
         return rep

@@ -53,6 +53,19 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield obj
 
 
+def _checked_records(path: Path) -> Iterator[dict[str, Any]]:
+    """results.jsonl's records, checked: a damaged line is a one-line error naming results.jsonl:LINE."""
+    from evalsup.checkpoint import RunDirDamaged
+    from evalsup.results_file import records
+
+    if not path.exists():
+        return
+    try:
+        yield from records(path)
+    except RunDirDamaged as e:
+        raise ReportError(str(e)) from None
+
+
 class Thinner:
     """Keeps every stride-th item, doubling the stride when full: at most `cap` items evenly spread, plus the last."""
 
@@ -162,7 +175,7 @@ def load(run_dir: Path) -> RunData:
     d.down = _intervals(iter(breaker), d.t1)
     n_bins = (LAT_MAX_EXP - LAT_MIN_EXP) * LAT_BINS_PER_DECADE
     d.lat_ok, d.lat_failed = [0] * n_bins, [0] * n_bins
-    for rec in _jsonl(run_dir / "results.jsonl"):
+    for rec in _checked_records(run_dir / "results.jsonl"):
         lat = (rec.get("metrics") or {}).get("latency_s")
         if not isinstance(lat, int | float):
             continue

@@ -100,19 +100,45 @@ def prefix_sums(path: Path, length: int, start: int = 0, lines: int = 0, crc: in
     return lines, crc
 
 
-def verify_covered(path: Path, cp: Checkpoint) -> None:
+def verify_covered(path: Path, cp: Checkpoint, keep: int | None = None) -> None:
     """Check results[:L] against the checkpoint's line count and CRC; on a mismatch, name the first line that
-    is not a record (or say the covered lines were changed). Raises RunDirDamaged."""
+    is not a record (or say the covered lines were changed). ``keep``: the file's complete length, if known.
+    Raises RunDirDamaged."""
+    keep = complete_length(path) if keep is None else keep
+    if keep < cp.results_len:
+        _find_damage(path, None)
+        raise RunDirDamaged(f"{path}:1-{cp.results_lines or '?'}: shorter than its checkpoint says ({keep:,} < "
+                            f"{cp.results_len:,} bytes), lines were cut; {repair_hint(path.parent)}")
     if cp.results_crc is None or cp.results_lines is None or cp.results_len == 0:
         return  # a checkpoint from before these were kept: the scan after L is all there is
     lines, crc = prefix_sums(path, cp.results_len)
     if (lines, crc) == (cp.results_lines, cp.results_crc):
         return
-    for n, _line, _rec in iter_records(path):  # raises at the first damaged line, if any
-        if n >= lines:
-            break
+    _find_damage(path, lines)
     raise RunDirDamaged(f"{path}:1-{lines}: the {cp.results_lines:,} lines its checkpoint covers were changed "
                         f"(line count or checksum differ: {lines:,} lines now); {repair_hint(path.parent)}")
+
+
+def _find_damage(path: Path, lines: int | None) -> None:
+    """Raise RunDirDamaged for the first line (of the first ``lines``) that is no record or a second record
+    for an id; return if there is none. The slow path, taken only once something did not check out."""
+    from evalsup.idset import IdSet
+
+    ids = IdSet()
+    with open(path, "rb") as g:
+        def id_at(offset: int) -> str | None:
+            g.seek(offset)
+            rec, _ = record_problem(g.readline())
+            return None if rec is None else str(rec["custom_id"])
+
+        pos = 0
+        for n, line, rec in iter_records(path):  # raises at the first line that is no record
+            if lines is not None and n > lines:
+                return
+            earlier = ids.add(rec["custom_id"], pos, id_at)
+            if earlier is not None:
+                raise damaged(path, n, f"a second record for {rec['custom_id']!r}")
+            pos += len(line)
 
 
 @dataclass

@@ -228,3 +228,100 @@ def test_a_crash_inside_the_rewrite_is_completed_or_undone(tmp_path: Path, mock:
     recs = assert_exactly_once(run_dir, ids_of(30))
     assert sum(1 for x in recs if x["error"]) == (len(bad) if step == "written" else 0)
     assert not list(run_dir.glob("*.new")) and not (run_dir / NEXT).exists()
+
+
+# ------------------------------------------------------------------------------ a damaged run directory
+
+
+def _one_line_error(r: Any, where: str) -> None:
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert_clean_exit(r)
+    err = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(err) == 1 and where in err[0], r.stderr
+
+
+@pytest.mark.parametrize("damage", ["garbage", "foreign", "second_record"])
+def test_a_damaged_line_before_the_checkpoint_is_refused_everywhere_and_repaired(
+        tmp_path: Path, mock: MockThread, damage: str) -> None:
+    tasks, run_dir, args = _finished(tmp_path, mock, 60)
+    results = run_dir / "results.jsonl"
+    lines = results.read_bytes().splitlines(keepends=True)
+    lost = orjson.loads(lines[9])["custom_id"]
+    if damage == "garbage":
+        lines[9] = b"\x00\x17 not json at all }\n"
+    elif damage == "foreign":
+        lines[9] = orjson.dumps({"id": lost, "messages": [{"role": "user", "content": "a task line"}]}) + b"\n"
+    else:  # line 10 is another task's record again: one task has two records, another has none
+        lines[9] = lines[3]
+    results.write_bytes(b"".join(lines))
+    before = snapshot(run_dir)
+
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert "results.jsonl:10" in r.stderr, r.stderr
+    assert "evalsup repair" in r.stderr, r.stderr
+    assert_clean_exit(r)
+    assert snapshot(run_dir) == before, "a refused resume changed the run directory"
+    if damage != "second_record":  # the others read the lines, not the checkpoint
+        for cmd in (("merge", str(run_dir), "-o", str(tmp_path / "merged.jsonl")),
+                    ("score", str(run_dir), "--scorer", "json_valid"), ("report", str(run_dir))):
+            _one_line_error(run_cli(*cmd), "results.jsonl:10")
+    _one_line_error(run_cli("status", str(run_dir)), "results.jsonl:")
+
+    r = run_cli("repair", str(run_dir))
+    assert r.returncode == 0, r.stderr
+    assert_clean_exit(r)
+    assert "results.jsonl:10" in r.stdout, r.stdout
+    moved = [orjson.loads(x) for x in (run_dir / "damaged.jsonl").read_bytes().splitlines()]
+    assert [m["line"] for m in moved] == [10]
+    sent = chat_requests(mock)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == sent + 1  # the task whose record was damaged, once
+    recs = assert_exactly_once(run_dir, ids_of(60))
+    assert all(x["error"] is None for x in recs)
+    assert run_cli("repair", str(run_dir)).stdout.count("nothing to repair") == 1
+    r = run_cli("merge", str(run_dir), "-o", str(tmp_path / "merged.jsonl"), "--tasks", str(tasks))
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_record_edited_in_place_is_refused_then_accepted_by_repair(tmp_path: Path, mock: MockThread) -> None:
+    _tasks, run_dir, args = _finished(tmp_path, mock, 30)
+    results = run_dir / "results.jsonl"
+    data = results.read_bytes()
+    i = data.index(b'"attempts":1')
+    results.write_bytes(data[:i] + b'"attempts":7' + data[i + 12:])  # still a record, not what was written
+    r = run_cli(*args)
+    assert r.returncode == 2 and "were changed" in r.stderr and "evalsup repair" in r.stderr, r.stderr
+    r = run_cli("repair", str(run_dir))
+    assert r.returncode == 0 and "changed" in r.stdout, r.stdout + r.stderr
+    sent = chat_requests(mock)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == sent
+    assert_exactly_once(run_dir, ids_of(30))
+
+
+def test_a_damaged_line_after_the_checkpoint_is_refused_and_repaired(tmp_path: Path, mock: MockThread,
+                                                                     start: Callable[..., Proc]) -> None:
+    from test_resume import killed_mid_run
+
+    n = 2000
+    _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
+    results = run_dir / "results.jsonl"
+    data = results.read_bytes()
+    data = data[: data.rfind(b"\n") + 1]
+    cp = orjson.loads((run_dir / "checkpoint.json").read_bytes())
+    assert len(data) >= cp["results_len"]
+    bad_line = data.count(b"\n") + 1
+    results.write_bytes(data + b'{"id": "t1", "cust": 3}\n')  # past the checkpoint: a foreign line
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert_clean_exit(r)
+    assert f"results.jsonl:{bad_line}" in r.stderr and "evalsup repair" in r.stderr, r.stderr
+    r = run_cli("repair", str(run_dir))
+    assert r.returncode == 0 and f"results.jsonl:{bad_line}" in r.stdout, r.stdout + r.stderr
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(run_dir, ids_of(n))
+    assert all(x["error"] is None for x in recs)
