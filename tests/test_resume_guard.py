@@ -24,13 +24,15 @@ from test_resume import (
     resumed_done,
     run_args,
     snapshot,
-    start,  # noqa: F401 - a fixture
+    start,
     summary_of,
     wait_for_lines,
     wait_until,
 )
 
 from evalsup.mock.server import MockThread
+
+__all__ = ["start"]  # the fixture, shared with test_resume.py
 
 
 def _finished(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
@@ -91,7 +93,7 @@ def test_appended_lines_run_and_nothing_else(tmp_path: Path, mock: MockThread) -
 
 
 def test_a_file_whose_last_line_was_extended_is_changed(tmp_path: Path, mock: MockThread) -> None:
-    tasks, run_dir, args = _finished(tmp_path, mock, 20)
+    tasks, _run_dir, args = _finished(tmp_path, mock, 20)
     tasks.write_bytes(tasks.read_bytes().rstrip(b"\n"))  # same content, no final newline: a new run
     r = run_cli(*args[:-1], "--fresh", args[-1])
     assert r.returncode == 0, r.stderr
@@ -154,7 +156,7 @@ def _fail_once(ids: set[int], status: int = 400) -> Callable[[int], dict[str, An
 
 def test_retry_failed_replaces_the_failed_records(tmp_path: Path, mock: MockThread) -> None:
     bad = {3, 17, 40, 41, 99}
-    tasks, run_dir, args = _finished(tmp_path, mock, 100, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    _tasks, run_dir, args = _finished(tmp_path, mock, 100, "--max-attempts", "1", tasks_extra=_fail_once(bad))
     recs = read_results(run_dir)
     assert {r["custom_id"] for r in recs if r["error"]} == {f"t{i}" for i in bad}
     sent = chat_requests(mock)  # (no reset_stats: it would forget the attempts behind mock.times)
@@ -179,7 +181,7 @@ def test_kill_during_retry_failed_then_rerun_is_exactly_once(tmp_path: Path, moc
                                                              start: Callable[..., Proc]) -> None:
     n = 600
     bad = set(range(0, n, 3))  # 200 failed records
-    tasks, run_dir, args = _finished(tmp_path, mock, n, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    _tasks, run_dir, args = _finished(tmp_path, mock, n, "--max-attempts", "1", tasks_extra=_fail_once(bad))
     assert sum(1 for r in read_results(run_dir) if r["error"]) == len(bad)
     mock.configure(latency_ms=300, jitter_ms=50)
     retry = (*args[:-1], "-c", "8", "--retry-failed", "http_400", args[-1])
@@ -203,7 +205,7 @@ def test_a_crash_inside_the_rewrite_is_completed_or_undone(tmp_path: Path, mock:
     """The states a crash between the rewrite's steps leaves (evalsup.rebuild): the next run finishes a
     committed rewrite and drops one that was not; either way every task ends up once."""
     bad = {1, 5, 9}
-    tasks, run_dir, args = _finished(tmp_path, mock, 30, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    _tasks, run_dir, args = _finished(tmp_path, mock, 30, "--max-attempts", "1", tasks_extra=_fail_once(bad))
     done = tmp_path / "done.run"
     shutil.copytree(run_dir, done)
     from evalsup.rebuild import NEXT, rewrite
