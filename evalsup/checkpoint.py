@@ -7,6 +7,7 @@ set ``O`` and the covered length ``L`` of ``results.jsonl``, it holds the line c
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +49,15 @@ def fsync_dir(path: Path) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a disk full: leave no half file behind (the old one stands)
+        raise
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

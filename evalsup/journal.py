@@ -216,6 +216,9 @@ class Journal:
         f = open(path, "ab")  # noqa: SIM115 - closed in close()
         if f.tell() > length:
             f.truncate(length)
+            # truncate() leaves the position where it was: tell() would count the cut bytes on, and a later
+            # checkpoint's ids_len would claim ids written after it (a false "duplicate id" on the next resume)
+            f.seek(0, os.SEEK_END)
         return f
 
     def read_ids(self, length: int) -> bytes:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import pytest
 from conftest import assert_exactly_once, read_results, run_cli, write_tasks
 from test_resume import (
     Proc,
+    _mount,
     assert_clean_exit,
     chat_requests,
     complete_lines,
@@ -23,6 +26,7 @@ from test_resume import (
     resume_line,
     resumed_done,
     run_args,
+    small_fs,
     snapshot,
     start,
     summary_of,
@@ -30,9 +34,11 @@ from test_resume import (
     wait_until,
 )
 
+from evalsup.idset import id_hash
 from evalsup.mock.server import MockThread
+from evalsup.results_file import iter_records
 
-__all__ = ["start"]  # the fixture, shared with test_resume.py
+__all__ = ["small_fs", "start"]  # the fixture, shared with test_resume.py
 
 
 def _finished(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
@@ -327,3 +333,79 @@ def test_a_damaged_line_after_the_checkpoint_is_refused_and_repaired(tmp_path: P
     assert r.returncode == 0, r.stderr
     recs = assert_exactly_once(run_dir, ids_of(n))
     assert all(x["error"] is None for x in recs)
+
+
+# ------------------------------------------------------------------------------ a full disk
+
+
+def test_a_disk_that_fills_again_and_again_loses_nothing_and_counts_right(tmp_path: Path, mock: MockThread,
+                                                                          small_fs: Path) -> None:
+    """The disk fills at whatever moment it happens to (results, ids.bin, the checkpoint, run.json, the
+    summary): each time one line and exit 1, the count printed is the count on disk, every line is a record;
+    each rerun after freeing some space goes further, and the last one completes exactly once."""
+    n = 120  # 40 KB responses: about 5 MB of results
+    tasks = write_tasks(tmp_path / "tasks.jsonl", n, extra={"mock": {"kb": 40}})
+    run_dir = small_fs / "run"
+    args = run_args(mock, tasks, "-w", "2", "-c", "8", "--out", str(run_dir))
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (1 << 20))  # 1 MiB of the 2 taken: the disk fills early
+    stops = 0
+    for size_mb in (2, 2, 3, 4, 5, 64):
+        if size_mb == 2 and stops == 1:
+            filler.unlink()  # the second time: free the filler instead of growing the disk
+        else:
+            assert _mount("-o", f"remount,size={size_mb}m", str(small_fs)).returncode == 0
+        r = run_cli(*args)
+        assert_clean_exit(r)
+        if r.returncode == 0:
+            break
+        assert r.returncode == 1, r.stderr
+        stops += 1
+        errors = [x for x in r.stderr.splitlines() if "No space left on device" in x]
+        assert len(errors) == 1, r.stderr
+        results = run_dir / "results.jsonl"
+        if results.exists():
+            on_disk = sum(1 for _ in iter_records(results))  # each complete line is a record
+            m = re.search(r"\(([\d,]+) done so far\)", errors[0])
+            if m is not None:
+                assert int(m.group(1).replace(",", "")) == on_disk, (errors[0], on_disk)
+    assert r.returncode == 0, r.stderr
+    assert stops >= 2, "the disk never filled"
+    recs = assert_exactly_once(run_dir, ids_of(n))
+    assert all(x["error"] is None for x in recs)
+    assert summary_of(run_dir)["total"] == n
+
+
+def test_ids_bin_longer_than_its_checkpoint_is_cut_and_stays_consistent(tmp_path: Path, mock: MockThread,
+                                                                         start: Callable[..., Proc]) -> None:
+    """A kill between the flush of ids.bin and the checkpoint leaves ids.bin longer than the checkpoint says.
+    The resume cuts it; its next checkpoint must not count the cut bytes (it did: truncate() left the append
+    position past the end, so the third run met its own ids as duplicates)."""
+    from test_resume import killed_mid_run
+
+    n = 2000
+    _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
+    with open(run_dir / "ids.bin", "ab") as f:
+        f.write(b"\x01" * 16 * 50)  # 50 pairs no checkpoint covers
+    mock.configure(latency_ms=100, jitter_ms=20)
+    cp_mtime = (run_dir / "checkpoint.json").stat().st_mtime_ns
+    p = start(*args)
+    wait_until(lambda: (run_dir / "checkpoint.json").stat().st_mtime_ns != cp_mtime or not p.running(), "a checkpoint")
+    time.sleep(2.5)  # one more checkpoint, with ids written after the resume
+    p.kill_group()
+    assert p.wait_workers_gone() == []
+    # and the next ids flushed, as a kill between the flush and the checkpoint leaves them
+    frontier = orjson.loads((run_dir / "checkpoint.json").read_bytes())["frontier"]
+    pairs = array("Q")
+    with open(_tasks, "rb") as f:
+        f.seek(frontier)
+        for _ in range(20):
+            at = f.tell()
+            pairs.extend((id_hash(orjson.loads(f.readline())["id"]), at))
+    with open(run_dir / "ids.bin", "ab") as f:
+        f.write(pairs.tobytes())
+    mock.configure(latency_ms=5, jitter_ms=2)
+    quiesce(mock)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(run_dir, ids_of(n))

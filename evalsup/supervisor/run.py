@@ -56,7 +56,8 @@ def run(cfg: RunConfig, accept_changed_settings: bool = False, retry_failed: fro
     try:
         write_atomic(cfg.run_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     except OSError as e:
-        log(f"cannot write summary.json: {e.strerror}")
+        if not sup.journal.broken:  # after a failed write of the results, that one line says it all
+            log(f"cannot write summary.json: {e.strerror}")
     if cfg.json_summary:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
@@ -75,6 +76,8 @@ def _counts_from_disk(sup: Supervisor, log: Any) -> None:
     from evalsup.results_file import counts_on_disk
 
     try:
+        before = sup.stats.done
         sup.stats.succeeded, sup.stats.failed = counts_on_disk(sup.cfg.run_dir)
+        sup.stats.session_done = max(0, sup.stats.session_done - (before - sup.stats.done))
     except (JournalError, OSError) as e:
         log(f"cannot count the results on disk: {e}")
