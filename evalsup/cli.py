@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import tempfile
 import time
@@ -194,9 +193,6 @@ def _move_aside(run_dir: Path) -> None:
         click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
 
 
-_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
-
-
 @main.command()
 @click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False), required=False)
 @click.option("--base-url", default=None,
@@ -221,11 +217,9 @@ def run(tasks: Path | None, base_url: str | None, retry_failed: str | None, acce
     Exit codes: 0 done (failed requests are records, not errors), 1 the run could not go on,
     2 bad input or settings, 130 interrupted.
     """
-    codes: frozenset[str] | None = None
-    if retry_failed is not None:
-        if tasks is None and retry_failed != "*" and not _CODES.match(retry_failed):
-            tasks, retry_failed = Path(retry_failed), "*"  # `--retry-failed tasks.jsonl`: the flag without codes
-        codes = frozenset() if retry_failed == "*" else frozenset(c for c in retry_failed.split(",") if c)
+    from evalsup.rebuild import retry_codes
+
+    tasks, codes = retry_codes(tasks, retry_failed)  # `--retry-failed tasks.jsonl` is the flag without codes
     if tasks is None:
         _fail("missing TASKS (the task file); see evalsup run --help")
     assert tasks is not None
@@ -410,31 +404,12 @@ def repair(run_dir: Path) -> None:
 
     Crash-safe; changes nothing when nothing is damaged. Exit 0 when done, 1 when it cannot write.
     """
-    from evalsup.journal import JournalError
-    from evalsup.rebuild import rewrite
+    from evalsup.rebuild import repair as do_repair
 
-    if not (run_dir / "results.jsonl").exists():
-        _fail(f"{run_dir}: no results.jsonl (not a run directory)")
-    try:
-        rep = rewrite(run_dir)
-    except JournalError as e:
-        _fail(str(e), e.code)
-    except OSError as e:
-        _fail(f"cannot repair {run_dir}: {e.strerror}", 1)
-    if rep.rechecked and not rep.damaged_count:
-        click.echo(f"{run_dir}: every line is a record, but lines the checkpoint covers were changed; the "
-                   "checkpoint now covers them as they are (tasks without a record run on the next resume)")
-        return
-    if not rep.damaged_count and not rep.torn_bytes:
-        click.echo(f"{run_dir}: results.jsonl has no damaged line; nothing to repair")
-        return
-    where = ", ".join(f"results.jsonl:{n} ({why})" for n, why in rep.damaged)
-    more = " ..." if rep.damaged_count > len(rep.damaged) else ""
-    if rep.damaged_count:
-        click.echo(f"{run_dir}: moved {rep.damaged_count:,} damaged line(s) to damaged.jsonl: {where}{more}")
-    if rep.torn_bytes:
-        click.echo(f"{run_dir}: cut a torn last line of {rep.torn_bytes} bytes")
-    click.echo("their tasks have no record now: rerun the same `evalsup run` command to send them again, once")
+    text, code = do_repair(run_dir)
+    if code:
+        _fail(text, code)
+    click.echo(text)
 
 
 if __name__ == "__main__":  # pragma: no cover

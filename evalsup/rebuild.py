@@ -22,6 +22,7 @@ but in ``results.jsonl``.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,3 +219,39 @@ def reconcile(run_dir: Path, cp: Checkpoint, tasks: Path, max_line_bytes: int) -
     cp.done_ahead = ahead
     cp.reconcile = False
     return cp
+
+
+def repair(run_dir: Path) -> tuple[str, int]:
+    """`evalsup repair RUN_DIR`: (what was done, exit code)."""
+    if not (run_dir / "results.jsonl").exists():
+        return f"{run_dir}: no results.jsonl (not a run directory)", 2
+    try:
+        rep = rewrite(run_dir)
+    except JournalError as e:
+        return str(e), e.code
+    except OSError as e:
+        return f"cannot repair {run_dir}: {e.strerror}", 1
+    out = []
+    if rep.damaged_count:
+        where = ", ".join(f"results.jsonl:{n} ({why})" for n, why in rep.damaged)
+        more = " ..." if rep.damaged_count > len(rep.damaged) else ""
+        out.append(f"{run_dir}: moved {rep.damaged_count:,} damaged line(s) to damaged.jsonl: {where}{more}")
+    if rep.torn_bytes:
+        out.append(f"{run_dir}: cut a torn last line of {rep.torn_bytes} bytes")
+    if rep.rechecked and not rep.damaged_count:
+        out.append(f"{run_dir}: every line is a record, but lines the checkpoint covers were changed; the "
+                   "checkpoint now covers them as they are")
+    if not out:
+        return f"{run_dir}: results.jsonl has no damaged line; nothing to repair", 0
+    out.append("tasks without a record now run on the next resume: rerun the same `evalsup run` command")
+    return "\n".join(out), 0
+
+
+def retry_codes(tasks: Path | None, value: str | None) -> tuple[Path | None, frozenset[str] | None]:
+    """`run --retry-failed [CODE,...]`: (the task file, the codes: empty for every error, None for no retry).
+    The option's value is optional, so `--retry-failed tasks.jsonl` gives the task file as its value."""
+    if value is None:
+        return tasks, None
+    if tasks is None and value != "*" and not re.match(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$", value):
+        return Path(value), frozenset()
+    return tasks, frozenset() if value == "*" else frozenset(c for c in value.split(",") if c)
