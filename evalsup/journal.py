@@ -124,7 +124,7 @@ class Journal:
         has_results = self.results_path.exists() and self.results_path.stat().st_size > 0
         resuming = cp is not None or has_results
         if cp is not None:
-            how = same_input(cp.fingerprint, fingerprint)
+            how = same_input(cp.fingerprint, fingerprint, Path(input_name))
             if how == "grown" and not grew_at_line_end(Path(input_name), int(cp.fingerprint["size"])):
                 how = "changed"
             if how == "changed":

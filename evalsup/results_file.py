@@ -34,8 +34,8 @@ def record_problem(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     cid = rec.get("custom_id")
     if not isinstance(cid, str) or not cid:
         return None, "not a result record (no custom_id)"
-    if "response" not in rec or "error" not in rec:
-        return None, "not a result record (no response/error)"
+    if "response" not in rec and "error" not in rec:  # e.g. a task line (batch form): custom_id and body only
+        return None, "not a result record (neither response nor error)"
     return rec, None
 
 

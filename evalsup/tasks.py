@@ -224,12 +224,27 @@ def fingerprint(path: Path, known: dict[str, Any] | None = None) -> dict[str, An
     return fp
 
 
-def same_input(old: dict[str, Any], new: dict[str, Any]) -> str:
+def _legacy_fingerprint(path: Path) -> dict[str, Any]:
+    """The fingerprint of evalsup before content hashing (size, mtime, the first and last MiB)."""
+    import hashlib
+
+    st = os.stat(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if st.st_size > 1 << 20:
+            f.seek(max(1 << 20, st.st_size - (1 << 20)))
+            h.update(f.read(1 << 20))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256_ends": h.hexdigest()}
+
+
+def same_input(old: dict[str, Any], new: dict[str, Any], path: Path | None = None) -> str:
     """"same" (the same bytes), "grown" (the old bytes with lines appended) or "changed"."""
     if old.get("shard") != new.get("shard"):
         return "changed"
-    if old.get("sha256") is None:
-        return "changed"  # a fingerprint of an older evalsup (ends only): cannot tell
+    if old.get("sha256") is None:  # a run directory of an older evalsup: its own, stricter test
+        legacy = {k: v for k, v in old.items() if k != "shard"}
+        return "same" if path is not None and _legacy_fingerprint(path) == legacy else "changed"
     if old.get("size") == new.get("size") and old.get("sha256") == new.get("sha256"):
         return "same"
     if new.get("prefix") == {"size": old.get("size"), "sha256": old.get("sha256")}:

@@ -409,3 +409,23 @@ def test_ids_bin_longer_than_its_checkpoint_is_cut_and_stays_consistent(tmp_path
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr
     assert_exactly_once(run_dir, ids_of(n))
+
+
+def test_a_run_directory_of_the_previous_evalsup_resumes(tmp_path: Path, mock: MockThread) -> None:
+    """A checkpoint with the old fingerprint (size, mtime, ends) and no line count or CRC, and no run.json."""
+    from evalsup.tasks import _legacy_fingerprint
+
+    tasks, run_dir, args = _finished(tmp_path, mock, 40)
+    cp = orjson.loads((run_dir / "checkpoint.json").read_bytes())
+    cp["fingerprint"] = _legacy_fingerprint(tasks)
+    del cp["results_lines"], cp["results_crc"], cp["reconcile"]
+    (run_dir / "checkpoint.json").write_bytes(orjson.dumps(cp))
+    (run_dir / "run.json").unlink()
+    sent = chat_requests(mock)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == sent
+    assert orjson.loads((run_dir / "run.json").read_bytes())["settings"]["model"] == "mock-model"
+    new = orjson.loads((run_dir / "checkpoint.json").read_bytes())
+    assert new["fingerprint"]["sha256"] and new["results_crc"] is not None
+    assert_exactly_once(run_dir, ids_of(40))
