@@ -429,3 +429,17 @@ def test_a_run_directory_of_the_previous_evalsup_resumes(tmp_path: Path, mock: M
     new = orjson.loads((run_dir / "checkpoint.json").read_bytes())
     assert new["fingerprint"]["sha256"] and new["results_crc"] is not None
     assert_exactly_once(run_dir, ids_of(40))
+
+
+def test_retry_failed_in_a_shard_resends_only_its_own_tasks(tmp_path: Path, mock: MockThread) -> None:
+    bad = {2, 4, 5, 7}
+    _tasks, _run_dir, args = _finished(tmp_path, mock, 40, "--max-attempts", "1", "--shard", "0/2",
+                                       tasks_extra=_fail_once(bad))
+    shard = tmp_path / "tasks.run" / "shard-0-of-2"
+    assert {r["custom_id"] for r in read_results(shard) if r["error"]} == {"t2", "t4"}
+    sent = chat_requests(mock)
+    r = run_cli(*args[:-1], "--retry-failed", args[-1])
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == sent + 2
+    recs = assert_exactly_once(shard, {f"t{i}" for i in range(0, 40, 2)})
+    assert all(x["error"] is None for x in recs)
