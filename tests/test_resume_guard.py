@@ -443,3 +443,54 @@ def test_retry_failed_in_a_shard_resends_only_its_own_tasks(tmp_path: Path, mock
     assert chat_requests(mock) == sent + 2
     recs = assert_exactly_once(shard, {f"t{i}" for i in range(0, 40, 2)})
     assert all(x["error"] is None for x in recs)
+
+
+def test_repair_refuses_a_run_directory_in_use(tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 2000)
+    run_dir = tmp_path / "tasks.run"
+    mock.configure(latency_ms=200, jitter_ms=20)
+    p = start(*run_args(mock, tasks, "-w", "1"))
+    wait_until(lambda: (run_dir / "checkpoint.json").exists() or not p.running(), "the first checkpoint")
+    before = (run_dir / "checkpoint.json").read_bytes()
+    r = run_cli("repair", str(run_dir))
+    assert r.returncode == 2 and "is writing to it" in r.stderr, r.stdout + r.stderr
+    assert_clean_exit(r)
+    assert not (run_dir / "damaged.jsonl").exists() and p.running()
+    assert orjson.loads(before)["pid"] == p.pid
+
+
+def test_retry_failed_on_a_run_killed_mid_way(tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
+    """A stopped run: outstanding tasks, records after the checkpoint, maybe a torn last line, failed records.
+    --retry-failed rewrites it and the run finishes: every task once, none failed."""
+    n = 1500
+    bad = set(range(0, n, 7))
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, n)
+    tasks.write_bytes(b"".join(
+        orjson.dumps({**orjson.loads(line), **({"mock": {"status": 400, "times": 1}} if i in bad else {})}) + b"\n"
+        for i, line in enumerate(tasks.read_bytes().splitlines())))
+    run_dir = tmp_path / "tasks.run"
+    args = run_args(mock, tasks, "-w", "2", "--max-attempts", "1")
+    mock.configure(latency_ms=100, jitter_ms=20)
+    p = start(*args)
+    wait_for_lines(p, run_dir / "results.jsonl", 400)
+    time.sleep(0.3)
+    p.kill_group()
+    assert p.wait_workers_gone() == []
+    failed_ids = {r[2]["custom_id"] for r in iter_records(run_dir / "results.jsonl") if r[2]["error"]}
+    failed = len(failed_ids)
+    assert failed > 0
+    mock.configure(latency_ms=5, jitter_ms=2)
+    quiesce(mock)
+    r = run_cli(*args[:-1], "--retry-failed", args[-1])
+    assert r.returncode == 0, r.stderr
+    assert f"{failed:,} failed record(s) taken out" in r.stderr, r.stderr
+    recs = assert_exactly_once(run_dir, ids_of(n))
+    # the retried ones succeed; tasks first sent by this run fail their first attempt as the mock says
+    still = {x["custom_id"] for x in recs if x["error"]}
+    assert not still & failed_ids and still <= {f"t{i}" for i in bad}
+    r = run_cli(*args[:-1], "--retry-failed", args[-1])
+    assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(run_dir, ids_of(n))
+    assert all(x["error"] is None for x in recs)
+    assert summary_of(run_dir)["succeeded"] == n
