@@ -77,9 +77,16 @@ def _move_aside(run_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False), required=False)
+@click.option("--retry-failed", "retry_failed", is_flag=False, flag_value="*", default=None, metavar="[CODE,...]",
+              help="Send again the tasks whose record is an error (only those with these error codes, e.g. "
+                   "http_429,timeout_total, when given): their records are replaced, not duplicated (the old ones go "
+                   "to replaced.jsonl). Works on a finished or a stopped run.")
+@click.option("--accept-changed-settings", is_flag=True,
+              help="Resume even though a request setting (--model, --max-tokens, --temperature, --stream, the "
+                   "endpoint's path, --scorer...) differs from the run's; the change is recorded in run.json.")
 @run_options
-def run(tasks: Path, **kw: Any) -> None:
+def run(tasks: Path | None, retry_failed: str | None, accept_changed_settings: bool, **kw: Any) -> None:
     """Send every task in TASKS (JSONL) to the endpoint; results go to TASKS.run/results.jsonl.
 
     TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
@@ -96,8 +103,13 @@ def run(tasks: Path, **kw: Any) -> None:
     """
     from evalsup import earlysignals
     from evalsup.inputs import InputError, classify, materialize
+    from evalsup.rebuild import retry_codes
 
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
+    tasks, codes = retry_codes(tasks, retry_failed)  # `--retry-failed tasks.jsonl` is the flag without codes
+    if tasks is None:
+        _fail("missing TASKS (the task file); see evalsup run --help")
+    assert tasks is not None
     try:
         cfg = build_config(tasks, kw)
         src = classify(tasks)
@@ -114,7 +126,9 @@ def run(tasks: Path, **kw: Any) -> None:
             _fail(str(e))
     from evalsup.supervisor.run import run as run_job
 
-    sys.exit(run_job(cfg))
+    if codes is not None and cfg.fresh:
+        _fail("--retry-failed needs the run to retry; it cannot go with --fresh")
+    sys.exit(run_job(cfg, accept_changed_settings=accept_changed_settings, retry_failed=codes))
 
 
 def _note(msg: str) -> None:
@@ -274,6 +288,11 @@ def status(run_dir: Path, as_json: bool) -> None:
     shard, a total and the missing shards). Fast on any size: figures come from the checkpoint and the tails
     of the files, never a full read of results.jsonl.
     """
+    from evalsup.results_file import check_run_dir
+
+    damaged = check_run_dir(run_dir)  # a damaged results.jsonl: one line naming results.jsonl:LINE, exit 2
+    if damaged is not None:
+        _fail(damaged)
     if as_json:
         import orjson
 
@@ -300,6 +319,22 @@ def report(run_dir: Path, output: Path | None) -> None:
         click.echo(f"report written to {write_report(run_dir, output)}")
     except ReportError as e:
         _fail(str(e), 1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+def repair(run_dir: Path) -> None:
+    """Move the damaged lines of RUN_DIR/results.jsonl (not a record, or a second record for a task) to
+    damaged.jsonl, so that the next `evalsup run` of the same command sends their tasks again, exactly once.
+
+    Crash-safe; changes nothing when nothing is damaged. Exit 0 when done, 1 when it cannot write.
+    """
+    from evalsup.rebuild import repair as do_repair
+
+    text, code = do_repair(run_dir)
+    if code:
+        _fail(text, code)
+    click.echo(text)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,190 +4,56 @@ A task is done exactly when its line is in ``results.jsonl``. The checkpoint nev
 what is fsynced: results are flushed and fsynced first, then ``checkpoint.json`` is written atomically
 (temp file, fsync, rename, fsync of the directory). It holds the dispatch frontier ``F`` (every line
 before it was dispatched), the outstanding tasks ``O`` (dispatched, not yet in the covered results) and
-``L``, the covered length of ``results.jsonl``. On resume the results after ``L`` are scanned for the
-ids ``D`` that finished since; ``O - D`` is redone and reading goes on from ``F`` skipping ``D``.
-See docs/architecture.md.
+``L``, the covered length of ``results.jsonl`` with its line count and CRC-32. On resume the covered lines
+are checked in one read, the results after ``L`` are parsed for the ids ``D`` that finished since; ``O - D``
+is redone and reading goes on from ``F`` skipping ``D``. See docs/architecture.md.
+
+The parts: evalsup.checkpoint (the file), evalsup.journal_writer (the writer threads), evalsup.results_file
+(checked reading, the scan), evalsup.rebuild (repair and --retry-failed), evalsup.settings (run.json).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
+from evalsup.checkpoint import (
+    EXIT_DISK,
+    Checkpoint,
+    JournalError,
+    RunDirDamaged,
+    load_checkpoint,
+    previous_fingerprint,
+    write_atomic,
+)
+from evalsup.journal_writer import Writer
+from evalsup.rebuild import finish_pending, reconcile, rewrite
+from evalsup.results_file import ResumeState, complete_length, prefix_sums, scan_results, verify_covered
+from evalsup.tasks import grew_at_line_end, same_input
 
-from evalsup.tasks import TaskRef
-
-CHECKPOINT_VERSION = 1
-
-
-class JournalError(Exception):
-    """The run directory cannot be used (disk full, unwritable, changed input...)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-_IOV_MAX = 512
-
-
-def _write_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> None:
-    """pwritev() the buffers in order at ``offset``, without joining them first; partial writes are carried on."""
-    i = 0
-    while i < len(bufs):
-        batch = bufs[i : i + _IOV_MAX]
-        n = os.pwritev(fd, batch, offset)
-        offset += n
-        for b in batch:
-            if n >= len(b):
-                n -= len(b)
-                i += 1
-            else:
-                bufs[i] = memoryview(b)[n:]
-                break
+__all__ = ["EXIT_DISK", "Checkpoint", "Journal", "JournalError", "OpenOptions", "ResumeState", "RunDirDamaged",
+           "load_checkpoint", "previous_fingerprint", "write_atomic"]
 
 
 @dataclass
-class Checkpoint:
-    fingerprint: dict[str, Any]
-    frontier: int = 0  # F: input byte offset; every line before it was dispatched
-    line_no: int = 0  # physical lines before F
-    index: int = 0  # non-blank lines before F (shard numbering)
-    outstanding: list[TaskRef] = field(default_factory=list)  # O
-    results_len: int = 0  # L
-    ids_len: int = 0  # bytes of ids.bin covering every id before F
-    invalid_len: int = 0  # bytes of invalid.jsonl covered
-    succeeded: int = 0  # records in results[:L] without error
-    failed: int = 0  # records in results[:L] with an error
-    invalid: int = 0  # lines skipped as invalid before F
-    counters: dict[str, Any] = field(default_factory=dict)  # restarts, recycles...: carried across resumes
-    done_ahead: list[str] = field(default_factory=list)  # ids at or past F already in results[:L] (an earlier D)
-    pid: int = 0  # the supervisor that wrote it (for `evalsup status`)
-    finished: bool = False
-    time: float = 0.0
+class OpenOptions:
+    """How a run opens its directory (set by supervisor.run from the command line)."""
 
-    def to_json(self) -> bytes:
-        d = {
-            "version": CHECKPOINT_VERSION,
-            "fingerprint": self.fingerprint,
-            "frontier": self.frontier,
-            "line_no": self.line_no,
-            "index": self.index,
-            "outstanding": [[t.offset, t.line_no, t.id, t.crashes] for t in self.outstanding],
-            "results_len": self.results_len,
-            "ids_len": self.ids_len,
-            "invalid_len": self.invalid_len,
-            "succeeded": self.succeeded,
-            "failed": self.failed,
-            "invalid": self.invalid,
-            "counters": self.counters,
-            "done_ahead": self.done_ahead,
-            "pid": self.pid,
-            "finished": self.finished,
-            "time": self.time,
-        }
-        return orjson.dumps(d, option=orjson.OPT_INDENT_2)
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Checkpoint:
-        d = orjson.loads(data)
-        if d.get("version") != CHECKPOINT_VERSION:
-            raise JournalError(f"checkpoint version {d.get('version')} is not {CHECKPOINT_VERSION}")
-        return cls(
-            fingerprint=d["fingerprint"], frontier=d["frontier"], line_no=d["line_no"], index=d["index"],
-            outstanding=[TaskRef(o, n, i, c) for o, n, i, c in d["outstanding"]],
-            results_len=d["results_len"], ids_len=d["ids_len"], invalid_len=d["invalid_len"],
-            succeeded=d["succeeded"], failed=d["failed"], invalid=d["invalid"], counters=d.get("counters", {}),
-            done_ahead=list(d.get("done_ahead", [])), pid=int(d.get("pid", 0)),
-            finished=d.get("finished", False), time=d.get("time", 0.0),
-        )
+    settings: dict[str, Any] | None = None  # the request settings, for run.json (None: not guarded)
+    accept_changed_settings: bool = False
+    retry_failed: frozenset[str] | None = None  # error codes to send again (empty: every error); None: no
+    max_line_bytes: int = 16 << 20
+    log: Callable[[str], None] = lambda msg: None
 
 
-def load_checkpoint(run_dir: Path) -> Checkpoint | None:
-    p = run_dir / "checkpoint.json"
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        return Checkpoint.from_json(data)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise JournalError(f"{p}: unreadable checkpoint ({e})") from None
-
-
-def complete_length(path: Path) -> int:
-    """Length of the file up to and including its last newline (where a torn last line starts)."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return 0
-    with open(path, "rb") as f:
-        pos = size
-        while pos > 0:
-            step = min(pos, 1 << 16)
-            f.seek(pos - step)
-            chunk = f.read(step)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                return pos - step + i + 1
-            pos -= step
-    return 0
-
-
-@dataclass
-class ResumeState:
-    checkpoint: Checkpoint
-    done_after: set[str]  # D: ids whose records lie after L
-    succeeded_after: int
-    failed_after: int
-    torn_bytes: int  # bytes of a torn final line that were cut
-
-    @property
-    def done(self) -> int:
-        cp = self.checkpoint
-        return cp.succeeded + cp.failed + self.succeeded_after + self.failed_after
-
-
-def scan_results(path: Path, start: int) -> tuple[set[str], int, int]:
-    """Ids and success/failure counts of the complete records from ``start`` on."""
-    ids: set[str] = set()
-    ok = bad = 0
-    with open(path, "rb") as f:
-        f.seek(start)
-        for line in f:
-            if not line.endswith(b"\n"):
-                break
-            rec = orjson.loads(line)
-            ids.add(rec["custom_id"])
-            if rec.get("error") is None:
-                ok += 1
-            else:
-                bad += 1
-    return ids, ok, bad
+def _disk(what: str, e: OSError) -> JournalError:
+    return JournalError(f"cannot {what}: {e.strerror}", EXIT_DISK)
 
 
 class Journal:
@@ -216,7 +82,9 @@ class Journal:
         self._results: IO[bytes] | None = None
         self._ids: IO[bytes] | None = None
         self._invalid: IO[bytes] | None = None
-        self._writer: _Writer | None = None
+        self._writer: Writer | None = None
+        self.options = OpenOptions()
+        self._broken: str | None = None  # a failed write of ids.bin or invalid.jsonl
         self.last_checkpoint = 0.0
         # called on the event loop when a write fails (the message says what failed) and when the backlog
         # falls back below a quarter of BACKLOG_HIGH
@@ -228,7 +96,7 @@ class Journal:
     def broken(self) -> str | None:
         """After a failed write the file may hold part of what was lost; no checkpoint may be written after
         that (it would drop the lost tasks from O), so the last good one stands and a rerun redoes them."""
-        return self._writer.broken if self._writer is not None else None
+        return self._broken or (self._writer.broken if self._writer is not None else None)
 
     @property
     def written(self) -> int:
@@ -244,28 +112,44 @@ class Journal:
     # ----- opening -----
 
     def prepare(self, fingerprint: dict[str, Any], input_name: str) -> ResumeState | None:
-        """Create the run directory, or check and repair it for a resume; None means a fresh start."""
+        """Create the run directory, or check and repair it for a resume; None means a fresh start. Refuses
+        (JournalError, nothing changed) a changed input, changed request settings or a damaged results file."""
+        opt = self.options
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            finish_pending(self.run_dir)  # a repair or --retry-failed that a crash interrupted
         except OSError as e:
-            raise JournalError(f"cannot create run directory {self.run_dir}: {e.strerror}") from None
+            raise _disk(f"prepare run directory {self.run_dir}", e) from None
         cp = load_checkpoint(self.run_dir)
         has_results = self.results_path.exists() and self.results_path.stat().st_size > 0
-        if cp is None and not has_results:
+        resuming = cp is not None or has_results
+        if cp is not None:
+            how = same_input(cp.fingerprint, fingerprint, Path(input_name))
+            if how == "grown" and not grew_at_line_end(Path(input_name), int(cp.fingerprint["size"])):
+                how = "changed"
+            if how == "changed":
+                raise JournalError(
+                    f"{input_name} changed since the run in {self.run_dir} started (its content differs; lines "
+                    "appended at the end are fine); rerun with --fresh to start over (the old run directory is "
+                    "moved aside), or use --out for a new one")
+            if how == "grown":
+                opt.log(f"{input_name} grew by {int(fingerprint['size']) - int(cp.fingerprint['size']):,} bytes "
+                        "since the run started: its new lines run too")
+        self._guard_settings(resuming)
+        if not resuming:
             self._open(0, 0, 0)
             return None
-        if cp is not None and cp.fingerprint != fingerprint:
-            raise JournalError(
-                f"{input_name} changed since the run in {self.run_dir} started (size, time or content differ); "
-                "rerun with --fresh to start over (the old run directory is moved aside), or use --out for a new one"
-            )
         if cp is None:  # crashed before the first checkpoint: everything in results counts as D
             cp = Checkpoint(fingerprint=fingerprint)
         keep = complete_length(self.results_path)
+        verify_covered(self.results_path, cp, keep)  # every line L covers, in one read
+        scan_results(self.results_path, cp.results_len, (cp.results_lines or 0) + 1)  # each line after, parsed
+        if opt.retry_failed is not None:
+            cp = self._retry_failed(opt.retry_failed, cp)
+            keep = complete_length(self.results_path)
+        if cp.reconcile:
+            cp = reconcile(self.run_dir, cp, Path(input_name), opt.max_line_bytes)
         size = self.results_path.stat().st_size if self.results_path.exists() else 0
-        if keep < cp.results_len:
-            raise JournalError(f"{self.results_path} is shorter than its checkpoint says ({keep} < "
-                               f"{cp.results_len} bytes): it was edited or truncated; rerun with --fresh")
         torn = size - keep
         if torn:
             try:
@@ -273,14 +157,43 @@ class Journal:
                     f.truncate(keep)
                     os.fsync(f.fileno())
             except OSError as e:
-                raise JournalError(f"cannot repair {self.results_path} (cut its torn last line): "
-                                   f"{e.strerror}") from None
+                raise _disk(f"repair {self.results_path} (cut its torn last line)", e) from None
         d, ok, bad = scan_results(self.results_path, cp.results_len) if keep else (set(), 0, 0)
         d.update(cp.done_ahead)  # finished before an earlier resume, still ahead of F
-        self._open(keep, cp.ids_len, cp.invalid_len)
+        self._open(keep, cp.ids_len, cp.invalid_len, cp)
         return ResumeState(cp, d, ok, bad, torn)
 
-    def _open(self, results_len: int, ids_len: int, invalid_len: int) -> None:
+    def _guard_settings(self, resuming: bool) -> None:
+        from evalsup.settings import guard
+
+        opt = self.options
+        if opt.settings is None:
+            return
+        try:
+            diff = guard(self.run_dir, opt.settings, resuming, opt.accept_changed_settings)
+        except OSError as e:
+            raise _disk(f"write {self.run_dir / 'run.json'}", e) from None
+        for d in diff:
+            opt.log(f"--accept-changed-settings: {d} (recorded in run.json)")
+
+    def _retry_failed(self, codes: frozenset[str], cp: Checkpoint) -> Checkpoint:
+        def drop(rec: dict[str, Any]) -> bool:
+            err = rec.get("error")
+            if err is None:
+                return False
+            return not codes or (isinstance(err, dict) and err.get("code") in codes)
+
+        try:
+            rep = rewrite(self.run_dir, drop, fingerprint=cp.fingerprint)
+        except OSError as e:
+            raise _disk(f"rewrite {self.results_path} for --retry-failed", e) from None
+        what = "failed" if not codes else "/".join(sorted(codes))
+        self.options.log(f"--retry-failed: {rep.replaced:,} {what} record(s) taken out of results.jsonl (kept in "
+                         "replaced.jsonl); their tasks are sent again")
+        new = load_checkpoint(self.run_dir)
+        return new if new is not None else cp
+
+    def _open(self, results_len: int, ids_len: int, invalid_len: int, cp: Checkpoint | None = None) -> None:
         try:
             # positional writes (pwritev at the writer's position): a resume cuts the file back to what it trusts
             fd = os.open(self.results_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -288,8 +201,14 @@ class Journal:
             self._ids = self._open_truncated(self.ids_path, ids_len)
             self._invalid = self._open_truncated(self.invalid_path, invalid_len)
         except OSError as e:
-            raise JournalError(f"cannot write in run directory {self.run_dir}: {e.strerror}") from None
-        self._writer = _Writer(self, fd, results_len, asyncio.get_running_loop())
+            raise JournalError(f"cannot write in run directory {self.run_dir}: {e.strerror}", EXIT_DISK) from None
+        lines = crc = 0
+        if results_len:  # the writer carries the line count and CRC of everything before its position on
+            base = cp is not None and cp.results_crc is not None and cp.results_lines is not None
+            start = cp.results_len if cp is not None and base else 0
+            lines, crc = (cp.results_lines or 0, cp.results_crc or 0) if cp is not None and base else (0, 0)
+            lines, crc = prefix_sums(self.results_path, results_len, start, lines, crc)
+        self._writer = Writer(self, fd, results_len, asyncio.get_running_loop(), lines, crc)
         self._writer.start()
 
     @staticmethod
@@ -297,6 +216,9 @@ class Journal:
         f = open(path, "ab")  # noqa: SIM115 - closed in close()
         if f.tell() > length:
             f.truncate(length)
+            # truncate() leaves the position where it was: tell() would count the cut bytes on, and a later
+            # checkpoint's ids_len would claim ids written after it (a false "duplicate id" on the next resume)
+            f.seek(0, os.SEEK_END)
         return f
 
     def read_ids(self, length: int) -> bytes:
@@ -315,12 +237,24 @@ class Journal:
 
     def append_invalid(self, line: bytes) -> None:
         assert self._invalid is not None
-        self._invalid.write(line)
+        try:
+            self._invalid.write(line)
+        except OSError as e:
+            self._side_failed(self.invalid_path, e)
 
     def append_ids(self, data: bytes) -> None:
         assert self._ids is not None
         if data:
-            self._ids.write(data)
+            try:
+                self._ids.write(data)
+            except OSError as e:
+                self._side_failed(self.ids_path, e)
+
+    def _side_failed(self, path: Path, e: OSError) -> None:
+        """ids.bin or invalid.jsonl could not be written: no checkpoint may cover them any more (as for results)."""
+        if self.broken is None:
+            self._broken = f"cannot write {path}: {e.strerror}"
+            self.on_error(self._broken)
 
     def flush(self) -> None:
         """Hand the buffered lines to the writer."""
@@ -335,15 +269,19 @@ class Journal:
         that covers it. Raises JournalError if it cannot."""
         assert self._writer is not None and self._ids is not None and self._invalid is not None
         if self.broken:
-            raise JournalError(self.broken)
+            raise JournalError(self.broken, EXIT_DISK)
         self.flush()
-        self._ids.flush()
-        self._invalid.flush()
+        try:
+            self._ids.flush()
+            self._invalid.flush()
+        except OSError as e:
+            self._side_failed(self.ids_path, e)
+            raise JournalError(self.broken or str(e), EXIT_DISK) from None
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._writer.put(("checkpoint", cp, (self._ids.fileno(), self._invalid.fileno()), fut), 0)
         err = await fut
         if err is not None:
-            raise JournalError(err)
+            raise JournalError(err, EXIT_DISK)
         self.last_checkpoint = time.monotonic()
 
     def ids_length(self) -> int:
@@ -361,125 +299,5 @@ class Journal:
         for f in (self._results, self._ids, self._invalid):
             if f is not None:
                 with contextlib.suppress(OSError):
-                    f.close()
+                    f.close()  # a buffered ids/invalid tail that cannot be written is past the last checkpoint
         self._results = self._ids = self._invalid = None
-
-
-class _Writer(threading.Thread):
-    """Does the journal's jobs in order: ("write", bufs, n), ("checkpoint", cp, fds, future), None to stop;
-    a checkpoint's fsync and file go to a second thread. ``pos`` is the length of results.jsonl written."""
-
-    def __init__(self, journal: Journal, fd: int, pos: int, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(name="evalsup-journal", daemon=True)
-        self.journal = journal
-        self.fd = fd
-        self.pos = pos
-        self.written = 0  # bytes written by this writer (pos - the length it started at)
-        self.loop = loop
-        self.jobs: collections.deque[tuple[Any, ...] | None] = collections.deque()
-        self.cv = threading.Condition()
-        self.backlog = 0  # bytes of the queued jobs
-        self.broken: str | None = None
-        # fsync takes as long as the disk needs for what is dirty (seconds, for gigabytes): a second thread
-        # does it, and writes the checkpoint after, while this one goes on writing the lines that follow
-        self.syncer: queue.SimpleQueue[tuple[Checkpoint, tuple[int, ...], asyncio.Future[str | None]] | None] = \
-            queue.SimpleQueue()
-        self._syncing = threading.Thread(target=self._sync_loop, name="evalsup-fsync", daemon=True)
-
-    def start(self) -> None:
-        super().start()
-        self._syncing.start()
-
-    def put(self, job: tuple[Any, ...] | None, nbytes: int) -> None:
-        with self.cv:
-            self.jobs.append(job)
-            self.backlog += nbytes
-            self.cv.notify()
-
-    def stop(self) -> None:
-        if self.is_alive():
-            self.put(None, 0)
-            self.join()
-
-    def _call(self, fn: Callable[..., Any], *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    def run(self) -> None:
-        while True:
-            with self.cv:
-                while not self.jobs:
-                    self.cv.wait()
-                job = self.jobs.popleft()
-            if job is None:
-                self.syncer.put(None)
-                self._syncing.join()
-                return
-            kind, nbytes = job[0], 0
-            if kind == "write":
-                nbytes = job[2]
-                self._write(job[1], nbytes)
-                job = None  # let go of the lines' buffers before anyone hears they are written
-                if self.journal.on_written is not None:
-                    self._call(self.journal.on_written)
-            elif kind == "checkpoint":
-                self._checkpoint(*job[1:])
-            with self.cv:
-                before = self.backlog
-                self.backlog -= nbytes
-                low = before >= Journal.BACKLOG_HIGH // 4 > self.backlog
-            if low:
-                self._call(self.journal.on_backlog_low)
-
-    def _fail(self, what: str, e: OSError) -> None:
-        if self.broken is None:
-            # Whatever part reached the file lies past the last checkpoint: a rerun keeps its complete lines
-            # (as finished since) and cuts a torn tail; the rest is redone (in O or past F).
-            self.broken = f"cannot {what} {self.journal.results_path}: {e.strerror}"
-            self._call(self.journal.on_error, self.broken)
-
-    def _write(self, bufs: list[bytes | memoryview], n: int) -> None:
-        if self.broken:
-            return
-        try:
-            _write_all(self.fd, bufs, self.pos)
-        except OSError as e:
-            self._fail("write", e)
-            return
-        self.pos += n
-        self.written += n
-
-    def _checkpoint(self, cp: Checkpoint, fds: tuple[int, ...], fut: asyncio.Future[str | None]) -> None:
-        """Take the results length for cp; the syncer fsyncs and writes it while writing goes on after it."""
-        if self.broken:
-            self._resolve(fut, self.broken)
-        else:
-            cp.results_len = self.pos
-            self.syncer.put((cp, fds, fut))
-
-    def _resolve(self, fut: asyncio.Future[str | None], err: str | None) -> None:
-        self._call(lambda f, e: f.done() or f.set_result(e), fut, err)
-
-    def _sync_loop(self) -> None:
-        """The syncer thread: fsync (data written before cp.results_len at least), then write cp."""
-        while True:
-            item = self.syncer.get()
-            if item is None:
-                return
-            cp, fds, fut = item
-            err: str | None = None
-            try:
-                for fd in (self.fd, *fds):
-                    os.fsync(fd)
-            except OSError as e:
-                self._fail("sync", e)
-                err = self.broken
-            if err is None:
-                cp.time = time.time()
-                try:
-                    write_atomic(self.journal.checkpoint_path, cp.to_json())
-                except OSError as e:
-                    err = f"cannot write {self.journal.checkpoint_path}: {e.strerror}"
-                except Exception as e:  # a bug: the run must stop with it, not wait for this checkpoint forever
-                    err = f"cannot write {self.journal.checkpoint_path}: {type(e).__name__}: {e}"
-            self._resolve(fut, err)

@@ -9,7 +9,9 @@ from typing import IO, Any
 
 import orjson
 
+from evalsup.checkpoint import RunDirDamaged
 from evalsup.idset import IdSet
+from evalsup.results_file import iter_records
 from evalsup.tasks import TaskError, TaskReader
 
 
@@ -98,15 +100,8 @@ def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, t
         for d in run_dirs:
             if not (d / "results.jsonl").exists():
                 continue  # a shard whose every line was invalid (and skipped) has no results
-            with open(d / "results.jsonl", "rb") as f:
-                for line in f:
-                    if not line.endswith(b"\n"):
-                        break  # a torn last line of a stopped shard: not a result
-                    try:
-                        rec = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        raise MergeError(f"{d / 'results.jsonl'}: a line that is not JSON: "
-                                         f"{line[:80]!r}") from None
+            try:  # checked: a damaged line is a one-line error naming results.jsonl:LINE (a torn last line ends)
+                for _n, line, rec in iter_records(d / "results.jsonl"):
                     cid = str(rec["custom_id"])
                     if ids.add(cid, pos, reader) is not None:
                         rep.duplicate_count += 1
@@ -120,6 +115,8 @@ def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, t
                         rep.succeeded += 1
                     else:
                         rep.failed += 1
+            except RunDirDamaged as e:
+                raise MergeError(str(e)) from None
         w.flush()
         if tasks is not None:
             final = tmp.with_name(tmp.name + ".sorted") if sort else None

@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from evalsup.checkpoint import RunDirDamaged
+from evalsup.results_file import iter_records
 from evalsup.scorers import ScoreFn, ScorerOptions, ScoreStats, load_scorer
 from evalsup.worker.scoring import score_sync
 
@@ -40,14 +42,14 @@ def _score_batch(lines: list[bytes]) -> list[tuple[bytes, dict[str, float | None
 
 def _batches(path: Path) -> Iterator[list[bytes]]:
     batch: list[bytes] = []
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                break
+    try:  # checked: a damaged line is a one-line error naming results.jsonl:LINE (a torn last line ends)
+        for _n, line, _rec in iter_records(path):
             batch.append(line)
             if len(batch) >= BATCH:
                 yield batch
                 batch = []
+    except RunDirDamaged as e:
+        raise ValueError(str(e)) from None
     if batch:
         yield batch
 

@@ -306,12 +306,15 @@ def _edit_same_size(tasks: Path) -> None:
     os.utime(tasks, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only the content differs
 
 
-def _append_task(tasks: Path) -> None:
+def _edit_and_append(tasks: Path) -> None:
+    """An edited line and one appended: growing is fine (test_resume_guard.py), an edit is not."""
+    tasks.write_bytes(tasks.read_bytes().replace(b'"q7"', b'"z7"', 1))
     with open(tasks, "ab") as f:
         f.write(orjson.dumps({"id": "t200", "prompt": "one more"}) + b"\n")
 
 
-@pytest.mark.parametrize("change", [_append_task, _edit_same_size], ids=["appended", "edited_same_size"])
+@pytest.mark.parametrize("change", [_edit_and_append, _edit_same_size], ids=["edited_and_appended",
+                                                                               "edited_same_size"])
 def test_changed_input_is_refused_and_fresh_moves_the_old_run_aside(tmp_path: Path, mock: MockThread,
                                                                     change: Callable[[Path], None]) -> None:
     n = 200
@@ -336,7 +339,7 @@ def test_changed_input_is_refused_and_fresh_moves_the_old_run_aside(tmp_path: Pa
     assert len(aside) == 1, f"old run directory not found beside the new one: {sorted(tmp_path.iterdir())}"
     assert str(aside[0]) in r.stderr, r.stderr  # the user is told where it went
     assert {k: v[0] for k, v in snapshot(aside[0]).items()} == {k: v[0] for k, v in before.items()}
-    want = ids_of(n + 1) if change is _append_task else ids_of(n)
+    want = ids_of(n + 1) if change is _edit_and_append else ids_of(n)
     assert_exactly_once(run_dir, want)
 
 

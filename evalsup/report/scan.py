@@ -142,7 +142,17 @@ class ResultScan:
 
 
 def scan_results(path: Path) -> ResultScan:
+    """Every record of results.jsonl, checked: a damaged line is a one-line error naming results.jsonl:LINE."""
+    from evalsup.checkpoint import RunDirDamaged
+    from evalsup.report import ReportError
+    from evalsup.results_file import records
+
     s = ResultScan()
-    for rec in jsonl(path):
-        s.add(rec)
+    if not path.exists():
+        return s
+    try:
+        for rec in records(path):
+            s.add(rec)
+    except RunDirDamaged as e:
+        raise ReportError(str(e)) from None
     return s

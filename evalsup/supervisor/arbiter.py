@@ -237,7 +237,7 @@ class Supervisor(Inbox):
                     self.journal.flush()
                     last_flush = now
             except JournalError as e:
-                self.stop(str(e), ex.RESUMABLE, "now")
+                self.stop(str(e), e.code, "now")
                 return
             self._breaker_tick(now)
             for w in list(self.workers):
@@ -358,7 +358,7 @@ class Supervisor(Inbox):
             try:
                 await self.checkpoint()  # from the start, the run directory says where the run is
             except JournalError as e:
-                self.stop(str(e), ex.RESUMABLE, "now")
+                self.stop(str(e), e.code, "now")
             loops = [asyncio.create_task(c) for c in (
                 self._ticker(), self._monitor(),
                 show_progress(cfg.quiet, cfg.log_format, cfg.log_interval_s, self.snapshot, self.log))]
@@ -381,7 +381,8 @@ class Supervisor(Inbox):
         try:
             await self.checkpoint(finished=self.finished)
         except JournalError as e:
-            self.stop_message, self.stop_code = str(e), ex.RESUMABLE
+            if self.stop_code == 0 or not self.journal.broken:  # keep the first cause (the failed write) if any
+                self.stop_message, self.stop_code = str(e), e.code
         self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code,
                     stopped=self.stop_message or None)  # why, for `evalsup status`
         self.journal.close()

@@ -14,7 +14,7 @@ from evalsup.config import RunConfig
 from evalsup.ipc import Kind
 from evalsup.ipc.frames import BufferPool
 from evalsup.ipc.ring import ring_size_from_env
-from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
+from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState, previous_fingerprint
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.memory import MemoryControl
@@ -84,13 +84,13 @@ class SupervisorCore:
         cfg = self.cfg
         if not cfg.tasks_path.is_file():
             raise RunStopped(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
-        self.fp = fingerprint(cfg.tasks_path)
+        self.fp = fingerprint(cfg.tasks_path, previous_fingerprint(cfg.run_dir))  # resume: hash only if written
         if cfg.shard is not None:
             self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
-            raise RunStopped(str(e), ex.BAD_INPUT) from None
+            raise RunStopped(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
         if state is None:
             self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
             return

@@ -13,7 +13,7 @@ import uvloop
 
 from evalsup import earlysignals, exitcodes
 from evalsup.config import RunConfig
-from evalsup.journal import JournalError, load_checkpoint, write_atomic
+from evalsup.journal import EXIT_DISK, JournalError, OpenOptions, load_checkpoint, write_atomic
 from evalsup.rundir import RunDirBusy, RunDirError, RunDirLock
 from evalsup.shards import shard_mismatch
 from evalsup.supervisor.arbiter import RunStopped, Supervisor
@@ -34,12 +34,16 @@ def _logger(cfg: RunConfig) -> Any:
     return log
 
 
-def run(cfg: RunConfig) -> int:
-    """Run a job to its end (or a stop); returns the process exit code (evalsup.exitcodes).
+def run(cfg: RunConfig, accept_changed_settings: bool = False, retry_failed: frozenset[str] | None = None) -> int:
+    """Run a job to its end (or a stop); returns the process exit code (evalsup.exitcodes). ``retry_failed``:
+    error codes whose records are taken out and their tasks sent again (empty: every error), see
+    evalsup.rebuild.
 
     The run directory's lock is taken before anything else (before the endpoint check, whose request a second,
     refused run must not send) and held until the end; a run refused for any reason leaves no directory of
     its own making behind."""
+    from evalsup.settings import request_settings
+
     log = _logger(cfg)
     lock = RunDirLock(cfg.run_dir)
     try:
@@ -52,7 +56,9 @@ def run(cfg: RunConfig) -> int:
         why = _wrong_shard(cfg)
         if why is not None:
             return _refused(cfg, log, why, exitcodes.BAD_INPUT)
-        return _run_locked(cfg, log)
+        settings = OpenOptions(settings=request_settings(cfg), accept_changed_settings=accept_changed_settings,
+                               retry_failed=retry_failed, max_line_bytes=cfg.max_line_bytes, log=log)
+        return _run_locked(cfg, log, settings)
     finally:
         lock.release(tidy=True)
 
@@ -85,13 +91,20 @@ async def _with_early_signals(sup: Supervisor) -> int:
     return await sup.run()
 
 
-def _run_locked(cfg: RunConfig, log: Any) -> int:
+def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
     sup = Supervisor(cfg, log)
+    sup.journal.options = options
     start = time.monotonic()
     try:
         code = uvloop.run(_with_early_signals(sup))
     except RunStopped as e:
         return _refused(cfg, log, str(e), e.code)
+    except OSError as e:  # a write of the run directory's side files (events, memory samples) on a full disk
+        where = f" {e.filename}" if e.filename else ""
+        return _refused(cfg, log, f"cannot write{where}: {e.strerror}; the run directory still describes what is "
+                        "safely on disk; rerun the same command to resume", EXIT_DISK)
+    if sup.journal.broken:
+        _counts_from_disk(sup, log)
     if code == exitcodes.OK and not sup.finished:  # 0 only when every task has its record
         code = exitcodes.RESUMABLE
     wall = time.monotonic() - start
@@ -100,12 +113,13 @@ def _run_locked(cfg: RunConfig, log: Any) -> int:
     try:
         write_atomic(cfg.run_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     except OSError as e:
-        log(f"cannot write summary.json: {e.strerror}")
+        if not sup.journal.broken:  # after a failed write of the results, that one line says it all
+            log(f"cannot write summary.json: {e.strerror}")
     if cfg.json_summary:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif cfg.quiet:
         print(summary_line(summary), flush=True)  # -q: one line
-        if code in (0, 130, 143):
+        if code == exitcodes.OK:
             return code  # the line says it all
     else:
         from rich.console import Console
@@ -116,3 +130,16 @@ def _run_locked(cfg: RunConfig, log: Any) -> int:
             if code == exitcodes.RESUMABLE else ""
         log(f"{sup.stop_message}{how} (exit {code})", "error" if code != exitcodes.RESUMABLE else "info")
     return code
+
+
+def _counts_from_disk(sup: Supervisor, log: Any) -> None:
+    """After a failed write some results counted were never written: count what a rerun will find instead."""
+    from evalsup.journal import JournalError
+    from evalsup.results_file import counts_on_disk
+
+    try:
+        before = sup.stats.done
+        sup.stats.succeeded, sup.stats.failed = counts_on_disk(sup.cfg.run_dir)
+        sup.stats.session_done = max(0, sup.stats.session_done - (before - sup.stats.done))
+    except (JournalError, OSError) as e:
+        log(f"cannot count the results on disk: {e}")
