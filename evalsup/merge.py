@@ -46,7 +46,7 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
         raise MergeError(str(e)) from None
 
 
-class _LineAt:
+class LineAt:
     """Reads the custom_id of the line at an offset of a file being written."""
 
     def __init__(self, path: Path, writer: IO[bytes]) -> None:
@@ -95,7 +95,7 @@ def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool
 def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, tasks: Path | None, sort: bool,
                 max_listed: int) -> None:
     with open(tmp, "wb") as w:
-        reader = _LineAt(tmp, w)
+        reader = LineAt(tmp, w)
         pos = 0
         for d in run_dirs:
             if not (d / "results.jsonl").exists():

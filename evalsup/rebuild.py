@@ -32,6 +32,7 @@ import orjson
 
 from evalsup.checkpoint import Checkpoint, JournalError, fsync_dir, load_checkpoint, read_checkpoint, write_atomic
 from evalsup.idset import IdSet
+from evalsup.merge import LineAt  # the custom_id of a record at an offset of a file being written
 from evalsup.results_file import complete_length, prefix_sums, record_problem
 from evalsup.tasks import TaskError, TaskReader, TaskRef
 
@@ -75,26 +76,6 @@ class RewriteReport:
     rechecked: bool = False  # the covered lines were changed but are all records: the checkpoint was re-based
 
 
-class _IdAt:
-    """The custom_id of the record at an offset of the file being written (for IdSet's exact check)."""
-
-    def __init__(self, path: Path, writer: IO[bytes]) -> None:
-        self.path, self.writer = path, writer
-        self.f: IO[bytes] | None = None
-
-    def __call__(self, offset: int) -> str | None:
-        self.writer.flush()
-        if self.f is None:
-            self.f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        self.f.seek(offset)
-        rec = orjson.loads(self.f.readline())
-        return str(rec["custom_id"])
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-
-
 def _copy_then(src: Path, dest: IO[bytes]) -> None:
     if src.exists():
         with open(src, "rb") as f:
@@ -121,7 +102,7 @@ def rewrite(run_dir: Path, drop: Callable[[dict[str, Any]], bool] | None = None,
     with open(results, "rb") as src, open(new_p, "wb") as new, open(dmg_p, "wb") as dmg, open(rpl_p, "wb") as rpl:
         _copy_then(run_dir / "damaged.jsonl", dmg)
         _copy_then(run_dir / "replaced.jsonl", rpl)
-        id_at = _IdAt(new_p, new)
+        id_at = LineAt(new_p, new)
         pos = 0
         try:
             for n, line in enumerate(src, 1):

@@ -202,3 +202,12 @@ def counts_on_disk(run_dir: Path) -> tuple[int, int]:
         _, ok_after, bad_after = scan_results(path, start)
         ok, bad = ok + ok_after, bad + bad_after
     return ok, bad
+
+
+def json_file(path: Path) -> dict[str, Any] | None:
+    """A run directory's JSON file (summary.json, run.json...) as an object; None when missing or unreadable."""
+    try:
+        obj = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from evalsup.journal import Checkpoint, JournalError, load_checkpoint
+from evalsup.results_file import json_file as _json_file
 
 TAIL_EVENTS = 1 << 20  # bytes of events.jsonl read from its end
 SHOW_IDS = 10
@@ -63,14 +64,6 @@ def _alive(pid: int) -> bool:
             return b"evalsup" in f.read()
     except OSError:
         return False
-
-
-def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def settings_of(run_dir: Path) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from evalsup.mock.server import MockConfig, MockThread
+from evalsup.rundir import LOCK_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -340,3 +342,94 @@ def communicate(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, 
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def quiesce(mock: MockThread) -> None:
+    """Wait until the mock has nothing in flight and no request of a killed run still arrives (bytes a
+    worker wrote just before it died can reach the server after)."""
+    last = -1
+    deadline = time.monotonic() + LIVENESS_S
+    while True:
+        st = mock.stats()
+        if st["in_flight"] == 0 and st["requests"] == last:
+            return
+        assert time.monotonic() < deadline, "the mock never went quiet"
+        last = st["requests"] if st["in_flight"] == 0 else -1
+        time.sleep(0.3)
+
+
+def resumed_done(line: str) -> int:
+    m = re.search(r"resuming:\D*([\d,]+) done", line)
+    assert m, f"the resume line does not say how many are done: {line!r}"
+    return int(m.group(1).replace(",", ""))
+
+
+def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under d with its bytes and mtime (but the lock file, which names whoever held it last)."""
+    return {str(p.relative_to(d)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != LOCK_NAME}
+
+
+def mount(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs of our own (root only), unmounted at teardown."""
+    d = tmp_path / "fs"
+    d.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(d))
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], capture_output=True, timeout=30)
+
+
+# ------------------------------------------------------------------------ runs the resume tests start from
+
+
+def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run], n: int = 2000,
+                   at_least: int = 300) -> tuple[Path, Path, tuple[str, ...]]:
+    """A run SIGKILLed (whole process group) while results were coming in; the mock is fast again after."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", n)
+    run_dir = tmp_path / "tasks.run"
+    args = run_args(mock, tasks, "-w", "3")
+    mock.configure(latency_ms=100, jitter_ms=20)
+    p = start(*args)
+    p.wait_results(run_dir, at_least)
+    time.sleep(0.3)  # somewhere between flushes and checkpoints
+    p.kill_group()
+    assert p.wait_workers_gone() == []
+    assert complete_lines(run_dir / "results.jsonl") < n, "the run finished before it could be killed"
+    mock.configure(latency_ms=5, jitter_ms=2)
+    quiesce(mock)
+    return tasks, run_dir, args
+
+
+def finished_run(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
+              tasks_extra: Callable[[int], dict[str, Any] | None] | None = None) -> tuple[Path, Path, tuple[str, ...]]:
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, n)
+    if tasks_extra is not None:  # per-task fields (the mock's per-request behaviour)
+        lines = tasks.read_bytes().splitlines()
+        out = []
+        for i, line in enumerate(lines):
+            obj = orjson.loads(line)
+            obj.update(tasks_extra(i) or {})
+            out.append(orjson.dumps(obj))
+        tasks.write_bytes(b"\n".join(out) + b"\n")
+    run_dir = tmp_path / "tasks.run"
+    args = run_args(mock, tasks, "-w", "2", *extra)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    return tasks, run_dir, args
+
+
+def fail_once(ids: set[int], status: int = 400) -> Callable[[int], dict[str, Any] | None]:
+    """The mock answers these tasks' first attempt with `status` (and succeeds after)."""
+    return lambda i: {"mock": {"status": status, "times": 1}} if i in ids else None

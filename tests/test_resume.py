@@ -5,82 +5,43 @@ on 127.0.0.1. The harness (`Run`, `start`, `wait_until`...) is tests/conftest.py
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from conftest import (
-    LIVENESS_S,
     Run,
     assert_clean_exit,
     assert_exactly_once,
     chat_requests,
     complete_lines,
     ids_of,
+    killed_mid_run,
+    quiesce,
     read_results,
     resume_line,
+    resumed_done,
     run_args,
     run_cli,
+    snapshot,
     summary,
     wait_until,
     write_tasks,
 )
+from conftest import (
+    mount as _mount,
+)
 
 from evalsup.exitcodes import RESUMABLE
 from evalsup.mock.server import MockThread
-from evalsup.rundir import LOCK_NAME
 
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def quiesce(mock: MockThread) -> None:
-    """Wait until the mock has nothing in flight and no request of a killed run still arrives (bytes a
-    worker wrote just before it died can reach the server after)."""
-    last = -1
-    deadline = time.monotonic() + LIVENESS_S
-    while True:
-        st = mock.stats()
-        if st["in_flight"] == 0 and st["requests"] == last:
-            return
-        assert time.monotonic() < deadline, "the mock never went quiet"
-        last = st["requests"] if st["in_flight"] == 0 else -1
-        time.sleep(0.3)
-
-
-def resumed_done(line: str) -> int:
-    m = re.search(r"resuming:\D*([\d,]+) done", line)
-    assert m, f"the resume line does not say how many are done: {line!r}"
-    return int(m.group(1).replace(",", ""))
-
-
-def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under d with its bytes and mtime (but the lock file, which names whoever held it last)."""
-    return {str(p.relative_to(d)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
-            if p.is_file() and p.name != LOCK_NAME}
-
-
-def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run], n: int = 2000,
-                   at_least: int = 300) -> tuple[Path, Path, tuple[str, ...]]:
-    """A run SIGKILLed (whole process group) while results were coming in; the mock is fast again after."""
-    tasks = write_tasks(tmp_path / "tasks.jsonl", n)
-    run_dir = tmp_path / "tasks.run"
-    args = run_args(mock, tasks, "-w", "3")
-    mock.configure(latency_ms=100, jitter_ms=20)
-    p = start(*args)
-    p.wait_results(run_dir, at_least)
-    time.sleep(0.3)  # somewhere between flushes and checkpoints
-    p.kill_group()
-    assert p.wait_workers_gone() == []
-    assert complete_lines(run_dir / "results.jsonl") < n, "the run finished before it could be killed"
-    mock.configure(latency_ms=5, jitter_ms=2)
-    quiesce(mock)
-    return tasks, run_dir, args
 
 
 # ------------------------------------------------------------------------------------ resume after a kill
@@ -344,26 +305,6 @@ def test_changed_input_is_refused_and_fresh_moves_the_old_run_aside(tmp_path: Pa
 
 
 # ------------------------------------------------------------------------------ full / read-only disk
-
-
-def _mount(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30)
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs of our own (root only), unmounted at teardown."""
-    d = tmp_path / "fs"
-    d.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    r = _mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(d))
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", str(d)], capture_output=True, timeout=30)
 
 
 def test_full_disk_stops_clearly_and_rerun_after_growing_completes(tmp_path: Path, mock: MockThread,

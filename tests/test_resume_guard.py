@@ -14,60 +14,35 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import assert_exactly_once, run_cli, write_tasks
-from test_resume import (
-    Proc,
-    _mount,
+from conftest import (
+    Run,
     assert_clean_exit,
+    assert_exactly_once,
     chat_requests,
+    finished_run,
     ids_of,
+    killed_mid_run,
+    mount,
     quiesce,
     resume_line,
     resumed_done,
     run_args,
-    small_fs,
+    run_cli,
     snapshot,
-    start,
-    summary_of,
+    summary,
     wait_until,
+    write_tasks,
 )
 
 from evalsup.idset import id_hash
 from evalsup.mock.server import MockThread
 from evalsup.results_file import iter_records
 
-__all__ = ["small_fs", "start"]  # the fixture, shared with test_resume.py
-
-
-def _finished(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
-              tasks_extra: Callable[[int], dict[str, Any] | None] | None = None) -> tuple[Path, Path, tuple[str, ...]]:
-    tasks = tmp_path / "tasks.jsonl"
-    write_tasks(tasks, n)
-    if tasks_extra is not None:  # per-task fields (the mock's per-request behaviour)
-        lines = tasks.read_bytes().splitlines()
-        out = []
-        for i, line in enumerate(lines):
-            obj = orjson.loads(line)
-            obj.update(tasks_extra(i) or {})
-            out.append(orjson.dumps(obj))
-        tasks.write_bytes(b"\n".join(out) + b"\n")
-    run_dir = tmp_path / "tasks.run"
-    args = run_args(mock, tasks, "-w", "2", *extra)
-    r = run_cli(*args)
-    assert r.returncode == 0, r.stderr
-    return tasks, run_dir, args
-
-
-def _fail_once(ids: set[int], status: int = 400) -> Callable[[int], dict[str, Any] | None]:
-    """The mock answers these tasks' first attempt with `status` (and succeeds after)."""
-    return lambda i: {"mock": {"status": status, "times": 1}} if i in ids else None
-
-
 # ------------------------------------------------------------------------------ resume by content
 
 
 def test_touch_and_identical_copy_resume_without_sending_anything(tmp_path: Path, mock: MockThread) -> None:
-    tasks, run_dir, args = _finished(tmp_path, mock)
+    tasks, run_dir, args = finished_run(tmp_path, mock)
     mock.reset_stats()
     time.sleep(0.01)
     tasks.touch()
@@ -84,7 +59,7 @@ def test_touch_and_identical_copy_resume_without_sending_anything(tmp_path: Path
 
 
 def test_appended_lines_run_and_nothing_else(tmp_path: Path, mock: MockThread) -> None:
-    tasks, run_dir, args = _finished(tmp_path, mock)
+    tasks, run_dir, args = finished_run(tmp_path, mock)
     with open(tasks, "ab") as f:
         for i in range(100, 130):
             f.write(orjson.dumps({"id": f"t{i}", "prompt": f"q{i}"}) + b"\n")
@@ -102,7 +77,7 @@ def test_appended_lines_run_and_nothing_else(tmp_path: Path, mock: MockThread) -
 
 
 def test_a_file_whose_last_line_was_extended_is_changed(tmp_path: Path, mock: MockThread) -> None:
-    tasks, _run_dir, args = _finished(tmp_path, mock, 20)
+    tasks, _run_dir, args = finished_run(tmp_path, mock, 20)
     tasks.write_bytes(tasks.read_bytes().rstrip(b"\n"))  # same content, no final newline: a new run
     r = run_cli(*args[:-1], "--fresh", args[-1])
     assert r.returncode == 0, r.stderr
@@ -117,12 +92,12 @@ def test_a_file_whose_last_line_was_extended_is_changed(tmp_path: Path, mock: Mo
 
 def test_changed_request_settings_are_refused_and_can_be_accepted(tmp_path: Path, mock: MockThread) -> None:
     secret = "sk-test-DO-NOT-WRITE-0123456789"
-    tasks, run_dir, args = _finished(tmp_path, mock, 50, "--temperature", "0.2", "--max-tokens", "16")
+    tasks, run_dir, args = finished_run(tmp_path, mock, 50, "--temperature", "0.2", "--max-tokens", "16")
     run = orjson.loads((run_dir / "run.json").read_bytes())
     assert run["version"] == 1
     assert run["settings"]["temperature"] == 0.2 and run["settings"]["max_tokens"] == 16
     assert run["settings"]["model"] == "mock-model" and run["settings"]["endpoint_path"] == "/v1"
-    assert summary_of(run_dir)["settings"] == run["settings"]
+    assert summary(run_dir)["settings"] == run["settings"]
     with open(tasks, "ab") as f:
         f.write(orjson.dumps({"id": "t50", "prompt": "q50"}) + b"\n")
     before = snapshot(run_dir)
@@ -168,7 +143,7 @@ def _one_line_error(r: Any, where: str) -> None:
 @pytest.mark.parametrize("damage", ["garbage", "foreign", "second_record"])
 def test_a_damaged_line_before_the_checkpoint_is_refused_everywhere_and_repaired(
         tmp_path: Path, mock: MockThread, damage: str) -> None:
-    tasks, run_dir, args = _finished(tmp_path, mock, 60)
+    tasks, run_dir, args = finished_run(tmp_path, mock, 60)
     results = run_dir / "results.jsonl"
     lines = results.read_bytes().splitlines(keepends=True)
     lost = orjson.loads(lines[9])["custom_id"]
@@ -211,7 +186,7 @@ def test_a_damaged_line_before_the_checkpoint_is_refused_everywhere_and_repaired
 
 
 def test_a_record_edited_in_place_is_refused_then_accepted_by_repair(tmp_path: Path, mock: MockThread) -> None:
-    _tasks, run_dir, args = _finished(tmp_path, mock, 30)
+    _tasks, run_dir, args = finished_run(tmp_path, mock, 30)
     results = run_dir / "results.jsonl"
     data = results.read_bytes()
     i = data.index(b'"attempts":1')
@@ -228,8 +203,7 @@ def test_a_record_edited_in_place_is_refused_then_accepted_by_repair(tmp_path: P
 
 
 def test_a_damaged_line_after_the_checkpoint_is_refused_and_repaired(tmp_path: Path, mock: MockThread,
-                                                                     start: Callable[..., Proc]) -> None:
-    from test_resume import killed_mid_run
+                                                                     start: Callable[..., Run]) -> None:
 
     n = 2000
     _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
@@ -271,7 +245,7 @@ def test_a_disk_that_fills_again_and_again_loses_nothing_and_counts_right(tmp_pa
         if size_mb == 2 and stops == 1:
             filler.unlink()  # the second time: free the filler instead of growing the disk
         else:
-            assert _mount("-o", f"remount,size={size_mb}m", str(small_fs)).returncode == 0
+            assert mount("-o", f"remount,size={size_mb}m", str(small_fs)).returncode == 0
         r = run_cli(*args)
         assert_clean_exit(r)
         if r.returncode == 0:
@@ -290,15 +264,14 @@ def test_a_disk_that_fills_again_and_again_loses_nothing_and_counts_right(tmp_pa
     assert stops >= 2, "the disk never filled"
     recs = assert_exactly_once(run_dir, ids_of(n))
     assert all(x["error"] is None for x in recs)
-    assert summary_of(run_dir)["total"] == n
+    assert summary(run_dir)["total"] == n
 
 
 def test_ids_bin_longer_than_its_checkpoint_is_cut_and_stays_consistent(tmp_path: Path, mock: MockThread,
-                                                                         start: Callable[..., Proc]) -> None:
+                                                                         start: Callable[..., Run]) -> None:
     """A kill between the flush of ids.bin and the checkpoint leaves ids.bin longer than the checkpoint says.
     The resume cuts it; its next checkpoint must not count the cut bytes (it did: truncate() left the append
     position past the end, so the third run met its own ids as duplicates)."""
-    from test_resume import killed_mid_run
 
     n = 2000
     _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
@@ -332,7 +305,7 @@ def test_a_run_directory_of_the_previous_evalsup_resumes(tmp_path: Path, mock: M
     """A checkpoint with the old fingerprint (size, mtime, ends) and no line count or CRC, and no run.json."""
     from evalsup.tasks import _legacy_fingerprint
 
-    tasks, run_dir, args = _finished(tmp_path, mock, 40)
+    tasks, run_dir, args = finished_run(tmp_path, mock, 40)
     cp = orjson.loads((run_dir / "checkpoint.json").read_bytes())
     cp["fingerprint"] = _legacy_fingerprint(tasks)
     del cp["results_lines"], cp["results_crc"], cp["reconcile"]
@@ -348,7 +321,7 @@ def test_a_run_directory_of_the_previous_evalsup_resumes(tmp_path: Path, mock: M
     assert_exactly_once(run_dir, ids_of(40))
 
 
-def test_repair_refuses_a_run_directory_in_use(tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
+def test_repair_refuses_a_run_directory_in_use(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "tasks.jsonl", 2000)
     run_dir = tmp_path / "tasks.run"
     mock.configure(latency_ms=200, jitter_ms=20)

@@ -11,31 +11,31 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import assert_exactly_once, read_results, run_cli, write_tasks
-from test_resume import (
-    Proc,
+from conftest import (
+    Run,
     assert_clean_exit,
+    assert_exactly_once,
     chat_requests,
     complete_lines,
+    fail_once,
+    finished_run,
     ids_of,
     quiesce,
+    read_results,
     run_args,
-    start,
-    summary_of,
-    wait_for_lines,
+    run_cli,
+    summary,
     wait_until,
+    write_tasks,
 )
-from test_resume_guard import _fail_once, _finished
 
 from evalsup.mock.server import MockThread
 from evalsup.results_file import iter_records
 
-__all__ = ["start"]  # the fixture, shared with test_resume.py
-
 
 def test_retry_failed_replaces_the_failed_records(tmp_path: Path, mock: MockThread) -> None:
     bad = {3, 17, 40, 41, 99}
-    _tasks, run_dir, args = _finished(tmp_path, mock, 100, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    _tasks, run_dir, args = finished_run(tmp_path, mock, 100, "--max-attempts", "1", tasks_extra=fail_once(bad))
     recs = read_results(run_dir)
     assert {r["custom_id"] for r in recs if r["error"]} == {f"t{i}" for i in bad}
     sent = chat_requests(mock)  # (no reset_stats: it would forget the attempts behind mock.times)
@@ -50,24 +50,24 @@ def test_retry_failed_replaces_the_failed_records(tmp_path: Path, mock: MockThre
     assert chat_requests(mock) == sent + len(bad)
     recs = assert_exactly_once(run_dir, ids_of(100))
     assert all(x["error"] is None for x in recs)
-    s = summary_of(run_dir)
+    s = summary(run_dir)
     assert s["total"] == s["succeeded"] == 100 and s["failed"] == 0
     replaced = [orjson.loads(x) for x in (run_dir / "replaced.jsonl").read_bytes().splitlines()]
     assert {x["custom_id"] for x in replaced} == {f"t{i}" for i in bad}
 
 
 def test_kill_during_retry_failed_then_rerun_is_exactly_once(tmp_path: Path, mock: MockThread,
-                                                             start: Callable[..., Proc]) -> None:
+                                                             start: Callable[..., Run]) -> None:
     n = 600
     bad = set(range(0, n, 3))  # 200 failed records
-    _tasks, run_dir, args = _finished(tmp_path, mock, n, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    _tasks, run_dir, args = finished_run(tmp_path, mock, n, "--max-attempts", "1", tasks_extra=fail_once(bad))
     assert sum(1 for r in read_results(run_dir) if r["error"]) == len(bad)
     mock.configure(latency_ms=300, jitter_ms=50)
     retry = (*args[:-1], "-c", "8", "--retry-failed", "http_400", args[-1])
     p = start(*retry)
     results = run_dir / "results.jsonl"
     wait_until(lambda: (run_dir / "replaced.jsonl").exists() or not p.running(), "the rewrite")
-    wait_for_lines(p, results, n - len(bad) + 20)  # the compacted file plus some retried records
+    p.wait_results(run_dir, n - len(bad) + 20)  # the compacted file plus some retried records
     p.kill_group()
     assert p.wait_workers_gone() == []
     assert complete_lines(results) < n, "the retry finished before it could be killed"
@@ -84,7 +84,7 @@ def test_a_crash_inside_the_rewrite_is_completed_or_undone(tmp_path: Path, mock:
     """The states a crash between the rewrite's steps leaves (evalsup.rebuild): the next run finishes a
     committed rewrite and drops one that was not; either way every task ends up once."""
     bad = {1, 5, 9}
-    _tasks, run_dir, args = _finished(tmp_path, mock, 30, "--max-attempts", "1", tasks_extra=_fail_once(bad))
+    _tasks, run_dir, args = finished_run(tmp_path, mock, 30, "--max-attempts", "1", tasks_extra=fail_once(bad))
     done = tmp_path / "done.run"
     shutil.copytree(run_dir, done)
     from evalsup.rebuild import NEXT, rewrite
@@ -114,8 +114,8 @@ def test_a_crash_inside_the_rewrite_is_completed_or_undone(tmp_path: Path, mock:
 
 def test_retry_failed_in_a_shard_resends_only_its_own_tasks(tmp_path: Path, mock: MockThread) -> None:
     bad = {2, 4, 5, 7}
-    _tasks, _run_dir, args = _finished(tmp_path, mock, 40, "--max-attempts", "1", "--shard", "0/2",
-                                       tasks_extra=_fail_once(bad))
+    _tasks, _run_dir, args = finished_run(tmp_path, mock, 40, "--max-attempts", "1", "--shard", "0/2",
+                                       tasks_extra=fail_once(bad))
     shard = tmp_path / "tasks.run" / "shard-0-of-2"
     assert {r["custom_id"] for r in read_results(shard) if r["error"]} == {"t2", "t4"}
     sent = chat_requests(mock)
@@ -126,7 +126,7 @@ def test_retry_failed_in_a_shard_resends_only_its_own_tasks(tmp_path: Path, mock
     assert all(x["error"] is None for x in recs)
 
 
-def test_retry_failed_on_a_run_killed_mid_way(tmp_path: Path, mock: MockThread, start: Callable[..., Proc]) -> None:
+def test_retry_failed_on_a_run_killed_mid_way(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     """A stopped run: outstanding tasks, records after the checkpoint, maybe a torn last line, failed records.
     --retry-failed rewrites it and the run finishes: every task once, none failed."""
     n = 1500
@@ -140,7 +140,7 @@ def test_retry_failed_on_a_run_killed_mid_way(tmp_path: Path, mock: MockThread, 
     args = run_args(mock, tasks, "-w", "2", "--max-attempts", "1")
     mock.configure(latency_ms=100, jitter_ms=20)
     p = start(*args)
-    wait_for_lines(p, run_dir / "results.jsonl", 400)
+    p.wait_results(run_dir, 400)
     time.sleep(0.3)
     p.kill_group()
     assert p.wait_workers_gone() == []
@@ -160,4 +160,4 @@ def test_retry_failed_on_a_run_killed_mid_way(tmp_path: Path, mock: MockThread, 
     assert r.returncode == 0, r.stderr
     recs = assert_exactly_once(run_dir, ids_of(n))
     assert all(x["error"] is None for x in recs)
-    assert summary_of(run_dir)["succeeded"] == n
+    assert summary(run_dir)["succeeded"] == n

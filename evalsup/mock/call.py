@@ -113,6 +113,13 @@ class Call:
             return rate_limited(self.request, self._retry_after())
         return None
 
+    async def open(self) -> tuple[str, web.Response | None]:
+        """``begin`` then ``check_model``: the request's model, or the response that ends the call here."""
+        early = await self.begin()
+        if early is not None:
+            return "", early
+        return self.check_model()
+
     def check_model(self) -> tuple[str, web.Response | None]:
         model = self.body.get("model")
         if not isinstance(model, str) or not model:

@@ -143,12 +143,9 @@ async def generate(
 
 
 async def chat_completions(call: Call) -> web.StreamResponse:
-    early = await call.begin()
+    model, early = await call.open()
     if early is not None:
         return early
-    model, err = call.check_model()
-    if err is not None:
-        return err
     messages = call.body.get("messages")
     if not isinstance(messages, list) or not messages:
         return error(call.request, 400, "messages must be a non-empty array", param="messages")
@@ -185,12 +182,9 @@ async def _send_rich(call: Call, model: str, plans: list[rich.Plan], prompt_toke
 
 
 async def completions(call: Call) -> web.StreamResponse:
-    early = await call.begin()
+    model, early = await call.open()
     if early is not None:
         return early
-    model, err = call.check_model()
-    if err is not None:
-        return err
     prompts = C.input_items(call.body.get("prompt"))
     if prompts is None:
         return error(call.request, 400, "prompt must be a string, an array of strings or tokens", param="prompt")

@@ -109,12 +109,9 @@ def _events(final: dict[str, Any]) -> Iterator[bytes]:
 
 
 async def responses(call: Call) -> web.StreamResponse:
-    early = await call.begin()
+    model, early = await call.open()
     if early is not None:
         return early
-    model, err = call.check_model()
-    if err is not None:
-        return err
     input_tokens = _input_tokens(call.body.get("input"))
     if input_tokens is None:
         return error(call.request, 400, "input must be a string or a non-empty array of items", param="input")

@@ -15,12 +15,9 @@ from evalsup.mock.state import MAX_DIMS, MODEL_CREATED, STATE, error, json_respo
 
 
 async def embeddings(call: Call) -> web.StreamResponse:
-    early = await call.begin()
+    model, early = await call.open()
     if early is not None:
         return early
-    model, err = call.check_model()
-    if err is not None:
-        return err
     items = C.input_items(call.body.get("input"))
     if items is None:
         return error(call.request, 400, "input must be a string, an array of strings or tokens", param="input")

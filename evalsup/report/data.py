@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from evalsup.report.scan import ResultScan, jsonl, scan_results
+from evalsup.results_file import json_file as _json_file
 
 MAX_POINTS = 2000
 MAX_MARKERS = 500
@@ -119,14 +118,6 @@ def intervals(flags: list[tuple[float, bool]], end: float) -> list[tuple[float, 
     if since is not None:
         out.append((since, end))
     return out
-
-
-def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def _memory(d: RunData, run_dir: Path) -> list[tuple[float, bool]]:
