@@ -86,7 +86,7 @@ class Supervisor(Inbox):
     def _update_gauges(self) -> None:
         mem = self.memory
         assert self.metrics is not None and mem is not None
-        self.metrics.update(self.ledger.in_flight(), self.paused, self.breaker.open,
+        self.metrics.update(sum(w.wire for w in self.workers if w.alive), self.paused, self.breaker.open,
                             {w.slot: w.rss for w in self.workers if w.alive}, mem.last_supervisor_rss, mem.last_ws,
                             mem.limit)
 

@@ -14,7 +14,8 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.tasks = Counter("evalsup_tasks_total", "Tasks written to results.jsonl, by outcome", ["outcome"],
                              registry=r)
-        self.inflight = Gauge("evalsup_tasks_in_flight", "Tasks handed to workers and not yet done", registry=r)
+        # requests on the wire, as the server counts them (the workers' heartbeats), not tasks queued in workers
+        self.inflight = Gauge("evalsup_tasks_in_flight", "Requests on the wire (sent, not yet answered)", registry=r)
         self.latency = Histogram("evalsup_request_latency_seconds", "Task latency, first attempt to last byte",
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("evalsup_ttft_seconds", "Time to first token of streamed responses",
