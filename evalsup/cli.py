@@ -10,7 +10,15 @@ from typing import Any
 
 import click
 
-from evalsup.config import ConfigError, RunConfig, WorkerConfig, default_run_dir, parse_shard, resolve_base_url
+from evalsup.config import (
+    DEFAULT_MAX_CONCURRENCY,
+    ConfigError,
+    RunConfig,
+    WorkerConfig,
+    default_run_dir,
+    parse_shard,
+    resolve_base_url,
+)
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -37,8 +45,19 @@ def run_options(f: Any) -> Any:
                      help="Worker processes (each an asyncio event loop with its own HTTP connections). "
                           "Default: start with 1 and add one while every worker is CPU-bound (large "
                           "responses, high rates), up to min(4, 2 x CPUs), fewer under a small memory limit."),
-        click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=64, show_default=True,
-                     help="Requests in flight in total, split evenly among the workers."),
+        click.option("--concurrency", "-c", type=click.IntRange(1, 100_000), default=None,
+                     help="Requests in flight in total, split evenly among the workers: fixed. Default: "
+                          "adaptive, between 1 and --max-concurrency, found from the server's latency, "
+                          "429/503s, timeouts and (when it has them) its queue metrics."),
+        # issue 21: adaptive concurrency, server signals, headers (evalsup.worker.adaptive, evalsup.headers)
+        click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=256, show_default=True,
+                     help="The most requests in flight the adaptive limit may reach (never past the memory cap)."),
+        click.option("--server-metrics", default=None, metavar="URL",
+                     help="The server's Prometheus metrics (vLLM, SGLang, TGI queue gauges) for the adaptive "
+                          "limit. Default: the server root's /metrics, when it has one; off: never."),
+        click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'",
+                     help="Extra request header (repeatable). VALUE may be env:VAR or @FILE for secrets; "
+                          "values are never printed."),
         click.option("--window", type=click.IntRange(0, 100_000), default=0,
                      help="Tasks handed to one worker ahead of its results (default 2 x its concurrency)."),
         click.option("--out", "-o", "out", type=click.Path(path_type=Path), default=None,
@@ -149,7 +168,11 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         scorers=tuple(kw.get("scorers") or ()), scorer_timeout_s=kw.get("scorer_timeout") or 30.0,
         score_strip=not kw.get("score_no_strip"), score_ignore_case=bool(kw.get("score_ignore_case")),
         score_pattern=kw.get("score_pattern"),
+        # issue 21
+        adaptive=kw.get("concurrency") is None, server_metrics=kw.get("server_metrics"),
+        headers=tuple(kw.get("headers") or ()),
     )
+    _check_headers(wc.headers)
     mib = 1 << 20
 
     def mb(name: str) -> int | None:
@@ -162,12 +185,15 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
 
         limit = mb("memory_limit_mb") or container_limit()[0]
         workers = default_workers(limit)
-    concurrency = max(kw["concurrency"], workers)
+    adaptive = kw.get("concurrency") is None  # issue 21: without --concurrency the limit adapts
+    concurrency = max(kw.get("max_concurrency") or DEFAULT_MAX_CONCURRENCY if adaptive else kw["concurrency"],
+                      workers)
     shard = parse_shard(kw.get("shard"))
     return RunConfig(
         tasks_path=tasks, run_dir=kw["out"] or default_run_dir(tasks, shard), worker=wc, workers=workers, shard=shard,
         autoscale=autoscale and workers > 1,
-        concurrency=concurrency, window=kw["window"], max_line_mb=kw["max_line_mb"], on_invalid=kw["on_invalid"],
+        concurrency=concurrency, adaptive=adaptive,  # issue 21
+        window=kw["window"], max_line_mb=kw["max_line_mb"], on_invalid=kw["on_invalid"],
         fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
@@ -180,6 +206,16 @@ def build_config(tasks: Path, base_url: str, kw: dict[str, Any]) -> RunConfig:
         log_format=kw.get("log_format") or "text", metrics_port=kw.get("metrics_port"),
         metrics_host=kw.get("metrics_host") or "127.0.0.1",
     )
+
+
+def _check_headers(specs: tuple[str, ...]) -> None:
+    """A --header that cannot be used stops the run before it starts (issue 21); never shows a value."""
+    from evalsup.headers import HeaderError, build_headers
+
+    try:
+        build_headers(specs)
+    except HeaderError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _move_aside(run_dir: Path) -> None:
@@ -276,13 +312,20 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
 @click.option("--reset", type=float, default=0.0, show_default=True, help="Fraction of connections reset.")
 @click.option("--malformed", type=float, default=0.0, show_default=True, help="Fraction with a non-JSON body.")
 @click.option("--seed", type=int, default=0, show_default=True)
+# issue 21: the capacity model (evalsup.mock.capacity)
+@click.option("--capacity", type=click.IntRange(0, None), default=0, show_default=True,
+              help="Serve at most this many requests at once (0: no limit); /metrics shows running and waiting.")
+@click.option("--queue", type=click.IntRange(0, None), default=0, show_default=True,
+              help="With --capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After.")
 def mock(host: str, port: int, latency_ms: float, jitter_ms: float, response_kb: float, fail_500: float,
-         fail_429: float, retry_after: float, reset: float, malformed: float, seed: int) -> None:
+         fail_429: float, retry_after: float, reset: float, malformed: float, seed: int, capacity: int,
+         queue: int) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks)."""
     from evalsup.mock.server import MockConfig, serve_forever
 
     cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
-                     fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed)
+                     fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed,
+                     capacity=capacity, queue=queue)
     serve_forever(cfg, host, port)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 DEFAULT_CONCURRENCY = 64
+DEFAULT_MAX_CONCURRENCY = 256  # issue 21: the adaptive limit's ceiling without --max-concurrency
 MIB = 1 << 20
 
 
@@ -43,6 +44,10 @@ class WorkerConfig:
     score_strip: bool = True
     score_ignore_case: bool = False
     score_pattern: str | None = None
+    # issue 21 (adaptive concurrency, server signals, headers): see evalsup.worker.adaptive
+    adaptive: bool = False  # no --concurrency: each worker's limit moves between 1 and its share
+    server_metrics: str | None = None  # --server-metrics URL; None: try the server root's /metrics
+    headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.headers), never values
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +61,7 @@ class RunConfig:
     workers: int = 4  # with autoscale, the most there may be
     autoscale: bool = False  # start with one worker, add one while each is CPU-bound (supervisor.scaling)
     concurrency: int = DEFAULT_CONCURRENCY  # total requests in flight across all workers
+    adaptive: bool = False  # issue 21: concurrency is then --max-concurrency, the most the limits may reach
     window: int = 0  # tasks outstanding per worker; 0 = 2 x its concurrency
     max_line_mb: float = 16.0
     on_invalid: Literal["error", "skip"] = "error"

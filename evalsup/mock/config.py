@@ -21,6 +21,8 @@ class MockConfig:
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
     echo_headers_in_errors: bool = False  # error bodies include the request headers
+    capacity: int = 0  # issue 21: at most this many served at once (0: no limit; evalsup.mock.capacity)
+    queue: int = 0  # issue 21: this many more wait in a FIFO; beyond them, 429 with Retry-After
 
 
 _FLOAT_FIELDS = frozenset(
@@ -49,6 +51,10 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             raise ValueError(f"unknown config field {name!r}")
         if name in _FLOAT_FIELDS:
             changes[name] = _as_float(name, value)
+        elif name in ("capacity", "queue"):  # issue 21
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0")
+            changes[name] = value
         elif name == "seed":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError("seed must be an integer")

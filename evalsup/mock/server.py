@@ -26,6 +26,7 @@ import orjson
 from aiohttp import web
 
 from evalsup.mock import content as C
+from evalsup.mock.capacity import Capacity, prometheus_text  # issue 21
 from evalsup.mock.config import MockConfig, apply_update, config_to_json
 from evalsup.mock.faults import NO_OVERRIDE, AttemptCounter, Fault, FaultInjector, Override, parse_override
 from evalsup.mock.stats import MockStats
@@ -74,6 +75,7 @@ class _State:
         self.faults = FaultInjector(cfg.seed)
         self.stats = MockStats()
         self.attempts = AttemptCounter()
+        self.capacity = Capacity()  # issue 21: K served at once, a FIFO of Q, then 429 (evalsup.mock.capacity)
 
     def update(self, updates: dict[str, Any]) -> None:
         """Apply a live config update (any MockConfig field, plus "down"). Raises ValueError, changes nothing."""
@@ -87,6 +89,7 @@ class _State:
             self.faults.reseed(cfg.seed)
         if down is not None:
             self.down = down
+        self.capacity.resize(cfg.capacity)  # issue 21: a larger capacity admits waiters at once
 
     def reset(self) -> None:
         """Clear the counters and the attempt counts behind mock.times."""
@@ -389,7 +392,10 @@ def _v1(inner: _V1Handler) -> Callable[[web.Request], Awaitable[web.StreamRespon
                 msg = "You didn't provide an API key." if auth is None else "Incorrect API key provided."
                 resp: web.StreamResponse = _error(request, 401, msg)
             else:
-                resp = await inner(call)
+                # issue 21: within the capacity (evalsup.mock.capacity); a full queue answers 429 at once
+                resp = await state.capacity.serve(call.cfg.capacity, call.cfg.queue, request.method,
+                                                  lambda: inner(call),
+                                                  lambda: _rate_limited(request, call.cfg.retry_after_s))
         except ConnectionError:  # the client went away mid-response: nothing to answer, nothing to log
             call.aborted = True
             stats.fault("client_gone")
@@ -669,6 +675,13 @@ async def _admin_set_config(request: web.Request) -> web.StreamResponse:
     return _json_response(state.config_json())
 
 
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    """Issue 21: vLLM-style queue gauges of the capacity model."""
+    st = request.app[STATE]
+    return web.Response(text=prometheus_text(st.capacity, st.stats.in_flight, st.cfg.models),
+                        content_type="text/plain")
+
+
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
     if "x-request-id" not in response.headers:
         response.headers["x-request-id"] = _new_id("req_")
@@ -689,6 +702,7 @@ def create_app(cfg: MockConfig) -> web.Application:
     r.add_post("/_mock/reset", _admin_reset)
     r.add_get("/_mock/config", _admin_get_config, allow_head=False)
     r.add_post("/_mock/config", _admin_set_config)
+    r.add_get("/metrics", _metrics, allow_head=False)  # issue 21
     return app
 
 

@@ -22,6 +22,7 @@ from evalsup.ipc.ring import ring_size_from_env
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState
 from evalsup.supervisor.breaker import EndpointBreaker
 from evalsup.supervisor.events import EventLog
+from evalsup.supervisor.limits import limit_total  # issue 21
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RestartIntensity
 from evalsup.supervisor.progress import LineCounter, LiveDisplay, fmt_snapshot_plain
@@ -175,7 +176,9 @@ class Supervisor:
                     ref.started = True
         elif kind is Kind.HEARTBEAT:
             w.last_beat = time.monotonic()
-            w.parked = int(decode_json(payload).get("parked", 0))
+            hb = decode_json(payload)
+            w.parked = int(hb.get("parked", 0))
+            w.conc_limit = int(hb.get("limit") or 0)  # issue 21: the adaptive limit, summed for display
         elif kind is Kind.TRIP:
             self._on_trip(w, str(decode_json(payload).get("reason", "")))
         elif kind is Kind.PROBE_RESULT:
@@ -413,12 +416,14 @@ class Supervisor:
         m.supervisor_rss.set(mem.last_supervisor_rss)
         m.cgroup_usage.set(mem.last_ws)
         m.cgroup_limit.set(mem.limit or 0)
+        m.concurrency_limit.set(limit_total(self.workers))  # issue 21
 
     async def _monitor(self) -> None:
         assert self.memory is not None
         mem = self.memory
         while True:
             await asyncio.sleep(self.cfg.monitor_interval_s)
+            mem.concurrency_limit = limit_total(self.workers)  # issue 21: into memory.jsonl
             dec = mem.tick(self.workers, self.paused, self.log, self.stats.done)
             for w in self.workers:
                 self.stats.peak_rss["worker_max"] = max(self.stats.peak_rss["worker_max"], w.rss)
@@ -680,6 +685,7 @@ class Supervisor:
             "inflight": self._outstanding(), "workers_mb": [w.rss / MIB for w in self.workers if w.alive],
             "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
             "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
+            "conc_limit": limit_total(self.workers),  # issue 21
         }
 
     async def _progress(self) -> None:

@@ -58,6 +58,7 @@ class MemoryControl:
         self.recycle = RecyclePolicy(soft, int(soft * cfg.hard_rss_factor), cfg.max_tasks_per_worker,
                                      cfg.max_tasks_jitter)
         self.cap = cfg.concurrency
+        self.concurrency_limit = 0  # issue 21: the workers' limits summed (set by the arbiter), for memory.jsonl
         if self.limit:
             self.cap = self.budget.cap(max(80 * MIB, 0) + cfg.workers * 60 * MIB, cfg.concurrency)
         self.cap_announced = False
@@ -158,7 +159,8 @@ class MemoryControl:
             return
         rec = {"t": round(now, 3), "supervisor_rss": sup_rss, "workers_rss": {str(k): v for k, v in per_worker.items()},
                "cgroup_usage": s.usage_bytes, "working_set": ws, "limit": self.limit, "paused": paused,
-               "inflight_cap": self.cap, "psi_some_avg10": s.psi_some_avg10, "done": done,
+               "inflight_cap": self.cap, "concurrency_limit": self.concurrency_limit,  # issue 21
+               "psi_some_avg10": s.psi_some_avg10, "done": done,
                "high": self.watermark.high_bytes if self.watermark else None,
                "low": self.watermark.low_bytes if self.watermark else None}
         try:

@@ -29,6 +29,8 @@ class Metrics:
         self.worker_rss = Gauge("evalsup_worker_rss_bytes", "Resident memory of each worker", ["slot"], registry=r)
         self.supervisor_rss = Gauge("evalsup_supervisor_rss_bytes", "Resident memory of the supervisor", registry=r)
         self.cgroup_usage = Gauge("evalsup_cgroup_working_set_bytes", "Container working set", registry=r)
+        self.concurrency_limit = Gauge("evalsup_concurrency_limit", "Requests the workers may have in flight now "
+                                       "(the adaptive limit, or --concurrency)", registry=r)  # issue 21
         self.cgroup_limit = Gauge("evalsup_cgroup_limit_bytes", "Effective memory limit (0: none)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)

@@ -47,6 +47,11 @@ def fmt_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def _limit(s: dict[str, Any]) -> str:
+    """Issue 21: the requests the workers may have in flight now (adaptive or --concurrency)."""
+    return f" (limit {s['conc_limit']})" if s.get("conc_limit") else ""
+
+
 def fmt_snapshot_plain(s: dict[str, Any]) -> str:
     total = s["total"]
     pct = f" ({100 * s['done'] / total:.1f}%)" if total else ""
@@ -56,7 +61,7 @@ def fmt_snapshot_plain(s: dict[str, Any]) -> str:
         lim = f"/{s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
         mem = f", memory {s['cgroup_mb']:,.0f}{lim} MiB"
     return (f"{s['state']}: {s['done']:,}/{total if total is not None else '?'}{pct} done, {s['rate']:.1f} req/s{eta}, "
-            f"{s['inflight']} in flight, {s['failed']:,} failed, {s['retries']:,} retries, "
+            f"{s['inflight']} in flight{_limit(s)}, {s['failed']:,} failed, {s['retries']:,} retries, "
             f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB{mem}")
 
 
@@ -95,7 +100,8 @@ class LiveDisplay:
         if s.get("cgroup_mb") is not None:
             lim = f" / {s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
             mem = f"   memory {s['cgroup_mb']:,.0f}{lim} MiB"
-        self.health = self._text(f"in flight {s['inflight']}   failed {s['failed']:,}   retries {s['retries']:,}   "
+        self.health = self._text(f"in flight {s['inflight']}{_limit(s)}   failed {s['failed']:,}   "
+                                 f"retries {s['retries']:,}   "
                                  f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB{mem}")
         self.live.update(self._group(self.progress, self.health), refresh=True)
 

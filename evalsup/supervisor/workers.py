@@ -46,6 +46,7 @@ class WorkerHandle:
         self.fatal: str | None = None
         self.rss = 0
         self.parked = 0  # requests parked by the breaker (from heartbeats)
+        self.conc_limit = 0  # issue 21: the requests it may have in flight now (from heartbeats; adaptive)
         self.recycling = False  # being replaced: gets no new task
         self.replaced = False  # its replacement has been started
         self.peak_rss = 0

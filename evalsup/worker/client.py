@@ -39,6 +39,8 @@ class Outcome:
     ttft_s: float | None = None
     itl_s: float | None = None
     raw_json: bytes | None = None  # the endpoint's own bytes when ``body`` is them (a Fragment)
+    server_s: float = 0.0  # issue 21: the last attempt, from the request written to the last byte
+    queue_s: float = 0.0  # issue 21: waits for the pacer (--max-requests-per-s, --max-tokens-per-min)
 
 
 @dataclass(slots=True)
@@ -102,16 +104,20 @@ class Client:
         self.on_trip = on_trip
         self.on_probe = on_probe
         self.secret = secret.encode() if secret else None
+        self.secrets = [self.secret] if self.secret else []  # issue 21: and --header values (worker.main)
         # whole_bodies: something (a scorer, a plugin) reads the parsed body; else a large one only needs checking
         self.bodies = BodyParser(whole_bodies)
         self.parked = 0
         self.retries = 0
         self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
+        # issue 21: told of every attempt (status, error code, seconds at the server): the adaptive limit
+        self.observe: Callable[[int | None, str | None, float], None] | None = None
 
     def _scrub(self, raw: bytes) -> bytes:
         # An endpoint may echo request headers in an error; the key must never reach a file.
-        if self.secret and self.secret in raw:
-            return raw.replace(self.secret, b"[redacted]")
+        for s in self.secrets:
+            if s in raw:
+                raw = raw.replace(s, b"[redacted]")
         return raw
 
     async def _each_chunk(self, resp: aiohttp.ClientResponse, take: Callable[[bytes], object]) -> None:
@@ -216,14 +222,21 @@ class Client:
         attempts = 0  # real attempts, for metrics
         budget_used = 0  # attempts that count against --max-attempts (reset when the breaker closes)
         probing = False
+        queued = server_s = 0.0  # issue 21
         while True:
+            t_q = time.monotonic()  # issue 21: queue_s
             if self.pacer.rps is not None:  # (no coroutine to make and await per request without a limit)
                 await self.pacer.request_slot()
             if self.pacer.tpm is not None:
                 await self.pacer.charge_tokens(estimate)
             attempts += 1
             budget_used += 1
+            t_a = time.monotonic()  # issue 21: the server's time, apart from the pacer's
+            queued += t_a - t_q
             a = await self.attempt(url, payload, stream)
+            server_s = time.monotonic() - t_a
+            if self.observe is not None:
+                self.observe(a.status, a.error["code"] if a.error else None, server_s)
             ok = a.error is None
             if self.pacer.tpm and ok and isinstance(a.parsed, dict):
                 usage = a.parsed.get("usage")
@@ -237,7 +250,7 @@ class Client:
                 self.on_probe(not down, a.error["message"] if a.error else "ok")
                 probing = False
             if ok or a.final or not self.policy.retryable(a.status):
-                return self._outcome(a, attempts, start)
+                return self._outcome(a, attempts, start, server_s, queued)
             if down and self.breaker.open:
                 self.parked += 1
                 try:
@@ -250,14 +263,16 @@ class Client:
                 self.retries += 1
                 continue
             if budget_used >= self.policy.max_attempts:
-                return self._outcome(a, attempts, start)
+                return self._outcome(a, attempts, start, server_s, queued)
             self.retries += 1
             await asyncio.sleep(self.policy.wait_s(attempts, a.retry_after, self.rng))
 
-    def _outcome(self, a: Attempt, attempts: int, start: float) -> Outcome:
+    def _outcome(self, a: Attempt, attempts: int, start: float, server_s: float = 0.0,
+                 queued: float = 0.0) -> Outcome:
         body = body_value(a.raw, a.parsed, a.one_line) if a.parsed is not None else None
         return Outcome(a.status, body, len(a.raw), a.request_id, a.error, attempts, time.monotonic() - start,
-                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None)
+                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None,
+                       server_s, queued)
 
     async def probe_models(self) -> None:
         """A probe when no request is parked here: GET /models, once."""

@@ -20,11 +20,14 @@ from typing import Any
 import aiohttp
 import orjson
 
+from evalsup.headers import build_headers, secret_values
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head, quiet_gc, widen_pipe
 from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
+from evalsup.worker.adaptive import adaptive_from_config
+from evalsup.worker.adaptive_hook import watch
 from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.breaker import LocalBreaker
 from evalsup.worker.client import Client, Outcome
@@ -61,6 +64,7 @@ class Worker:
         self.concurrency = int(cfg["concurrency"])
         self.limit = max(1, min(self.concurrency, int(cfg.get("limit") or self.concurrency)))
         self.queue: collections.deque[tuple[Any, bytes | memoryview]] = collections.deque()
+        self.adaptive = adaptive_from_config(cfg)  # issue 21: the adaptive limit; None with --concurrency
         self.inflight = 0  # requests begun and not answered
         self.slots = 0  # tasks begun whose RESULT frame is not yet on its way
         self._live: set[asyncio.Task[None]] = set()
@@ -93,7 +97,8 @@ class Worker:
                 self.ring = None  # every result through the pipe: slower, never wrong
 
     def _can_start(self) -> bool:
-        return (bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self.limit
+        limit = self.limit if self.adaptive is None else self.adaptive.allowed(self.limit)  # issue 21
+        return (bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < limit
                 and self.slots < self.concurrency)
 
     def _pump(self) -> None:
@@ -102,6 +107,7 @@ class Worker:
         started = False
         while self._can_start():
             meta, line = self.queue.popleft()
+            meta["q"] = time.monotonic() - meta.get("q", 0.0)  # issue 21: time it waited here for a slot
             self.inflight += 1
             self.slots += 1
             self._started.append(meta["k"])  # goes out with the next write, in one STARTED frame for all
@@ -175,7 +181,11 @@ class Worker:
         if self.plugin is not None:
             self._before_user_code(meta["k"])
             self.plugin(obj, oc)
-        metrics: dict[str, Any] = {"latency_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": self.pid}
+        # issue 21: latency_s is the server's (the last attempt, request written to last byte); queue_s the time
+        # it waited here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
+        metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(meta.get("q", 0.0)
+                                   + oc.queue_s, 6), "total_s": round(oc.latency_s, 6), "attempts": oc.attempts,
+                                   "worker": self.pid}
         if oc.ttft_s is not None:
             metrics["ttft_s"] = round(oc.ttft_s, 6)
         if oc.itl_s is not None:
@@ -195,7 +205,7 @@ class Worker:
         else:
             out = [output_line(tid, body=oc.body, **fields)]
         usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
-        info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len,
+        info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.server_s, "att": oc.attempts, "rb": oc.raw_len,
                 "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s,
                 "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
                 "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores}
@@ -232,7 +242,8 @@ class Worker:
             c = self.client
             self.out.send(encode_json(Kind.HEARTBEAT, {
                 "inflight": self.inflight, "queued": len(self.queue), "done": self.done, "t": time.time(),
-                "parked": c.parked if c else 0, "retries": c.retries if c else 0}))
+                "parked": c.parked if c else 0, "retries": c.retries if c else 0,
+                "limit": self.limit if self.adaptive is None else self.adaptive.allowed(self.limit)}))  # issue 21
             await self.out.drain()
             await asyncio.sleep(interval)
 
@@ -255,6 +266,7 @@ class Worker:
     async def on_frame(self, kind: Kind, payload: memoryview) -> None:
         if kind is Kind.TASK:
             meta, line = split_meta(payload)
+            meta["q"] = time.monotonic()  # issue 21: queue_s counts from here
             self.queue.append((meta, line))
         elif kind is Kind.RELEASE:
             if self.ring is not None:
@@ -294,7 +306,7 @@ class Worker:
         timeout = aiohttp.ClientTimeout(total=self.cfg["total_timeout_s"], sock_connect=self.cfg["connect_timeout_s"],
                                         sock_read=self.cfg["read_timeout_s"])
         connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not self.cfg.get("insecure"))
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **build_headers(self.cfg.get("headers") or ())}  # issue 21
         key = _api_key(self.cfg)
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -305,8 +317,12 @@ class Worker:
                             breaker=self.breaker, pacer=self.pacer, on_trip=self._on_trip,
                             on_probe=self._on_probe, secret=key,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
+            client.secrets += [v.encode() for v in secret_values(self.cfg.get("headers") or ())]  # issue 21
             self.client = client
             tasks = [asyncio.create_task(self.heartbeat())]
+            if self.adaptive is not None:  # issue 21: every attempt and the server's queue feed the limit
+                tasks.append(watch(self.adaptive, client, session, self.cfg, headers, lambda: self.inflight,
+                                   lambda: self.limit))
             reading = asyncio.create_task(self.read_loop())
             drained = asyncio.create_task(self.finished.wait())
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)
