@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from importlib.metadata import PackageNotFoundError, version
+
+from evalsup import __version__
 
 _NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 # set by evalsup itself: a --header must not replace them (the key has its own flags)
@@ -21,10 +22,7 @@ class HeaderError(ValueError):
 
 
 def user_agent() -> str:
-    try:
-        return f"evalsup/{version('evalsup')}"
-    except PackageNotFoundError:
-        return "evalsup/dev"
+    return f"evalsup/{__version__}"
 
 
 def split_spec(spec: str) -> tuple[str, str]:

@@ -106,7 +106,7 @@ def best_fixed(k: int, q: int, tasks: int) -> float:
 def test_grows_to_its_maximum_while_latency_stays_at_its_floor() -> None:
     ctl = AdaptiveLimit(AdaptiveSettings(max_limit=200))
     sim = Sim(k=10_000, q=0)
-    sim.run(ctl, 5000)
+    sim.run(ctl, 20_000)
     assert ctl.limit == 200
     assert ctl.cuts == 0
 

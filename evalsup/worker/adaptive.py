@@ -42,7 +42,7 @@ PUSHBACK_CODES = frozenset({"timeout_read", "timeout_total", "timeout_connect"})
 class AdaptiveSettings:
     max_limit: int = 256
     min_limit: int = 1
-    initial: int = 4
+    initial: int = 16  # as Gradient2 and Vegas start (20), a little under
     tolerance: float = 1.5  # Gradient2's default RTT tolerance
     start_tolerance: float = 1.2  # slow start ends once latency passes this x floor
     backoff: float = 0.5  # multiplicative decrease on push-back
@@ -173,4 +173,4 @@ def adaptive_from_config(cfg: dict[str, object]) -> AdaptiveLimit | None:
     if not cfg.get("adaptive"):
         return None
     top = int(str(cfg.get("concurrency") or 1))
-    return AdaptiveLimit(AdaptiveSettings(max_limit=max(1, top), initial=min(max(1, top), 4)))
+    return AdaptiveLimit(AdaptiveSettings(max_limit=max(1, top), initial=min(max(1, top), AdaptiveSettings.initial)))
