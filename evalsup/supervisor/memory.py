@@ -96,7 +96,8 @@ class MemoryControl:
         shares = c.per_worker_concurrency(c.first_workers)
         count = f"1 worker (up to {c.workers} while CPU-bound)" if c.autoscale else f"{c.workers} workers"
         return (f"sizing: memory limit {lim}{marks}; {count} x {shares[0]} requests "
-                f"({c.concurrency} in flight), window {c.window_for(shares[0])} tasks a worker; recycle a worker "
+                f"({'adaptive, up to ' if c.adaptive else ''}{c.concurrency} in flight), "  # issue 21
+                f"window {c.window_for(shares[0])} tasks a worker; recycle a worker "
                 f"past {soft / MIB:,.0f} MiB RSS (kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
 
     def tick(self, workers: list[Any], paused: bool, log: Any, done: int = 0) -> MemoryDecision:
