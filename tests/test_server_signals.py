@@ -146,3 +146,27 @@ def test_mock_cli_refuses_a_negative_capacity(flag: str) -> None:
 
     r = CliRunner().invoke(main, ["mock", flag, "-1"])
     assert r.exit_code == 2
+
+
+def test_a_client_that_leaves_while_queued_does_not_leak_a_slot() -> None:
+    import http.client
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    with MockThread(MockConfig(latency_ms=400, capacity=1, queue=5)) as m:
+        status: list[tuple[int, str | None]] = []
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(_post, m.url, status)
+            _wait_for(lambda: _metrics(m).running == 1, "one running")
+            u = urlsplit(m.url)
+            conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=0.1)
+            body = json.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "x"}]})
+            conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+            with pytest.raises((socket.timeout, TimeoutError)):
+                conn.getresponse()  # it waits in the mock's queue; we leave
+            conn.close()
+            first.result()
+        _wait_for(lambda: _metrics(m) == ServerQueue(0.0, 0.0), "the slot of the one that left came back")
+        _post(m.url, status)
+        assert [s for s, _ in status] == [200, 200]
