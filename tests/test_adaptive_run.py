@@ -45,3 +45,15 @@ def test_fixed_concurrency_stays_fixed(tmp_path: Path, mock: MockThread) -> None
     limits = _limits(tmp_path / "t.run")
     assert limits and set(limits) <= {4, 8}  # 4: one worker's heartbeat in before the other's
     assert limits[-1] == 8
+
+
+def test_recycled_workers_carry_on_adapting_and_lose_nothing(tmp_path: Path) -> None:
+    with MockThread(MockConfig(latency_ms=20, capacity=6, queue=3, retry_after_s=0.1)) as m:
+        tasks = write_tasks(tmp_path / "t.jsonl", 600)
+        r = run_cli("run", "-w", "2", "--max-tasks-per-worker", "120", "--max-tasks-jitter", "0",
+                    "--monitor-interval", "0.1", "--model", "mock-model", "--base-url", m.url, str(tasks))
+        assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(600)})
+    assert all(x["error"] is None for x in recs)
+    assert len({x["metrics"]["worker"] for x in recs}) >= 4  # recycled at least twice
+    assert all(1 <= v <= 256 for v in _limits(tmp_path / "t.run"))

@@ -130,7 +130,10 @@ class Supervisor:
         # with autoscale, a worker can take all of --concurrency: its share shrinks as workers are added
         conc = self.cfg.concurrency if self.cfg.autoscale else share
         w = WorkerHandle(slot, conc, self.cfg.window_for(share), share)
-        await w.spawn(self._worker_config(conc, self._worker_cap(w)),
+        wcfg = self._worker_config(conc, self._worker_cap(w))
+        # issue 21: a replacement starts from its predecessor's adaptive limit, not from scratch
+        wcfg["adaptive_start"] = max((x.conc_limit for x in self.workers if x.slot == slot), default=0)
+        await w.spawn(wcfg,
                       lambda kind, payload: self._on_frame(w, kind, payload), self.frame_buffers,
                       ring_size_from_env(self.active))  # a first worker alone gets all of the rings' budget
         if self.memory is not None:

@@ -172,5 +172,9 @@ def adaptive_from_config(cfg: dict[str, object]) -> AdaptiveLimit | None:
     """The worker's controller, or None when --concurrency fixes the limit."""
     if not cfg.get("adaptive"):
         return None
-    top = int(str(cfg.get("concurrency") or 1))
-    return AdaptiveLimit(AdaptiveSettings(max_limit=max(1, top), initial=min(max(1, top), AdaptiveSettings.initial)))
+    top = max(1, int(str(cfg.get("concurrency") or 1)))
+    # a replacement worker (recycled, crashed) starts where its predecessor was, out of slow start
+    start = int(str(cfg.get("adaptive_start") or 0))
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=top, initial=min(top, start or AdaptiveSettings.initial)))
+    ctl.slow_start = not start
+    return ctl
