@@ -170,3 +170,35 @@ def test_a_client_that_leaves_while_queued_does_not_leak_a_slot() -> None:
         _wait_for(lambda: _metrics(m) == ServerQueue(0.0, 0.0), "the slot of the one that left came back")
         _post(m.url, status)
         assert [s for s, _ in status] == [200, 200]
+
+
+def test_the_scrape_loop_feeds_the_limit_and_leaves_a_server_without_metrics_alone() -> None:
+    from evalsup.worker.adaptive import AdaptiveLimit
+    from evalsup.worker.server_signals import scrape_loop
+
+    with MockThread(MockConfig(latency_ms=400, capacity=1, queue=5)) as m:
+        async def go() -> list[tuple[float, float]]:
+            fed: list[tuple[float, float]] = []
+            ctl = AdaptiveLimit()
+
+            def feed(now: float, waiting: float, running: float) -> None:
+                fed.append((waiting, running))
+                ctl.server(now, waiting, running)
+
+            async with aiohttp.ClientSession() as s:
+                # found, not asked for, and not there: one look, then the loop ends by itself
+                await scrape_loop(s, m.url + "/no-metrics-here", {}, False, feed, interval_s=0.01)
+                assert fed == []
+                posts = [asyncio.create_task(s.post(m.url + "/chat/completions", json={
+                    "model": "mock-model", "messages": [{"role": "user", "content": "x"}]})) for _ in range(3)]
+                loop = asyncio.create_task(scrape_loop(s, metrics_url(m.url, None) or "", {}, False, feed,
+                                                       interval_s=0.01))
+                while (2.0, 1.0) not in fed:
+                    await asyncio.sleep(0.01)
+                loop.cancel()
+                for r in await asyncio.gather(*posts):
+                    r.release()
+            return fed
+
+        fed = asyncio.run(asyncio.wait_for(go(), 30))
+    assert (2.0, 1.0) in fed  # 1 running, 2 waiting, as the mock's /metrics said
