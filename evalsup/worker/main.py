@@ -65,6 +65,7 @@ class Worker:
         self.limit = max(1, min(self.concurrency, int(cfg.get("limit") or self.concurrency)))
         self.queue: collections.deque[tuple[Any, bytes | memoryview]] = collections.deque()
         self.adaptive = adaptive_from_config(cfg)  # issue 21: the adaptive limit; None with --concurrency
+        self.extra_headers = build_headers(cfg.get("headers") or ())  # issue 21 (a bad one: FATAL, not a crash)
         self.inflight = 0  # requests begun and not answered
         self.slots = 0  # tasks begun whose RESULT frame is not yet on its way
         self._live: set[asyncio.Task[None]] = set()
@@ -306,7 +307,7 @@ class Worker:
         timeout = aiohttp.ClientTimeout(total=self.cfg["total_timeout_s"], sock_connect=self.cfg["connect_timeout_s"],
                                         sock_read=self.cfg["read_timeout_s"])
         connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not self.cfg.get("insecure"))
-        headers = {"Content-Type": "application/json", **build_headers(self.cfg.get("headers") or ())}  # issue 21
+        headers = {"Content-Type": "application/json", **self.extra_headers}  # issue 21: --header, User-Agent
         key = _api_key(self.cfg)
         if key:
             headers["Authorization"] = f"Bearer {key}"
