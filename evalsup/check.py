@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from evalsup.config import RunConfig
+from evalsup.headers import build_headers, secret_values
 from evalsup.tasks import join_url
 
 
@@ -87,7 +88,9 @@ def _http(cfg: RunConfig, method: str, url: str, headers: dict[str, str],
 def _check(cfg: RunConfig) -> str:
     base = cfg.worker.base_url
     key = api_key(cfg)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = build_headers(cfg.worker.headers)  # issue 21: --header and the User-Agent, as the workers send
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     model = first_model(cfg)
     auth_hint = (f"the endpoint refused the API key: set ${cfg.worker.api_key_env}"
                  " (or --api-key-env NAME / --api-key-file PATH)" if not cfg.worker.api_key_file
@@ -126,4 +129,10 @@ def _check(cfg: RunConfig) -> str:
 
 async def check_endpoint(cfg: RunConfig) -> str:
     """Returns a line describing what was found; raises CheckFailed. Runs in a thread, while workers start."""
-    return await asyncio.to_thread(_check, cfg)
+    try:
+        return await asyncio.to_thread(_check, cfg)
+    except CheckFailed as e:  # issue 21: an endpoint may echo a --header secret in its error
+        msg = str(e)
+        for secret in secret_values(cfg.worker.headers):
+            msg = msg.replace(secret, "[redacted]")
+        raise CheckFailed(msg) from None

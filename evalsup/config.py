@@ -10,7 +10,7 @@ from typing import Any, Literal
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.options import DEFAULTS as OPT  # every run option's default, defined once (evalsup/options.py)
 
-DEFAULT_CONCURRENCY: int = OPT["concurrency"]
+DEFAULT_MAX_CONCURRENCY: int = OPT["max_concurrency"]  # the adaptive limit's ceiling without --max-concurrency
 MIB = 1 << 20
 
 __all__ = ["ConfigError", "RunConfig", "WorkerConfig"]
@@ -30,7 +30,10 @@ class RunConfig:
     worker: WorkerConfig
     workers: int = 4  # with autoscale, the most there may be
     autoscale: bool = False  # start with one worker, add one while each is CPU-bound (supervisor.scaling)
-    concurrency: int = OPT["concurrency"]  # total requests in flight across all workers
+    # total requests in flight across all workers: --concurrency, or when adaptive (no --concurrency) the most
+    # the workers' adaptive limits may reach together (--max-concurrency)
+    concurrency: int = DEFAULT_MAX_CONCURRENCY
+    adaptive: bool = False  # without --concurrency each worker's limit adapts (evalsup.worker.adaptive)
     window: int = OPT["window"]  # tasks outstanding per worker; 0 = 2 x its concurrency
     max_line_mb: float = OPT["max_line_mb"]
     on_invalid: Literal["error", "skip"] = OPT["on_invalid"]
@@ -102,7 +105,10 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         trace_memory=kw["trace_memory"], stream=kw["stream"],
         scorers=tuple(kw["scorers"]), scorer_timeout_s=kw["scorer_timeout"],
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
+        adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
     )
+    _check_headers(wc.headers)
+    adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
 
     def mb(name: str) -> int | None:
         v = kw[name]
@@ -120,7 +126,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     return RunConfig(
         tasks_path=tasks, run_dir=Path(kw["out"]) if kw["out"] is not None else default_run_dir(tasks, shard),
         worker=wc, workers=workers, shard=shard, autoscale=autoscale and workers > 1,
-        concurrency=max(kw["concurrency"], workers), window=kw["window"], max_line_mb=kw["max_line_mb"],
+        concurrency=max(kw["max_concurrency"] if adaptive else kw["concurrency"], workers), adaptive=adaptive,
+        window=kw["window"], max_line_mb=kw["max_line_mb"],
         on_invalid=kw["on_invalid"], fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
@@ -131,6 +138,16 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
     )
+
+
+def _check_headers(specs: tuple[str, ...]) -> None:
+    """A --header that cannot be used stops the run before it starts; never shows a value."""
+    from evalsup.headers import HeaderError, build_headers
+
+    try:
+        build_headers(specs)
+    except HeaderError as e:
+        raise ConfigError(str(e)) from None
 
 
 def resolve_base_url(flag: str | None) -> str:

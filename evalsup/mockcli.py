@@ -72,9 +72,14 @@ _FRACTION = click.FloatRange(0.0, 1.0)
 @click.option("--revoke-after", type=click.IntRange(0), default=None, metavar="N",
               help="Answer every /v1 request after the first N with 401 invalid_api_key (a key revoked mid-run).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the answers and of the fault draws.")
+@click.option("--capacity", type=click.IntRange(0, None), default=0, show_default=True,
+              help="Serve at most this many requests at once (0: no limit), as an engine's batch; GET /metrics shows "
+                   "vLLM-style running and waiting gauges.")
+@click.option("--queue", type=click.IntRange(0, None), default=0, show_default=True,
+              help="With --capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After.")
 def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
          fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
-         api_key_env: str | None, revoke_after: int | None, seed: int) -> None:
+         api_key_env: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
 
     \b
@@ -92,5 +97,6 @@ def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: floa
             sys.exit(2)
     cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed,
-                     models=models or ("mock-model",), api_key=key, revoke_after=revoke_after)
+                     models=models or ("mock-model",), api_key=key, revoke_after=revoke_after, capacity=capacity,
+                     queue=queue)
     serve_forever(cfg, host, port)

@@ -57,8 +57,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Worker processes (each an asyncio event loop with its own HTTP connections). "
                 "Default: start with 1 and add one while every worker is CPU-bound (large "
                 "responses, high rates), up to min(4, 2 x CPUs), fewer under a small memory limit."),
-    Option("concurrency", ("--concurrency", "-c"), "int", 64, lo=1, hi=100_000, show_default=True,
-           help="Requests in flight in total, split evenly among the workers."),
+    Option("concurrency", ("--concurrency", "-c"), "int", None, lo=1, hi=100_000,
+           help="Requests in flight in total, split evenly among the workers: fixed. Default: adaptive, between 1 "
+                "and --max-concurrency, found from the server's latency, 429/503s, timeouts and (when it has them) "
+                "its queue metrics."),
+    Option("max_concurrency", ("--max-concurrency",), "int", 256, lo=1, hi=100_000, show_default=True,
+           help="The most requests in flight the adaptive limit may reach (never past the memory cap)."),
+    Option("server_metrics", ("--server-metrics",), "str", metavar="URL",
+           help="The server's Prometheus metrics (vLLM, SGLang, TGI queue gauges) for the adaptive limit. Default: "
+                "the server root's /metrics, when it has one; off: never."),
+    Option("headers", ("--header",), "str", (), multiple=True, metavar="'NAME: VALUE'",
+           help="Extra request header (repeatable). VALUE may be env:VAR or @FILE for secrets; values are never "
+                "printed."),
     Option("window", ("--window",), "int", 0, lo=0, hi=100_000,
            help="Tasks handed to one worker ahead of its results (default 2 x its concurrency)."),
     Option("out", ("--out", "-o"), "path",

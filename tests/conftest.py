@@ -96,7 +96,9 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 
 def run_args(mock: MockThread, tasks: Path, *extra: str) -> tuple[str, ...]:
-    return ("run", "--model", "mock-model", "--base-url", mock.url, *extra, str(tasks))
+    # a fixed concurrency (the default is adaptive, up to 256): many of these runs are killed mid-way, and
+    # their pace must leave the moment to do it (a later -c in extra wins)
+    return ("run", "--model", "mock-model", "--base-url", mock.url, "-c", "64", *extra, str(tasks))
 
 
 def ids_of(n: int, start: int = 0) -> set[str]:

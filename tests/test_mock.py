@@ -55,6 +55,8 @@ _DEFAULTS: dict[str, Any] = {
     "models": ["mock-model"],
     "api_key": None,
     "echo_headers_in_errors": False,
+    "capacity": 0,
+    "queue": 0,
 }
 
 

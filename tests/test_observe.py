@@ -274,6 +274,7 @@ def test_metrics_during_and_at_the_end_of_a_run(tmp_path: Path, mock: MockThread
     assert {value(s, "evalsup_cgroup_working_set_bytes") for s in ticked} == {300 * MIB}
     assert {value(s, "evalsup_cgroup_limit_bytes") for s in ticked} == {GIB}
     assert {value(s, "evalsup_throttled") for s in scrapes} == {0}
+    assert 8 in {value(s, "evalsup_concurrency_limit") for s in ticked}  # issue 21: -c 8, summed over 2 workers
     totals = [value(s, "evalsup_tasks_total", outcome="succeeded") + value(s, "evalsup_tasks_total", outcome="failed")
               for s in scrapes]
     assert totals == sorted(totals) and len(set(totals)) > 1, totals  # seen during the run, not only after

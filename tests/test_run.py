@@ -172,7 +172,9 @@ def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
 
 def _start_slow_run(tmp_path: Path, mock: MockThread, n: int = 3000) -> tuple[subprocess.Popen[str], list[int]]:
     tasks = write_tasks(tmp_path / "t.jsonl", n, extra={"mock": {"delay_s": 0.2}})
-    p = subprocess.Popen(evalsup_cmd("run", "-w", "3", "--model", "mock-model", "--base-url", mock.url, str(tasks)),
+    # -c 64: a fixed pace (the default is adaptive since issue 21), slow enough to be interrupted mid-run
+    p = subprocess.Popen(evalsup_cmd("run", "-w", "3", "-c", "64", "--model", "mock-model", "--base-url", mock.url,
+                                     str(tasks)),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for())
     deadline = time.monotonic() + 20
     workers: list[int] = []

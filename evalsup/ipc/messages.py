@@ -39,7 +39,9 @@ class ResultMeta(TypedDict):
 
 
 class Heartbeat(TypedDict):
-    inflight: int  # requests on the wire
+    inflight: int  # requests begun and not answered (on the wire, or waiting to retry)
+    wire: int  # requests on the wire (what the endpoint counts)
+    limit: int  # requests it may have in flight now (its adaptive limit under the supervisor's cap)
     queued: int  # tasks held and not begun
     parked: int  # requests parked by the breaker
     done: int
@@ -122,6 +124,11 @@ class WorkerConfig:
     score_pattern: str | None = None
     ring_fd: int | None = None  # the shared-memory ring for large result lines (ipc.ring), if any
     ring_size: int = 0
+    # adaptive concurrency, server signals, headers (issue 21): see evalsup.worker.adaptive
+    adaptive: bool = False  # no --concurrency: the worker's limit moves between 1 and its concurrency
+    adaptive_start: int = 0  # a replacement starts from its predecessor's limit (0: slow start)
+    server_metrics: str | None = None  # --server-metrics URL; None: try the server root's /metrics; "off"
+    headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.headers), never values
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,6 +143,7 @@ class WorkerConfig:
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown worker config field(s): {', '.join(sorted(unknown))}")
-        if "scorers" in d:
-            d = {**d, "scorers": tuple(d["scorers"])}
+        for name in ("scorers", "headers"):
+            if name in d:
+                d = {**d, name: tuple(d[name])}
         return cls(**d)

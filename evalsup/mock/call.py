@@ -261,8 +261,10 @@ def v1(inner: V1Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse
             elif state.key_revoked():
                 resp = error(request, 401, "Incorrect API key provided: the key was revoked (mock).",
                              code="invalid_api_key")
-            else:
-                resp = await inner(call)
+            else:  # within the capacity (evalsup.mock.capacity); a full queue answers 429 at once
+                resp = await state.capacity.serve(call.cfg.capacity, call.cfg.queue, request.method,
+                                                  lambda: inner(call),
+                                                  lambda: rate_limited(request, call.cfg.retry_after_s))
         except ConnectionError:  # the client went away mid-response: nothing to answer, nothing to log
             call.aborted = True
             stats.fault("client_gone")

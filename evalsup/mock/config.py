@@ -23,6 +23,8 @@ class MockConfig:
     echo_headers_in_errors: bool = False  # error bodies include the request headers
     revoked: bool = False  # every /v1 request gets 401 invalid_api_key (a key revoked mid-run)
     revoke_after: int | None = None  # the key is revoked after this many /v1 requests (counted since start/reset)
+    capacity: int = 0  # at most this many served at once (0: no limit; evalsup.mock.capacity)
+    queue: int = 0  # with capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After
 
 
 _FLOAT_FIELDS = frozenset(
@@ -51,6 +53,10 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             raise ValueError(f"unknown config field {name!r}")
         if name in _FLOAT_FIELDS:
             changes[name] = _as_float(name, value)
+        elif name in ("capacity", "queue"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0")
+            changes[name] = value
         elif name == "seed":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError("seed must be an integer")

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from evalsup.mock import content as C
 from evalsup.mock.call import Call
+from evalsup.mock.capacity import prometheus_text
 from evalsup.mock.faults import Fault
 from evalsup.mock.state import MAX_DIMS, MODEL_CREATED, STATE, error, json_response
 
@@ -100,3 +101,10 @@ async def admin_set_config(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         return json_response({"error": str(exc)}, status=400)
     return json_response(state.config_json())
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    """vLLM-style queue gauges of the capacity model (running, waiting), for the adaptive limit's scraper."""
+    st = request.app[STATE]
+    return web.Response(text=prometheus_text(st.capacity, st.stats.in_flight, st.cfg.models),
+                        content_type="text/plain")

@@ -35,6 +35,7 @@ from evalsup.mock.routes import (
     admin_set_config,
     admin_stats,
     embeddings,
+    metrics,
     model,
     models,
     unknown,
@@ -69,6 +70,7 @@ def create_app(cfg: MockConfig) -> web.Application:
     r.add_get("/v1/models", v1(models), allow_head=False)
     r.add_get("/v1/models/{model}", v1(model), allow_head=False)
     r.add_route("*", "/v1/{tail:.*}", v1(unknown))
+    r.add_get("/metrics", metrics, allow_head=False)  # the capacity model's queue gauges
     r.add_get("/_mock/stats", admin_stats, allow_head=False)
     r.add_post("/_mock/reset", admin_reset)
     r.add_get("/_mock/config", admin_get_config, allow_head=False)

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from evalsup.mock.capacity import Capacity
 from evalsup.mock.config import MockConfig, apply_update, config_to_json
 from evalsup.mock.faults import AttemptCounter, FaultInjector
 from evalsup.mock.stats import MockStats
@@ -53,6 +54,7 @@ class State:
         self.stats = MockStats()
         self.attempts = AttemptCounter()
         self.served = 0  # /v1 requests that passed the auth check, for revoke_after
+        self.capacity = Capacity()  # K served at once, a FIFO of Q, then 429 (evalsup.mock.capacity)
 
     def key_revoked(self) -> bool:
         """Count one /v1 request; whether the key is revoked for it (revoked, or past revoke_after)."""
@@ -72,6 +74,7 @@ class State:
             self.faults.reseed(cfg.seed)
         if down is not None:
             self.down = down
+        self.capacity.resize(cfg.capacity)  # a larger capacity admits waiters at once
 
     def reset(self) -> None:
         """Clear the counters and the attempt counts behind mock.times."""

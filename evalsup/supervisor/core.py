@@ -113,7 +113,10 @@ class SupervisorCore:
         conc = self.cfg.concurrency if self.cfg.autoscale else share
         w = WorkerHandle(slot, conc, self.cfg.window_for(share), {}, share)
         w.held = self.ledger.open(w.id)
-        config = self.cfg.worker.to_wire() | {"concurrency": conc, "limit": self._worker_cap(w)}
+        # a replacement starts from its predecessor's adaptive limit, not from scratch (issue 21)
+        start = max((x.conc_limit for x in self.workers if x.slot == slot), default=0)
+        config = self.cfg.worker.to_wire() | {"concurrency": conc, "limit": self._worker_cap(w),
+                                              "adaptive_start": start}
         await w.spawn(config, lambda kind, payload: self._on_frame(w, kind, payload), self.frame_buffers,
                       ring_size_from_env(self.active))  # a first worker alone gets all of the rings' budget
         if self.memory is not None:

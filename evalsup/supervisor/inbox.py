@@ -108,6 +108,7 @@ class Inbox(SupervisorCore):
         w.last_beat = time.monotonic()
         w.parked = int(beat.get("parked", 0))
         w.wire = int(beat.get("wire", 0))
+        w.conc_limit = int(beat.get("limit") or 0)  # the adaptive limit, summed for display (issue 21)
 
     def _on_ready(self, w: WorkerHandle, payload: memoryview) -> None:
         w.ready()

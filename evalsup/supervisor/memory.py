@@ -62,6 +62,7 @@ class MemoryControl:
         self.recycle = RecyclePolicy(soft, int(soft * cfg.hard_rss_factor), cfg.max_tasks_per_worker,
                                      cfg.max_tasks_jitter)
         self.cap = cfg.concurrency
+        self.concurrency_limit = 0  # issue 21: the workers' limits summed (set by the arbiter), for memory.jsonl
         if self.limit:
             self.cap = self.budget.cap(max(80 * MIB, 0) + cfg.workers * 60 * MIB, cfg.concurrency)
         self.cap_announced = False
@@ -100,7 +101,8 @@ class MemoryControl:
         shares = c.per_worker_concurrency(c.first_workers)
         count = f"1 worker (up to {c.workers} while CPU-bound)" if c.autoscale else f"{c.workers} workers"
         return (f"sizing: memory limit {lim}{marks}; {count} x {shares[0]} requests "
-                f"({c.concurrency} in flight), window {c.window_for(shares[0])} tasks a worker; recycle a worker "
+                f"({'adaptive, up to ' if c.adaptive else ''}{c.concurrency} in flight), "  # issue 21
+                f"window {c.window_for(shares[0])} tasks a worker; recycle a worker "
                 f"past {soft / MIB:,.0f} MiB RSS (kill past {(self.recycle.hard_rss or 0) / MIB:,.0f} MiB)")
 
     def tick(self, workers: Iterable[WorkerView], paused: bool, done: int = 0) -> MemoryDecision:
@@ -181,7 +183,8 @@ class MemoryControl:
             return
         rec = {"t": round(now, 3), "supervisor_rss": sup_rss, "workers_rss": {str(k): v for k, v in per_worker.items()},
                "cgroup_usage": s.usage_bytes, "working_set": ws, "limit": self.limit, "paused": paused,
-               "inflight_cap": self.cap, "psi_some_avg10": s.psi_some_avg10, "done": done,
+               "inflight_cap": self.cap, "concurrency_limit": self.concurrency_limit,  # issue 21
+               "psi_some_avg10": s.psi_some_avg10, "done": done,
                "high": self.watermark.high_bytes if self.watermark else None,
                "low": self.watermark.low_bytes if self.watermark else None}
         try:

@@ -30,6 +30,8 @@ class Metrics:
         self.worker_rss = Gauge("evalsup_worker_rss_bytes", "Resident memory of each worker", ["slot"], registry=r)
         self.supervisor_rss = Gauge("evalsup_supervisor_rss_bytes", "Resident memory of the supervisor", registry=r)
         self.cgroup_usage = Gauge("evalsup_cgroup_working_set_bytes", "Container working set", registry=r)
+        self.concurrency_limit = Gauge("evalsup_concurrency_limit", "Requests the workers may have in flight now "
+                                       "(the adaptive limit, or --concurrency)", registry=r)  # issue 21
         self.cgroup_limit = Gauge("evalsup_cgroup_limit_bytes", "Effective memory limit (0: none)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
@@ -50,7 +52,7 @@ class Metrics:
             self.retries.inc(retries)
 
     def update(self, inflight: int, throttled: bool, down: bool, worker_rss: dict[int, int], supervisor_rss: int,
-               working_set: int, limit: int | None) -> None:
+               working_set: int, limit: int | None, concurrency_limit: int) -> None:
         """The gauges, every monitor tick: ``worker_rss`` maps a worker's slot to its RSS (0: not sampled)."""
         self.inflight.set(inflight)
         self.throttled.set(1 if throttled else 0)
@@ -62,3 +64,4 @@ class Metrics:
         self.supervisor_rss.set(supervisor_rss)
         self.cgroup_usage.set(working_set)
         self.cgroup_limit.set(limit or 0)
+        self.concurrency_limit.set(concurrency_limit)

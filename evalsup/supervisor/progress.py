@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from evalsup.supervisor.limits import limit_total
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -108,6 +110,7 @@ def snapshot(sup: Any, now: float) -> dict[str, Any]:
         "workers_mb": [w.rss / MIB for w in sup.workers if w.alive],
         "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
         "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
+        "conc_limit": limit_total(sup.workers),  # the requests the workers may have in flight now (issue 21)
     }
 
 
@@ -125,7 +128,8 @@ def _eta(s: dict[str, Any]) -> str:
 
 
 def _health(s: dict[str, Any], sep: str) -> list[str]:
-    parts = [f"{s['inflight']} in flight", f"{s.get('queued', 0)} queued in workers", f"{s['failed']:,} failed"]
+    limit = f" (limit {s['conc_limit']})" if s.get("conc_limit") else ""  # adaptive or --concurrency (issue 21)
+    parts = [f"{s['inflight']} in flight{limit}", f"{s.get('queued', 0)} queued in workers", f"{s['failed']:,} failed"]
     if s.get("invalid"):
         parts.append(f"{s['invalid']:,} invalid")
     parts += [f"{s['retries']:,} retries", f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB"]

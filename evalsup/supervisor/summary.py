@@ -30,6 +30,7 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         **({"workers_added": sup.active - sup.cfg.first_workers, "max_workers": sup.cfg.workers}
            if sup.cfg.autoscale else {}),
         "concurrency": sup.cfg.concurrency,
+        "adaptive": sup.cfg.adaptive,  # issue 21: concurrency is then the most the adaptive limit may reach
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
@@ -80,7 +81,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         ("workers", f"{summary['workers']}"
                     + (f" (automatic: {summary['workers_added']} added while all were CPU-bound, at most "
                        f"{summary['max_workers']})" if "max_workers" in summary else "")
-                    + f" x concurrency {summary['concurrency']} total; "
+                    + f" x concurrency {'adaptive, up to ' if summary.get('adaptive') else ''}"
+                      f"{summary['concurrency']} total; "
                     f"restarts {summary['worker_restarts']} "
                     + ", ".join(f"{k} {v}" for k, v in summary["worker_restarts_by_cause"].items() if v)),
         ("peak RSS", f"supervisor {rss['supervisor']:.0f} MB, largest worker {rss['worker_max']:.0f} MB, "

@@ -43,6 +43,8 @@ class Outcome:
     itl_s: float | None = None
     raw_json: bytes | None = None  # the endpoint's own bytes when ``body`` is them (a Fragment)
     sent: int = 1  # requests sent: attempts, and the ones no attempt was counted for (429 waits, outages)
+    server_s: float = 0.0  # the last attempt, from the request written to the last byte (issue 21)
+    queue_s: float = 0.0  # waits for the pacer (--max-requests-per-s, --max-tokens-per-min)
 
 
 @dataclass(slots=True)
@@ -98,6 +100,7 @@ class Client:
         self.on_auth = on_auth or (lambda message: None)
         self.inflight = inflight  # requests this worker has begun and not answered (AuthWatch's evidence)
         self.secret = secret.encode() if secret else None
+        self.secrets = [self.secret] if self.secret else []  # and --header values (worker.main)
         # whole_bodies: something (a scorer, a plugin) reads the parsed body; else a large one only needs checking
         self.bodies = BodyParser(whole_bodies)
         self.parked = 0
@@ -105,11 +108,14 @@ class Client:
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
         self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
+        # told of every attempt (status, error code, seconds at the server): the adaptive limit (issue 21)
+        self.observe: Callable[[int | None, str | None, float], None] | None = None
 
     def _scrub(self, raw: bytes) -> bytes:
         # An endpoint may echo request headers in an error; the key must never reach a file.
-        if self.secret and self.secret in raw:
-            return raw.replace(self.secret, b"[redacted]")
+        for s in self.secrets:
+            if s in raw:
+                raw = raw.replace(s, b"[redacted]")
         return raw
 
     async def _each_chunk(self, resp: aiohttp.ClientResponse, take: Callable[[bytes], object]) -> None:
@@ -231,20 +237,27 @@ class Client:
         used = 0  # attempts counted against --max-attempts
         limited_s = 0.0  # time spent waiting on the server's flow control (429)
         waits = sent = 0
+        queued = server_s = 0.0
         policy = self.policy
         while True:
+            t_q = time.monotonic()
             if self.pacer.rps is not None:  # (no coroutine to make and await per request without a limit)
                 await self.pacer.request_slot()
             if self.pacer.tpm is not None:
                 await self.pacer.charge_tokens(estimate)
             used += 1
             sent += 1
+            t_a = time.monotonic()  # the server's time, apart from the pacer's
+            queued += t_a - t_q
             self.on_wire += 1
             try:
                 a = await self.attempt(url, payload, stream, need)
             finally:
                 self.on_wire -= 1
+            server_s = time.monotonic() - t_a
             f = a.failure
+            if self.observe is not None:
+                self.observe(a.status, None if f is None else str(f.code), server_s)
             if f is None:
                 self.breaker.success()
                 self.auth.success()
@@ -252,7 +265,7 @@ class Client:
                     usage = a.parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
                         self.pacer.correct_tokens(usage["total_tokens"] - estimate)
-                return self._outcome(a, used, start, sent)
+                return self._outcome(a, used, start, sent, (server_s, queued))
             if self.breaker.record(key, f.endpoint_side, f.refused):
                 self.breaker.open = True  # at once here; the supervisor opens it for every worker
                 self.on_trip(f.message)
@@ -267,7 +280,8 @@ class Client:
                 continue
             if step is Step.GIVE_UP:
                 msg = f"still rate-limited ({f.code}) after {limited_s:.0f}s of waiting (--max-rate-limited-wait)"
-                return self._outcome(a, used, start, sent, {"code": Code.RATE_LIMITED.value, "message": msg})
+                return self._outcome(a, used, start, sent, (server_s, queued),
+                                     {"code": Code.RATE_LIMITED.value, "message": msg})
             if step is Step.AUTH:
                 if self.auth.refuse(key, self.inflight()):
                     self.on_auth(f.message)
@@ -276,7 +290,7 @@ class Client:
                     await self.auth.wait()  # returns only when the refusal was this task's own
                 finally:
                     self.parked -= 1
-                return self._outcome(a, used, start, sent)
+                return self._outcome(a, used, start, sent, (server_s, queued))
             if f.endpoint_side and self.breaker.open:
                 self.parked += 1
                 try:
@@ -288,21 +302,21 @@ class Client:
                     used -= 1  # no task pays for an outage of the whole endpoint
                     continue
                 if step is Step.DONE:  # a false alarm: the failure was the task's own
-                    return self._outcome(a, used, start, sent)
+                    return self._outcome(a, used, start, sent, (server_s, queued))
                 await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
                 continue
             if step is Step.DONE:
-                return self._outcome(a, used, start, sent)
+                return self._outcome(a, used, start, sent, (server_s, queued))
             self.retries += 1
             await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
 
-    def _outcome(self, a: Attempt, attempts: int, start: float, sent: int,
+    def _outcome(self, a: Attempt, attempts: int, start: float, sent: int, times: tuple[float, float],
                  error: dict[str, str] | None = None) -> Outcome:
         body = body_value(a.raw, a.parsed, a.one_line) if a.parsed is not None else None
         if error is None and a.failure is not None:
             error = a.failure.record()
         return Outcome(a.status, body, len(a.raw), a.request_id, error, attempts, time.monotonic() - start,
-                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent)
+                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent, *times)
 
     def _probe_request(self) -> tuple[str, bytes] | None:
         """The tiny request the connection check makes, for the path and model of the last task seen here."""

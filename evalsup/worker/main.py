@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from evalsup.headers import build_headers, secret_values
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head, widen_pipe
 from evalsup.ipc.messages import WorkerConfig
@@ -28,6 +29,8 @@ from evalsup.plugin import load_callable
 from evalsup.process import quiet_gc
 from evalsup.scorers import ScorerOptions
 from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
+from evalsup.worker.adaptive import adaptive_from_config
+from evalsup.worker.adaptive_hook import watch
 from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.breaker import AuthWatch, LocalBreaker
 from evalsup.worker.client import Client, Outcome
@@ -63,6 +66,8 @@ class Worker:
         self.concurrency = cfg.concurrency
         self.limit = max(1, min(self.concurrency, cfg.limit or self.concurrency))
         self.queue: collections.deque[tuple[Any, bytes | memoryview]] = collections.deque()
+        self.adaptive = adaptive_from_config(cfg)  # the adaptive limit (issue 21); None with --concurrency
+        self.extra_headers = build_headers(cfg.headers)  # --header, User-Agent (a bad one: FATAL, not a crash)
         self.inflight = 0  # requests begun and not answered
         self.slots = 0  # tasks begun whose RESULT frame is not yet on its way
         self._live: set[asyncio.Task[None]] = set()
@@ -92,8 +97,12 @@ class Worker:
             except (OSError, ValueError):
                 self.ring = None  # every result through the pipe: slower, never wrong
 
+    def _limit(self) -> int:
+        """Requests this worker may have in flight now: its adaptive limit under the supervisor's cap."""
+        return self.limit if self.adaptive is None else self.adaptive.allowed(self.limit)
+
     def _can_start(self) -> bool:
-        return (bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self.limit
+        return (bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self._limit()
                 and self.slots < self.concurrency)
 
     def _pump(self) -> None:
@@ -102,6 +111,7 @@ class Worker:
         started = False
         while self._can_start():
             meta, line = self.queue.popleft()
+            meta["q"] = time.monotonic() - meta.get("q", 0.0)  # the time it waited here for a slot (queue_s)
             self.inflight += 1
             self.slots += 1
             self._started.append(meta["k"])  # goes out with the next write, in one STARTED frame for all
@@ -175,7 +185,11 @@ class Worker:
         if self.plugin is not None:
             self._before_user_code(meta["k"])
             self.plugin(obj, oc)
-        metrics: dict[str, Any] = {"latency_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": self.pid}
+        # latency_s is the server's (the last attempt, request written to last byte); queue_s the time it waited
+        # here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
+        metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(meta.get("q", 0.0)
+                                   + oc.queue_s, 6), "total_s": round(oc.latency_s, 6), "attempts": oc.attempts,
+                                   "worker": self.pid}
         if oc.ttft_s is not None:
             metrics["ttft_s"] = round(oc.ttft_s, 6)
         if oc.itl_s is not None:
@@ -195,7 +209,7 @@ class Worker:
         else:
             out = [output_line(tid, body=oc.body, **fields)]
         usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
-        info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.latency_s, "att": oc.attempts, "rb": oc.raw_len,
+        info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.server_s, "att": oc.attempts, "rb": oc.raw_len,
                 "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s, "rt": oc.sent - 1,
                 "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
                 "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores}
@@ -237,7 +251,8 @@ class Worker:
             self.out.send(encode_json(Kind.HEARTBEAT, {
                 "inflight": self.inflight, "queued": len(self.queue), "done": self.done, "t": time.time(),
                 "parked": c.parked if c else 0, "retries": c.retries if c else 0,
-                "wire": c.on_wire if c else 0}))  # requests on the wire (status/progress "in flight")
+                "wire": c.on_wire if c else 0,  # requests on the wire (status/progress "in flight")
+                "limit": self._limit()}))  # its adaptive limit (issue 21)
             await self.out.drain()
             await asyncio.sleep(interval)
 
@@ -260,6 +275,7 @@ class Worker:
     async def on_frame(self, kind: Kind, payload: memoryview) -> None:
         if kind is Kind.TASK:
             meta, line = split_meta(payload)
+            meta["q"] = time.monotonic()  # queue_s counts from here
             self.queue.append((meta, line))
         elif kind is Kind.RELEASE:
             if self.ring is not None:
@@ -298,7 +314,7 @@ class Worker:
         timeout = aiohttp.ClientTimeout(total=cfg.total_timeout_s, sock_connect=cfg.connect_timeout_s,
                                         sock_read=cfg.read_timeout_s)
         connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not cfg.insecure)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **self.extra_headers}  # --header, User-Agent
         key = _api_key(cfg)
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -311,8 +327,12 @@ class Worker:
                             on_probe=self._on_probe, secret=key, auth=self.auth, on_auth=self._on_auth,
                             inflight=lambda: self.inflight,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
+            client.secrets += [v.encode() for v in secret_values(cfg.headers)]
             self.client = client
             tasks = [asyncio.create_task(self.heartbeat())]
+            if self.adaptive is not None:  # every attempt and the server's queue feed the limit
+                tasks.append(watch(self.adaptive, client, session, cfg, headers, lambda: self.inflight,
+                                   lambda: self.limit))
             reading = asyncio.create_task(self.read_loop())
             drained = asyncio.create_task(self.finished.wait())
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)

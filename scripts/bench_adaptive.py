@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Benchmark of the adaptive concurrency limit (issue 21) against a server with a knee.
+
+One `evalsup mock --capacity K --queue Q --latency-ms L` in its own process (K served at once, Q more wait, the
+rest get 429 + Retry-After; throughput peaks at K / L). Against it, N tasks each with:
+
+* a fixed --concurrency sweep (16, 32, 64, 128, 256 by default);
+* the default (adaptive) run, with the server's /metrics (found at the server root) and without it
+  (``--server-metrics off``: latency and errors alone);
+* the default run while the capacity halves mid-run (``POST /_mock/config {"capacity": K/2}``).
+
+Per run: throughput (tasks / wall time of `evalsup run`, start-up included), its ratio to the best fixed run,
+the share of requests answered 429 (the mock's own counters), the settle time (from the start until the summed
+limit in memory.jsonl stays within +-25 % of its median over the rest of the busy run) and, for the halving,
+the time from the change until the limit has followed (stays within +-25 % of its new median).
+
+    scripts/bench_adaptive.py                      # the issue's figures: K=64, Q=64, 200 ms, 10,000 tasks
+    scripts/bench_adaptive.py --n 3000 --sweep 32,64,128 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _admin(base: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method="POST" if data is not None else "GET",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "EVALSUP_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _limits(run_dir: Path) -> list[tuple[float, int, int]]:
+    """(t, summed limit, done) from memory.jsonl."""
+    out = []
+    with open(run_dir / "memory.jsonl", "rb") as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("concurrency_limit") is not None:
+                out.append((float(r["t"]), int(r["concurrency_limit"]), int(r.get("done") or 0)))
+    return out
+
+
+def settle_time(samples: list[tuple[float, int, int]], t0: float, n: int) -> float | None:
+    """Seconds from t0 until the limit stays within +-25 % of its median over the rest of the busy run (until
+    90 % of the tasks are done: the tail is application-limited)."""
+    busy = [(t, lim) for t, lim, done in samples if t >= t0 and done < 0.9 * n]
+    if len(busy) < 4:
+        return None
+    for i, (t, _) in enumerate(busy):
+        rest = [lim for _, lim in busy[i:]]
+        med = statistics.median(rest)
+        if all(0.75 * med <= x <= 1.25 * med for x in rest):
+            return round(t - t0, 1)
+    return None
+
+
+def run_one(base: str, tasks: Path, n: int, work: Path, name: str, extra: list[str],
+            halve_at: float | None = None, capacity: int = 64) -> dict[str, Any]:
+    _admin(base, "/_mock/config", {"capacity": capacity})
+    _admin(base, "/_mock/reset", {})
+    out = work / f"{name}.run"
+    cmd = [PY, "-m", "evalsup", "run", str(tasks), "--base-url", base + "/v1", "--model", "mock-model",
+           "--out", str(out), "--fresh", "--quiet", "--monitor-interval", "0.5", *extra]
+    t0 = time.time()
+    timer = None
+    if halve_at is not None:
+        timer = threading.Timer(halve_at, lambda: _admin(base, "/_mock/config", {"capacity": capacity // 2}))
+        timer.start()
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    wall = time.time() - t0
+    if timer is not None:
+        timer.cancel()
+    if p.returncode != 0:
+        raise SystemExit(f"{name}: evalsup exited {p.returncode}: {p.stderr[-2000:]}")
+    st = _admin(base, "/_mock/stats")
+    summary = json.loads((out / "summary.json").read_text())
+    served = sum(int(v) for v in st["statuses"].values())
+    n429 = int(st["statuses"].get("429", 0))
+    samples = _limits(out)
+    row: dict[str, Any] = {
+        "name": name, "wall_s": round(wall, 2), "tasks_per_s": round(n / wall, 1),
+        # succeeded tasks: a run whose tasks fail fast (5 attempts of 429) must not look faster for it
+        "ok_per_s": round((n - int(summary.get("failed") or 0)) / wall, 1), "requests": served,
+        "share_429": round(n429 / served, 4) if served else 0.0, "failed": summary.get("failed"),
+        "latency_p50_s": summary["latency_s"].get("p50"), "latency_p99_s": summary["latency_s"].get("p99"),
+        "limit_median": statistics.median([lim for _, lim, d in samples if d < 0.9 * n] or [0]),
+        "settle_s": settle_time(samples, t0, n),
+    }
+    if halve_at is not None:
+        tc = t0 + halve_at
+        after = [(t, lim, d) for t, lim, d in samples if t >= tc]
+        row["follow_s"] = settle_time(after, tc, n)
+        row["limit_before"] = statistics.median([lim for t, lim, _ in samples if tc - 5 <= t < tc] or [0])
+        row["limit_after"] = statistics.median([lim for _, lim, d in after if d < 0.9 * n] or [0])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--capacity", type=int, default=64)
+    ap.add_argument("--queue", type=int, default=64)
+    ap.add_argument("--latency-ms", type=float, default=200.0)
+    ap.add_argument("--jitter-ms", type=float, default=20.0)
+    ap.add_argument("--sweep", default="16,32,64,128,256")
+    ap.add_argument("--halve-at", type=float, default=10.0, help="Seconds into the halving run (0: no such run).")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="evalsup-bench-adaptive-"))
+    tasks = work / "tasks.jsonl"
+    with open(tasks, "w") as f:
+        for i in range(args.n):
+            f.write(json.dumps({"id": f"t{i}", "messages": [{"role": "user", "content": f"question {i}"}]}) + "\n")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    mock = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(port), "--latency-ms", str(args.latency_ms),
+                             "--jitter-ms", str(args.jitter_ms), "--capacity", str(args.capacity), "--queue",
+                             str(args.queue)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                _admin(base, "/_mock/stats")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        for c in [int(x) for x in args.sweep.split(",") if x]:
+            rows.append(run_one(base, tasks, args.n, work, f"fixed-{c}", ["--concurrency", str(c)],
+                                capacity=args.capacity))
+            print(json.dumps(rows[-1]), flush=True)
+        for name, extra in (("default", []), ("default, no server metrics", ["--server-metrics", "off"])):
+            rows.append(run_one(base, tasks, args.n, work, name.replace(" ", "_").replace(",", ""), extra,
+                                capacity=args.capacity))
+            rows[-1]["name"] = name
+            print(json.dumps(rows[-1]), flush=True)
+        if args.halve_at > 0:
+            for name, extra in (("default, capacity halved", []),
+                                ("default, no server metrics, capacity halved", ["--server-metrics", "off"])):
+                rows.append(run_one(base, tasks, args.n, work, name.replace(" ", "_").replace(",", ""), extra,
+                                    halve_at=args.halve_at, capacity=args.capacity))
+                rows[-1]["name"] = name
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        mock.terminate()
+        mock.wait(10)
+    best = max((r["ok_per_s"] for r in rows if r["name"].startswith("fixed")), default=0.0)
+    print(f"\nK={args.capacity} Q={args.queue} {args.latency_ms:.0f} ms (+-{args.jitter_ms:.0f}), {args.n:,} tasks; "
+          f"ideal {args.capacity / args.latency_ms * 1000:.0f} tasks/s\n")
+    print("| run | ok tasks/s | of best fixed | 429 share | failed | limit (median) | settle s | p50 / p99 s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = r["ok_per_s"] / best if best else 0.0
+        extra = (f" (halved at {args.halve_at:.0f} s: {r['limit_before']:.0f} -> {r['limit_after']:.0f}, "
+                 f"followed in {r['follow_s']} s)" if "follow_s" in r else "")
+        print(f"| {r['name']} | {r['ok_per_s']:.0f} | {ratio:.2f} | {r['share_429']:.2%} | {r['failed']} | "
+              f"{r['limit_median']:.0f}{extra} | {r['settle_s']} | {r['latency_p50_s']} / {r['latency_p99_s']} |")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The adaptive concurrency limit as a pure policy object (evalsup.worker.adaptive), on synthetic traces.
+
+The traces come from a small discrete-event simulation of a server with K slots and a FIFO of Q (what
+`evalsup mock --capacity K --queue Q` does for real): the clock is the simulation's, so nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, field
+
+from evalsup.worker.adaptive import AdaptiveLimit, AdaptiveSettings, adaptive_from_config, is_pushback
+
+
+@dataclass
+class Sim:
+    k: int
+    q: int
+    lat: float = 0.2
+    jitter: float = 0.05
+    retry_after: float = 1.0
+    server_metrics: bool = False
+    seed: int = 1
+    n429: int = 0
+    answers: int = 0
+    trace: list[tuple[float, int]] = field(default_factory=list)
+
+    def run(self, ctl: AdaptiveLimit | None, tasks: int, fixed: int | None = None,
+            change: tuple[float, int] | None = None) -> float:
+        """Push ``tasks`` through the server under ``ctl`` (or a fixed limit); the throughput (tasks/s)."""
+        rng = random.Random(self.seed)
+        ev: list[tuple[float, int, str, float]] = []
+        seq = itertools.count()
+        running, queue, inflight, sent, done, t = 0, list[float](), 0, 0, 0, 0.0
+
+        def push(at: float, kind: str, start: float = 0.0) -> None:
+            heapq.heappush(ev, (at, next(seq), kind, start))
+
+        def limit() -> int:
+            return fixed if fixed is not None else ctl.allowed(10**9) if ctl else 1
+
+        def serve(at: float, start: float) -> None:
+            push(at + max(0.001, self.lat + rng.uniform(-self.jitter, self.jitter)), "done", start)
+
+        def arrive(at: float) -> None:
+            nonlocal running
+            if running < self.k:
+                running += 1
+                serve(at, at)
+            elif len(queue) < self.q:
+                queue.append(at)
+            else:
+                self.n429 += 1
+                push(at + 0.001, "429", at)
+
+        def fill(at: float) -> None:
+            nonlocal inflight, sent
+            while inflight < limit() and sent < tasks:
+                inflight += 1
+                sent += 1
+                arrive(at)
+
+        fill(0.0)
+        push(0.5, "tick")
+        if change:
+            push(change[0], "capacity")
+        while ev and done < tasks:
+            t, _, kind, start = heapq.heappop(ev)
+            if kind == "done":
+                running -= 1
+                if queue and running < self.k:
+                    running += 1
+                    serve(t, queue.pop(0))
+                self.answers += 1
+                if ctl:
+                    ctl.observe(t, t - start, 200, None, inflight)
+                inflight -= 1
+                done += 1
+                fill(t)
+            elif kind == "429":
+                self.answers += 1
+                if ctl:
+                    ctl.observe(t, t - start, 429, "http_429", inflight)
+                push(t + self.retry_after, "retry")  # the request keeps its slot while it waits, as in the worker
+            elif kind == "retry":
+                arrive(t)
+            elif kind == "tick":
+                if ctl and self.server_metrics:
+                    ctl.server(t, len(queue), running)
+                self.trace.append((t, limit()))
+                push(t + 0.5, "tick")
+            elif kind == "capacity" and change:
+                self.k = change[1]
+        return done / t
+
+    def limits(self, t0: float, t1: float) -> list[int]:
+        return [lim for t, lim in self.trace if t0 <= t < t1]
+
+
+def best_fixed(k: int, q: int, tasks: int) -> float:
+    return max(Sim(k, q).run(None, tasks, fixed=f) for f in (16, 32, 64, 128, 256))
+
+
+def test_grows_to_its_maximum_while_latency_stays_at_its_floor() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=200))
+    sim = Sim(k=10_000, q=0)
+    sim.run(ctl, 20_000)
+    assert ctl.limit == 200
+    assert ctl.cuts == 0
+
+
+def test_finds_the_knee_of_a_capacity_server_without_429s_and_near_the_best_fixed_throughput() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256))
+    sim = Sim(k=64, q=64)
+    rate = sim.run(ctl, 10_000)
+    assert rate >= 0.9 * best_fixed(64, 64, 10_000)
+    assert sim.n429 <= 0.01 * sim.answers
+    settled = sim.limits(10, 30)
+    assert settled and all(64 <= lim <= 128 for lim in settled), settled  # past K (full), short of K + Q (429s)
+
+
+def test_follows_a_capacity_that_halves() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256))
+    sim = Sim(k=64, q=64)
+    sim.run(ctl, 16_000, change=(20.0, 32))
+    before, after = sim.limits(15, 20), sim.limits(30, 40)
+    assert min(before) > 64
+    assert after and all(32 <= lim <= 64 + 8 for lim in after), after  # 32 slots + 64 queued: 429s past 96
+    assert max(sim.limits(20, 30)[-1:]) <= 72  # within 10 s
+
+
+def test_holds_the_servers_waiting_queue_near_its_target_when_the_server_reports_it() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256, queue_target=4))
+    sim = Sim(k=64, q=64, server_metrics=True)
+    rate = sim.run(ctl, 10_000)
+    assert sim.n429 == 0
+    assert rate >= 0.9 * best_fixed(64, 64, 10_000)
+    assert all(64 <= lim <= 64 + 16 for lim in sim.limits(5, 30))
+
+
+def test_cuts_multiplicatively_once_a_round_trip_on_a_burst_of_429s() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256, initial=100))
+    # 50 requests sent at t=0 all come back 429 at t=0.1: one cut, not fifty
+    for i in range(50):
+        ctl.observe(0.1 + i * 1e-4, 0.1, 429, "http_429", 100 - i)
+    assert ctl.limit == 50 and ctl.cuts == 1
+    # a 429 to a request sent after the cut is news: a second cut
+    ctl.observe(0.5, 0.1, 429, "http_429", 50)
+    assert ctl.limit == 25 and ctl.cuts == 2
+
+
+def test_timeouts_and_503_push_back_but_other_errors_do_not() -> None:
+    assert is_pushback(503, "http_503") and is_pushback(None, "timeout_read") and is_pushback(429, None)
+    assert not is_pushback(500, "http_500") and not is_pushback(None, "connection_error")
+    ctl = AdaptiveLimit(AdaptiveSettings(initial=64))
+    ctl.observe(1.0, 0.5, None, "connection_error", 64)
+    assert ctl.limit == 64
+    ctl.observe(2.0, 0.5, None, "timeout_total", 64)
+    assert ctl.limit == 32
+
+
+def test_stays_within_one_and_the_supervisors_cap() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256, initial=8))
+    now = 0.0
+    for _ in range(40):
+        now += 1.0
+        ctl.observe(now, 0.01, 429, "http_429", 8)
+    assert ctl.limit == 1 and ctl.allowed(100) == 1
+    for _ in range(400):  # fast answers: growth, but never past the cap it is given
+        now += 0.1
+        for _ in range(8):
+            ctl.observe(now, 0.01, 200, None, ctl.limit, cap=20)
+    assert ctl.limit == 20
+    assert ctl.allowed(10) == 10  # the supervisor's cap is an upper bound at once
+
+
+def test_an_application_limited_window_does_not_grow_the_limit() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256, initial=64))
+    now = 0.0
+    for _ in range(200):  # only 2 requests in flight: nothing learnt about 64
+        now += 0.1
+        ctl.observe(now, 0.05, 200, None, 2)
+    assert ctl.limit == 64
+
+
+def test_fixed_concurrency_has_no_controller() -> None:
+    assert adaptive_from_config({"adaptive": False, "concurrency": 64}) is None
+    ctl = adaptive_from_config({"adaptive": True, "concurrency": 32})
+    assert ctl is not None and ctl.s.max_limit == 32 and 1 <= ctl.limit <= 32 and ctl.slow_start
+    # a replacement worker starts where its predecessor was, its limit past slow start
+    ctl = adaptive_from_config({"adaptive": True, "concurrency": 128, "adaptive_start": 70})
+    assert ctl is not None and ctl.limit == 70 and not ctl.slow_start
