@@ -89,10 +89,7 @@ def _check_settings(task_arg: str, options: dict[str, Any]) -> None:
         ctx = run_command.make_context("evalsup run", [task_arg, *_argv(options)])
     except click.ClickException as e:
         raise BadSettings(e.format_message()) from None
-    from evalsup.options import RUN_OPTIONS
-
-    names = {o.name for o in RUN_OPTIONS}  # the run options (not the CLI's own: --retry-failed, ...)
-    params = {k: v for k, v in ctx.params.items() if k in names}
+    params = {k: v for k, v in ctx.params.items() if k != "tasks"}
     if params.get("out") is None and task_arg == "-":
         raise BadSettings("reading tasks from stdin (-) needs out=RUN_DIR (where its copy and the results go)")
     try:

@@ -51,6 +51,8 @@ def _click_option(o: Option) -> Any:
         kw["type"] = click.Choice(list(o.choices))
     elif types[o.kind] is not None:
         kw["type"] = types[o.kind]
+    if o.flag_value is not None:
+        kw.update(is_flag=False, flag_value=o.flag_value)
     return click.option(*o.flags, o.name, default=o.default, multiple=o.multiple, **kw)
 
 
@@ -78,15 +80,8 @@ def _move_aside(run_dir: Path) -> None:
 
 @main.command()
 @click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False), required=False)
-@click.option("--retry-failed", "retry_failed", is_flag=False, flag_value="*", default=None, metavar="[CODE,...]",
-              help="Send again the tasks whose record is an error (only those with these error codes, e.g. "
-                   "http_429,timeout_total, when given): their records are replaced, not duplicated (the old ones go "
-                   "to replaced.jsonl). Works on a finished or a stopped run.")
-@click.option("--accept-changed-settings", is_flag=True,
-              help="Resume even though a request setting (--model, --max-tokens, --temperature, --stream, the "
-                   "endpoint's path, --scorer...) differs from the run's; the change is recorded in run.json.")
 @run_options
-def run(tasks: Path | None, retry_failed: str | None, accept_changed_settings: bool, **kw: Any) -> None:
+def run(tasks: Path | None, **kw: Any) -> None:
     """Send every task in TASKS (JSONL) to the endpoint; results go to TASKS.run/results.jsonl.
 
     TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
@@ -106,7 +101,8 @@ def run(tasks: Path | None, retry_failed: str | None, accept_changed_settings: b
     from evalsup.rebuild import retry_codes
 
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
-    tasks, codes = retry_codes(tasks, retry_failed)  # `--retry-failed tasks.jsonl` is the flag without codes
+    tasks, codes = retry_codes(tasks, kw["retry_failed"])  # `--retry-failed tasks.jsonl`: the flag without codes
+    kw["retry_failed"] = None if codes is None else ",".join(sorted(codes)) or "*"
     if tasks is None:
         _fail("missing TASKS (the task file); see evalsup run --help")
     assert tasks is not None
@@ -128,7 +124,7 @@ def run(tasks: Path | None, retry_failed: str | None, accept_changed_settings: b
 
     if codes is not None and cfg.fresh:
         _fail("--retry-failed needs the run to retry; it cannot go with --fresh")
-    sys.exit(run_job(cfg, accept_changed_settings=accept_changed_settings, retry_failed=codes))
+    sys.exit(run_job(cfg))
 
 
 def _note(msg: str) -> None:

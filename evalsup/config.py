@@ -34,6 +34,10 @@ class RunConfig:
     # the workers' adaptive limits may reach together (--max-concurrency)
     concurrency: int = DEFAULT_MAX_CONCURRENCY
     adaptive: bool = False  # without --concurrency each worker's limit adapts (evalsup.worker.adaptive)
+    # --retry-failed: error codes whose records are taken out and their tasks sent again (empty: every error;
+    # None: no retry), see evalsup.rebuild; --accept-changed-settings: resume across changed request settings
+    retry_failed: frozenset[str] | None = None
+    accept_changed_settings: bool = False
     window: int = OPT["window"]  # tasks outstanding per worker; 0 = 2 x its concurrency
     max_line_mb: float = OPT["max_line_mb"]
     on_invalid: Literal["error", "skip"] = OPT["on_invalid"]
@@ -137,7 +141,15 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         max_tokens_per_min=kw["max_tokens_per_min"], arrivals=kw["arrivals"], max_wait_down_s=kw["max_wait_down"],
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
+        retry_failed=_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
     )
+
+
+def _codes(value: str | None) -> frozenset[str] | None:
+    """--retry-failed's value: "*" (the flag alone) for every error code, or CODE[,CODE...]."""
+    if value is None:
+        return None
+    return frozenset() if value == "*" else frozenset(c for c in value.split(",") if c)
 
 
 def _check_headers(specs: tuple[str, ...]) -> None:

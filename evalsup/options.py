@@ -29,6 +29,7 @@ class Option:
     hi: int | None = None
     choices: tuple[str, ...] = ()
     multiple: bool = False
+    flag_value: str | None = None  # the value of the flag given without one (its value is optional)
     metavar: str | None = None
     hidden: bool = False
     api: bool = True  # a keyword of evalsup.run (output settings of the CLI are not: the API sets them)
@@ -75,10 +76,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Run directory (default: TASKS.run beside the task file)."),
     Option("fresh", ("--fresh",), "flag", False,
            help="Start over: move an existing run directory aside (never deleted) instead of resuming."),
+    Option("retry_failed", ("--retry-failed",), "str", None, flag_value="*", metavar="[CODE,...]",
+           help="Send again the tasks whose record is an error (only those with these error codes, e.g. "
+                "http_500,timeout_total, when given): their records are replaced, not duplicated (the old ones go "
+                "to replaced.jsonl). Works on a finished or a stopped run."),
+    Option("accept_changed_settings", ("--accept-changed-settings",), "flag", False,
+           help="Resume even though a request setting (--model, --max-tokens, --temperature, --stream, the "
+                "endpoint's path, --scorer...) differs from the run's; the change is recorded in run.json."),
     Option("model", ("--model",), "str", help="Model for simple-form lines (and lines whose body has none)."),
     Option("max_tokens", ("--max-tokens",), "int", help="max_tokens for requests that do not set it."),
     Option("temperature", ("--temperature",), "float", help="temperature for requests that do not set it."),
-    Option("max_attempts", ("--max-attempts",), "int", 5, lo=1, hi=100, show_default=True,
+    Option("max_attempts", ("--max-attempts",), "int", 8, lo=1, hi=100, show_default=True,
            help="Attempts a task may use up on failures of its own (connection errors, timeouts, 5xx, broken "
                 "answers). Waiting on 429 / Retry-After and parking while the whole endpoint is down use none."),
     Option("max_rate_limited_wait", ("--max-rate-limited-wait",), "float", 1800.0, show_default=True,

@@ -10,7 +10,9 @@ import heapq
 import itertools
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
+from evalsup.ipc.messages import WorkerConfig
 from evalsup.worker.adaptive import AdaptiveLimit, AdaptiveSettings, adaptive_from_config, is_pushback
 
 
@@ -186,9 +188,12 @@ def test_an_application_limited_window_does_not_grow_the_limit() -> None:
 
 
 def test_fixed_concurrency_has_no_controller() -> None:
-    assert adaptive_from_config({"adaptive": False, "concurrency": 64}) is None
-    ctl = adaptive_from_config({"adaptive": True, "concurrency": 32})
+    def cfg(**kw: Any) -> WorkerConfig:
+        return WorkerConfig(base_url="http://127.0.0.1:9/v1", **kw)
+
+    assert adaptive_from_config(cfg(adaptive=False, concurrency=64)) is None
+    ctl = adaptive_from_config(cfg(adaptive=True, concurrency=32))
     assert ctl is not None and ctl.s.max_limit == 32 and 1 <= ctl.limit <= 32 and ctl.slow_start
     # a replacement worker starts where its predecessor was, its limit past slow start
-    ctl = adaptive_from_config({"adaptive": True, "concurrency": 128, "adaptive_start": 70})
+    ctl = adaptive_from_config(cfg(adaptive=True, concurrency=128, adaptive_start=70))
     assert ctl is not None and ctl.limit == 70 and not ctl.slow_start

@@ -74,7 +74,8 @@ def test_plain_progress_labels_the_eta(tmp_path: Path, mock: MockThread) -> None
     assert r.returncode == 0, r.stderr
     first = re.search(r"^evalsup: running: .*$", r.stderr, re.M)
     assert first, r.stderr
-    assert re.search(r"req/s, ETA (\d+s|\?), \d+ in flight, \d+ queued in workers", first.group(0)), first.group(0)
+    assert re.search(r"req/s, ETA (\d+s|\?), \d+ in flight( \(limit \d+\))?, \d+ queued in workers",
+                     first.group(0)), first.group(0)
 
 
 def test_line_counter_follows_a_growing_file(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ class WorkerConfig:
     max_tokens: int | None = None
     temperature: float | None = None
     stream: bool = False
-    max_attempts: int = 5
+    max_attempts: int = 8
     max_retry_wait_s: float = 60.0
     max_rate_limited_s: float = 1800.0  # the most a task may wait on 429s (then a rate_limited record)
     connect_timeout_s: float = 10.0

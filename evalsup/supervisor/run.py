@@ -34,10 +34,10 @@ def _logger(cfg: RunConfig) -> Any:
     return log
 
 
-def run(cfg: RunConfig, accept_changed_settings: bool = False, retry_failed: frozenset[str] | None = None) -> int:
-    """Run a job to its end (or a stop); returns the process exit code (evalsup.exitcodes). ``retry_failed``:
-    error codes whose records are taken out and their tasks sent again (empty: every error), see
-    evalsup.rebuild.
+def run(cfg: RunConfig) -> int:
+    """Run a job to its end (or a stop); returns the process exit code (evalsup.exitcodes). With
+    ``cfg.retry_failed``, the records of those error codes are taken out and their tasks sent again (see
+    evalsup.rebuild).
 
     The run directory's lock is taken before anything else (before the endpoint check, whose request a second,
     refused run must not send) and held until the end; a run refused for any reason leaves no directory of
@@ -56,8 +56,8 @@ def run(cfg: RunConfig, accept_changed_settings: bool = False, retry_failed: fro
         why = _wrong_shard(cfg)
         if why is not None:
             return _refused(cfg, log, why, exitcodes.BAD_INPUT)
-        settings = OpenOptions(settings=request_settings(cfg), accept_changed_settings=accept_changed_settings,
-                               retry_failed=retry_failed, max_line_bytes=cfg.max_line_bytes, log=log)
+        settings = OpenOptions(settings=request_settings(cfg), accept_changed_settings=cfg.accept_changed_settings,
+                               retry_failed=cfg.retry_failed, max_line_bytes=cfg.max_line_bytes, log=log)
         return _run_locked(cfg, log, settings)
     finally:
         lock.release(tidy=True)

@@ -202,14 +202,14 @@ class Client:
             parsed = self.bodies.parse(raw, single, need) if single is not None else orjson.loads(raw)
         except orjson.JSONDecodeError:
             if status == 200:  # a 200 that is not JSON is a broken answer (truncated, proxy page): worth another
-                return Attempt(200, raw, None, request_id, errors.answer(
+                return Attempt(None, raw, None, request_id, errors.answer(  # its body is not written: no response
                     Code.INVALID_JSON, "HTTP 200: response body is not valid JSON"))
             parsed = text_body(raw)  # a plain-text error body is kept as a JSON string, its text the message
             raw = orjson.dumps(parsed)
         if status == 200:
             if need is not None and not (parsed.has_answer if isinstance(parsed, UsageOnly)
                                          else isinstance(parsed, dict) and need in parsed):
-                return Attempt(200, raw, None, request_id, errors.answer(
+                return Attempt(None, raw, None, request_id, errors.answer(
                     Code.INVALID_RESPONSE, f"HTTP 200 without {need!r}: not an answer for this endpoint"))
             return Attempt(200, raw, parsed, request_id, None, one_line=single)
         assert status is not None

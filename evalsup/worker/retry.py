@@ -43,7 +43,7 @@ class RetryPolicy:
     the endpoint. Waiting on a 429 (or a 503 with Retry-After) uses none, but the time a task may spend
     rate-limited is bounded by ``max_limited_s``."""
 
-    max_attempts: int = 5
+    max_attempts: int = 8
     base_s: float = 0.5
     cap_s: float = 60.0
     max_limited_s: float = 1800.0
