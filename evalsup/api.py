@@ -224,12 +224,17 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
             from evalsup.cli import _move_aside
 
             _move_aside(out)
+        from evalsup.exitcodes import LOCKED
         from evalsup.inputs import InputError, Source, iter_lines, materialize
+        from evalsup.rundir import RunDirBusy, RunDirError, holding
 
         try:
-            task_arg = str(materialize(Source("iterable", "the tasks given"), out, chunks=iter_lines(tasks),
-                                       log=_echo if progress else None))
-        except InputError as e:
+            with holding(out, "copy of the tasks given"):  # never under a run that reads the directory
+                task_arg = str(materialize(Source("iterable", "the tasks given"), out, chunks=iter_lines(tasks),
+                                           log=_echo if progress else None))
+        except RunDirBusy as e:
+            raise RunStopped(str(e), LOCKED, resumable=True) from None
+        except (InputError, RunDirError) as e:
             raise BadInput(str(e)) from None
     cmd = [sys.executable, "-m", "evalsup", "run", task_arg, *_argv(options), "--json"]
     if not progress:

@@ -116,9 +116,15 @@ def run(tasks: Path | None, **kw: Any) -> None:
     if cfg.fresh:
         _move_aside(cfg.run_dir)
     if src.kind != "file":
+        from evalsup.exitcodes import LOCKED
+        from evalsup.rundir import RunDirBusy, RunDirError, holding
+
         try:
-            cfg = dataclasses.replace(cfg, tasks_path=materialize(src, cfg.run_dir, log=_note))
-        except InputError as e:
+            with holding(cfg.run_dir, "copy of the input"):  # never under a run that reads the directory
+                cfg = dataclasses.replace(cfg, tasks_path=materialize(src, cfg.run_dir, log=_note))
+        except RunDirBusy as e:
+            _fail(str(e), LOCKED)
+        except (InputError, RunDirError) as e:
             _fail(str(e))
     from evalsup.supervisor.run import run as run_job
 

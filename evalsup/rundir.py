@@ -140,3 +140,15 @@ def move_aside(run_dir: Path) -> Path | None:
             dest = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}")
         run_dir.rename(dest)
     return dest
+
+
+@contextlib.contextmanager
+def holding(run_dir: Path, command: str) -> Iterator[None]:
+    """The run directory's lock for a step before the run takes it itself (the copy of a compressed, piped or
+    generated input): that copy is never written while another evalsup reads the directory."""
+    lock = RunDirLock(run_dir)
+    lock.acquire(command=command)
+    try:
+        yield
+    finally:
+        lock.release()

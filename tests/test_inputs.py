@@ -232,3 +232,24 @@ def test_copy_is_checked_by_its_content_even_without_input_json(tmp_path: Path) 
     with pytest.raises(InputError, match="not the tasks the run in"):
         materialize(src, run_dir, chunks=[b'{"id": "b", "prompt": "p"}\n'])
     assert copy.read_bytes() == b'{"id": "a", "prompt": "p"}\n' and not (run_dir / "tasks.jsonl.partial").exists()
+
+
+def test_a_compressed_input_is_not_copied_into_a_run_directory_another_run_holds(tmp_path: Path,
+                                                                                    mock: MockThread) -> None:
+    from evalsup.rundir import RunDirLock
+
+    src = tmp_path / "t.jsonl.gz"
+    src.write_bytes(gzip.compress(write_tasks(tmp_path / "t.jsonl", 20).read_bytes()))
+    run_dir = tmp_path / "held.run"
+    other = RunDirLock(run_dir)  # another evalsup's run holds the directory
+    other.acquire()
+    try:
+        r = run_cli("run", str(src), "--out", str(run_dir), "--base-url", mock.url, "--model", "mock-model")
+    finally:
+        other.release()
+    assert r.returncode == 73, r.stderr
+    assert "in use by another evalsup" in r.stderr and "Traceback" not in r.stderr
+    assert not (run_dir / "tasks.jsonl").exists()  # nothing written under the other run
+    r = run_cli("run", str(src), "--out", str(run_dir), "--base-url", mock.url, "--model", "mock-model")
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(run_dir, {f"t{i}" for i in range(20)})
