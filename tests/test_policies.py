@@ -328,3 +328,26 @@ def test_endpoint_breaker_tells_a_false_alarm_from_an_outage() -> None:
     assert not b.probe_due(20.5) and b.probe_due(21.2)  # then at growing intervals
     b.probe_sent(21.2)
     assert b.probe_result(True, 21.3) and b.was_down
+
+
+def test_a_parked_request_waits_for_the_close_and_learns_whether_it_was_an_outage() -> None:
+    import asyncio
+
+    from evalsup.worker.breaker import LocalBreaker
+
+    async def go() -> None:
+        b = LocalBreaker(spread=3)
+        assert b.record(1, True, refused=True)
+        b.set_open(True)  # what the client does on its own trip, before the supervisor's BREAKER_OPEN
+        parked = asyncio.create_task(b.wait_closed())
+        await asyncio.sleep(0.05)
+        assert not parked.done(), "a parked request went on while the breaker was open"
+        b.set_open(False, was_down=True)
+        assert await asyncio.wait_for(parked, 1) is True  # an outage: its attempt is not counted
+        b.set_open(True)
+        parked = asyncio.create_task(b.wait_closed())
+        await asyncio.sleep(0)
+        b.set_open(False, was_down=False)
+        assert await asyncio.wait_for(parked, 1) is False  # a false alarm: it counts
+
+    asyncio.run(go())

@@ -267,7 +267,7 @@ class Client:
                         self.pacer.correct_tokens(usage["total_tokens"] - estimate)
                 return self._outcome(a, used, start, sent, (server_s, queued))
             if self.breaker.record(key, f.endpoint_side, f.refused):
-                self.breaker.open = True  # at once here; the supervisor opens it for every worker
+                self.breaker.set_open(True)  # here at once (parked requests wait for the close); then for every worker
                 self.on_trip(f.message)
             step = policy.step(f, used, limited_s)
             if step is Step.WAIT:
