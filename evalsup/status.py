@@ -46,6 +46,8 @@ class RunStatus:
     rate: float | None = None  # results a second over the last minute (running), or the session's (ended)
     eta_s: float | None = None
     checkpoint_age_s: float | None = None
+    in_flight: int | None = None  # running: requests on the wire at the last memory sample
+    concurrency_limit: int | None = None  # running: the workers' (adaptive) limits summed, same sample
     pid: int | None = None
     exit_code: int | None = None
     restarts: dict[str, int] = field(default_factory=dict)
@@ -241,12 +243,33 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
             st.rate = round((int(hist[-1][1]) - int(hist[0][1])) / (float(hist[-1][0]) - float(hist[0][0])), 2)
         if st.rate and st.total is not None:
             st.eta_s = round(max(0, st.total - st.done - st.invalid) / st.rate, 1)
+        last = _last_sample(run_dir)
+        if last.get("concurrency_limit"):
+            st.in_flight, st.concurrency_limit = int(last.get("in_flight") or 0), int(last["concurrency_limit"])
         if st.checkpoint_age_s > 30:
             st.why = ((st.why + "; ") if st.why else "") + f"no checkpoint for {st.checkpoint_age_s:,.0f}s (stuck?)"
     else:
         st.state = "stopped"
         st.why, st.exit_code = _why_stopped(run_dir, cp, events)
     return st
+
+
+def _last_sample(run_dir: Path) -> dict[str, Any]:
+    """The last complete line of memory.jsonl (read from its tail), or {}."""
+    try:
+        with open(run_dir / "memory.jsonl", "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - 16384))
+            tail = f.read()
+    except OSError:
+        return {}
+    for line in reversed(tail[: tail.rfind(b"\n") + 1].splitlines()):
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        return obj if isinstance(obj, dict) else {}
+    return {}
 
 
 def _dur(s: float) -> str:
@@ -277,6 +300,8 @@ def format_run(st: RunStatus) -> str:
         what = "over the last minute" if st.state == "running" else "in the last session"
         eta = f", ETA {_dur(st.eta_s)}" if st.eta_s is not None else ""
         lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
+    if st.concurrency_limit is not None:
+        lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}")
     pid = f" (pid {st.pid})" if st.state == "running" else ""
     lines.append(f"  checkpoint  {st.checkpoint_age_s:,.1f}s ago{pid}")
     if st.exit_code is not None:

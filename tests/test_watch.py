@@ -136,8 +136,11 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
         # the input is not all read yet: the total is extrapolated from the bytes read, and says so
         assert 380 <= s["total"] <= 420 and s["total_estimated"] is True, s
         assert s["settings"]["model"] == "mock-model" and "sk-must-not-show" not in orjson.dumps(s).decode()
+        # -c 4: the limit is the fixed concurrency, the requests on the wire never more
+        assert s["concurrency_limit"] == 4 and 0 <= s["in_flight"] <= 4, s
         text = run_cli("status", str(run_dir)).stdout
         assert "ETA" in text and "model=mock-model" in text and "sk-must-not-show" not in text, text
+        assert re.search(r"in flight\s+\d requests, limit 4", text), text
         proc.send_signal(signal.SIGTERM)
     finally:
         communicate(proc)
@@ -270,8 +273,10 @@ def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: M
     for section in ("settings", "sessions", "finish-reasons", "failed-tasks", "slowest-tasks"):
         assert f'<table class="t" id="{section}">' in page, section
     for chart in ("rate-chart", "tokens-chart", "errors-chart", "latency-chart", "ttft-chart", "itl-chart",
-                  "output-length-chart", "memory-chart"):
+                  "output-length-chart", "memory-chart", "concurrency-chart"):
         assert f'<svg id="{chart}"' in page, chart
+    conc = re.search(r'<svg id="concurrency-chart".*?</svg>', page, re.S)
+    assert conc and conc.group(0).count('class="series limit"') == 2, "the limit, one line a session"
     sessions = re.search(r'<table class="t" id="sessions">(.*?)</table>', page, re.S)
     assert sessions and sessions.group(1).count("<tr>") == 3, "a header and two sessions"
     assert "stopped by SIGTERM" in sessions.group(1) and "finished" in sessions.group(1)

@@ -13,6 +13,7 @@ from evalsup.report.svg import Chart, TimeMap, fmt_s, fmt_span
 MIB = 1 << 20
 PALETTE = ("#8da0cb", "#66c2a5", "#a6d854", "#e78ac3", "#ffd92f", "#e5c494", "#b3b3b3", "#fc8d62")
 ERROR_PALETTE = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+LIMIT_COLOUR = "#ff7f0e"
 TOTAL_COLOUR, WS_COLOUR, RATE_COLOUR, OK_COLOUR, FAIL_COLOUR = "#1f4e9c", "#d62728", "#1f4e9c", "#4c78a8", "#e45756"
 PROMPT_COLOUR, COMPLETION_COLOUR = "#9ecae1", "#1f4e9c"
 MARKED = {"recycle": "#9467bd", "restart": "#d62728", "start": "#7f7f7f"}
@@ -93,6 +94,20 @@ def rate_chart(d: RunData, tm: TimeMap) -> str:
     c = _time_chart("rate-chart", d, tm, max([r for s in segs for _, r in s] + [1.0]) * 1.1)
     c.lines(segs, "series rate", RATE_COLOUR, 2, "results per second")
     return _finish(c, tm, 1.0, "results / s", "request rate over time")
+
+
+def concurrency_chart(d: RunData, tm: TimeMap) -> str:
+    """The concurrency limit (adaptive, summed over the workers) and the requests on the wire, per session."""
+    session = _session_of(d)
+    top = max([float(max(s.limit, s.wire)) for s in d.samples] + [1.0]) * 1.1
+    c = _time_chart("concurrency-chart", d, tm, top)
+    for attr, cls, colour, name in (("limit", "series limit", LIMIT_COLOUR, "concurrency limit"),
+                                    ("wire", "series wire", RATE_COLOUR, "requests in flight")):
+        segs: dict[int, list[tuple[float, float]]] = {}
+        for s in d.samples:
+            segs.setdefault(session(s.t), []).append((tm(s.t), float(getattr(s, attr))))
+        c.lines(list(segs.values()), cls, colour, 2, name)
+    return _finish(c, tm, 1.0, "requests", "concurrency over time")
 
 
 def _pairs(d: RunData) -> list[tuple[Progress, Progress]]:

@@ -46,6 +46,8 @@ class Sample:
     working_set: int
     done: int
     workers: dict[str, int]  # pid -> RSS
+    limit: int = 0  # requests the workers could have in flight (their adaptive limits summed; 0: not recorded)
+    wire: int = 0  # requests on the wire
 
 
 @dataclass
@@ -128,7 +130,8 @@ def _memory(d: RunData, run_dir: Path) -> list[tuple[float, bool]]:
         t = float(rec.get("t", 0.0))
         workers = {k: int(v) for k, v in (rec.get("workers_rss") or {}).items()}
         total = int(rec.get("supervisor_rss") or 0) + sum(workers.values())
-        thin.add(Sample(t, total, int(rec.get("working_set") or 0), int(rec.get("done") or 0), workers))
+        thin.add(Sample(t, total, int(rec.get("working_set") or 0), int(rec.get("done") or 0), workers,
+                        int(rec.get("concurrency_limit") or 0), int(rec.get("in_flight") or 0)))
         d.n_samples += 1
         for name in ("limit", "high", "low"):
             if rec.get(name):

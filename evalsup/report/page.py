@@ -186,6 +186,11 @@ def render(run_dir: Path, d: RunData) -> str:
         '<h2>Request rate</h2><p class="muted">Results a second; grey: the run was not running (between sessions, '
         "narrowed), orange: throttled, red: endpoint down; dashed verticals: recycles, restarts.</p>",
         charts.rate_chart(d, tm) if len(d.samples) > 1 else no("rate-chart", "Too few memory samples."),
+        "<h2>Concurrency</h2>",
+        _legend([("concurrency limit, all workers (adaptive, or --concurrency)", charts.LIMIT_COLOUR),
+                 ("requests in flight", charts.RATE_COLOUR)]),
+        charts.concurrency_chart(d, tm) if any(s.limit for s in d.samples)
+        else no("concurrency-chart", "No concurrency limit recorded (a run of an older evalsup)."),
         "<h2>Tokens over time</h2>",
         _legend([("prompt tokens / s", charts.PROMPT_COLOUR), ("completion tokens / s", charts.COMPLETION_COLOUR)]),
         charts.tokens_chart(d, tm) if len(d.progress) > 1 else no("tokens-chart", "No progress events recorded."),

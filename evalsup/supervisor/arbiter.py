@@ -47,6 +47,7 @@ class Supervisor(Inbox):
         while True:
             await asyncio.sleep(self.cfg.monitor_interval_s)
             mem.concurrency_limit = limit_total(self.workers)  # into memory.jsonl (issue 21)
+            mem.on_wire = sum(w.wire for w in self.workers if w.alive)
             dec = mem.tick(self.workers, self.paused, self.stats.done)
             for note in dec.notes:
                 self.log(note)

@@ -63,6 +63,7 @@ class MemoryControl:
                                      cfg.max_tasks_jitter)
         self.cap = cfg.concurrency
         self.concurrency_limit = 0  # issue 21: the workers' limits summed (set by the arbiter), for memory.jsonl
+        self.on_wire = 0  # requests on the wire (set by the arbiter), for memory.jsonl and the report
         if self.limit:
             self.cap = self.budget.cap(max(80 * MIB, 0) + cfg.workers * 60 * MIB, cfg.concurrency)
         self.cap_announced = False
@@ -183,7 +184,7 @@ class MemoryControl:
             return
         rec = {"t": round(now, 3), "supervisor_rss": sup_rss, "workers_rss": {str(k): v for k, v in per_worker.items()},
                "cgroup_usage": s.usage_bytes, "working_set": ws, "limit": self.limit, "paused": paused,
-               "inflight_cap": self.cap, "concurrency_limit": self.concurrency_limit,  # issue 21
+               "inflight_cap": self.cap, "concurrency_limit": self.concurrency_limit, "in_flight": self.on_wire,
                "psi_some_avg10": s.psi_some_avg10, "done": done,
                "high": self.watermark.high_bytes if self.watermark else None,
                "low": self.watermark.low_bytes if self.watermark else None}
