@@ -36,7 +36,9 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "errors": dict(st.errors),
         **({"scores": st.scores.summary()} if st.scores.n or st.scores.errors else {}),
         "retries": st.retries,
-        "breaker": {"opened": sup.breaker.opened, "down_s": round(sup.breaker.total_down_s(time.monotonic()), 2)},
+        # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
+        "breaker": {"opened": sup.endpoints.opened, "down_s": round(sup.endpoints.total_down_s(time.monotonic()), 2)},
+        "endpoints": sup.endpoints.summary(time.monotonic(), st.by_endpoint),
         "worker_restarts": sum(st.restarts.values()),
         "worker_restarts_by_cause": dict(st.restarts),
         "recycles": dict(st.recycles),
