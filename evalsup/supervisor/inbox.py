@@ -168,7 +168,6 @@ class Inbox(SupervisorCore):
         for e, why in failed.items():
             eps.leave_out(e, why)
             self.log(f"{eps.name(e)} left out of this run: {why}")
-            self.events("endpoint_left_out", endpoint=e)
             self._broadcast(Kind.BREAKER_OPEN, {"e": e, "out": True})
 
     def _on_trip(self, w: WorkerHandle, payload: memoryview) -> None:
