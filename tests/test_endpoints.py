@@ -187,11 +187,17 @@ def test_the_run_pauses_only_when_every_endpoint_is_down() -> None:
     assert eps.probes_due(1.0) == [0]
     eps.probe_sent(0, 1.0)
     assert not eps.probe_result(0, False, 1.1)  # still down: probed again later
-    assert eps.trip(1, 5.0, "reset") and eps.open and eps.opened == 1  # the last one up went down
-    assert not eps.down_too_long(64.0) and eps.down_too_long(66.0)  # counted from the last one down
-    assert eps.probe_result(1, True, 10.0) and not eps.open and eps.total_down_s(10.0) == 5.0
+    t = 1.1
+    for _ in range(8):  # growing intervals, but never more than 5 s apart while others serve
+        t = next(x / 10 for x in range(int(t * 10), int(t * 10) + 60) if eps.probes_due(x / 10))
+        eps.probe_sent(0, t)
+        eps.probe_result(0, False, t)
+    assert eps.probes_due(t + 5.0) == [0] and eps.breakers[0].interval == 5.0
+    assert eps.trip(1, 50.0, "reset") and eps.open and eps.opened == 1  # the last one up went down
+    assert not eps.down_too_long(109.0) and eps.down_too_long(111.0)  # counted from the last one down
+    assert eps.probe_result(1, True, 55.0) and not eps.open and eps.total_down_s(55.0) == 5.0
     assert eps.open_frames() == [{"e": 0}, {"e": 2, "out": True}]
-    s = eps.summary(10.0, {1: 7})
+    s = eps.summary(55.0, {1: 7})
     assert [e["results"] for e in s] == [0, 7, 0] and s[0]["ejected"] == 1 and s[2]["left_out"] == "cannot reach"
 
 
