@@ -155,7 +155,8 @@ def main() -> None:
             m.kill()
     print(f"\n3 mocks x (K={args.capacity}, {args.latency_ms:.0f} ms): at most "
           f"{3 * args.capacity / args.latency_ms * 1000:.0f} tasks/s; {args.n:,} tasks\n")
-    print("| run | exit | tasks/s | failed | exactly once | results by endpoint | run paused | endpoint 1 out / back at |")
+    print("| run | exit | tasks/s | failed | exactly once | results by endpoint | run paused "
+          "| endpoint 1 out / back at |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         when = (f"{r['endpoint_out_at_s']} s / {r['endpoint_back_at_s']} s, then {r['served_after_restart']} served"

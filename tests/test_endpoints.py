@@ -137,7 +137,8 @@ def test_pick_goes_to_the_least_loaded_relative_to_its_limit() -> None:
         assert ep is not None and ep.index != 1
         ep.on_wire += 1
     pool.set_open(1, False)
-    assert (ep := pool.pick(12)) is not None and ep.index == 1  # back, and the least loaded
+    ep = pool.pick(12)
+    assert ep is not None and ep.index == 1  # back, and the least loaded
     pool.set_open(0, True, out=True)
     pool.set_open(0, False)  # left out for good: a close does not bring it back
     assert not pool.all[0].up
