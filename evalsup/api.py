@@ -209,6 +209,8 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
     bad = [k for k in options if k not in BY_NAME or not BY_NAME[k].api]
     if bad:
         raise TypeError(f"run() got unexpected keyword argument(s): {', '.join(sorted(bad))}")
+    if isinstance(options.get("base_url"), str):  # one endpoint, or a list of them (issue 21)
+        options["base_url"] = [options["base_url"]]
     if isinstance(tasks, str | os.PathLike):
         task_arg = os.fspath(tasks)
         _check_settings(task_arg, options)

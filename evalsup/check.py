@@ -13,7 +13,7 @@ import orjson
 
 from evalsup.config import RunConfig
 from evalsup.headers import build_headers, secret_values
-from evalsup.tasks import join_url
+from evalsup.tasks import join_url, public_url
 
 
 class CheckFailed(Exception):
@@ -85,8 +85,8 @@ def _http(cfg: RunConfig, method: str, url: str, headers: dict[str, str],
         raise _Unreachable(f"{type(e).__name__}: {e}") from None
 
 
-def _check(cfg: RunConfig) -> str:
-    base = cfg.worker.base_url
+def _check(cfg: RunConfig, url: str) -> str:
+    base = public_url(url)  # for messages: no credentials
     key = api_key(cfg)
     headers = build_headers(cfg.worker.headers)  # issue 21: --header and the User-Agent, as the workers send
     if key:
@@ -96,7 +96,7 @@ def _check(cfg: RunConfig) -> str:
                  " (or --api-key-env NAME / --api-key-file PATH)" if not cfg.worker.api_key_file
                  else f"the endpoint refused the API key in {cfg.worker.api_key_file}")
     try:
-        status, data = _http(cfg, "GET", join_url(base, "/v1/models"), headers)
+        status, data = _http(cfg, "GET", join_url(url, "/v1/models"), headers)
     except _Unreachable as e:
         raise CheckFailed(f"cannot reach the endpoint {base}: {e} (is the server running? is --base-url / "
                           "$OPENAI_BASE_URL right? --no-check skips this check)") from None
@@ -116,7 +116,7 @@ def _check(cfg: RunConfig) -> str:
         return f"endpoint {base} is up"
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     try:
-        status, data = _http(cfg, "POST", join_url(base, "/v1/chat/completions"),
+        status, data = _http(cfg, "POST", join_url(url, "/v1/chat/completions"),
                              {**headers, "Content-Type": "application/json"}, orjson.dumps(body))
     except _Unreachable as e:
         raise CheckFailed(f"cannot reach the endpoint {base}: {e}") from None
@@ -127,10 +127,34 @@ def _check(cfg: RunConfig) -> str:
     return f"endpoint {base} answered HTTP {status} for {model}"
 
 
-async def check_endpoint(cfg: RunConfig) -> str:
-    """Returns a line describing what was found; raises CheckFailed. Runs in a thread, while workers start."""
+async def check_endpoints(cfg: RunConfig) -> tuple[list[str], dict[int, str]]:
+    """Every endpoint at once (issue 21 item 1): the lines describing what was found, and the failures by the
+    endpoint's index (those are left out of the run). Raises CheckFailed when every endpoint fails: with one
+    endpoint, its own message."""
+    urls = cfg.worker.endpoints
+    got = await asyncio.gather(*(check_endpoint(cfg, u) for u in urls), return_exceptions=True)
+    found: list[str] = []
+    failed: dict[int, str] = {}
+    for i, r in enumerate(got):
+        if isinstance(r, CheckFailed):
+            failed[i] = str(r)
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            found.append(r)
+    if len(failed) == len(urls):
+        if len(urls) == 1:
+            raise CheckFailed(failed[0])
+        raise CheckFailed("no endpoint passed the connection check: "
+                          + "; ".join(f"endpoint {i}: {m}" for i, m in failed.items()))
+    return found, failed
+
+
+async def check_endpoint(cfg: RunConfig, url: str | None = None) -> str:
+    """Returns a line describing what was found at ``url`` (default: the first endpoint); raises CheckFailed.
+    Runs in a thread, while workers start."""
     try:
-        return await asyncio.to_thread(_check, cfg)
+        return await asyncio.to_thread(_check, cfg, url or cfg.worker.base_url)
     except CheckFailed as e:  # issue 21: an endpoint may echo a --header secret in its error
         msg = str(e)
         for secret in secret_values(cfg.worker.headers):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.options import DEFAULTS as OPT  # every run option's default, defined once (evalsup/options.py)
+from evalsup.tasks import public_url
 
 DEFAULT_MAX_CONCURRENCY: int = OPT["max_concurrency"]  # the adaptive limit's ceiling without --max-concurrency
 MIB = 1 << 20
@@ -98,8 +100,12 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     from evalsup.options import with_defaults
 
     kw = with_defaults(given)
+    urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
+    if len(urls) > 1 and kw["server_metrics"] not in (None, "off"):
+        raise ConfigError("--server-metrics URL names one server; with several --base-url each endpoint's own "
+                          "/metrics is read (or give --server-metrics off)")
     wc = WorkerConfig(
-        base_url=resolve_base_url(kw["base_url"]), concurrency=0, api_key_env=kw["api_key_env"],
+        base_url=urls[0], base_urls=urls, concurrency=0, api_key_env=kw["api_key_env"],
         api_key_file=None if kw["api_key_file"] is None else str(kw["api_key_file"]),
         model=kw["model"], max_tokens=kw["max_tokens"], temperature=kw["temperature"],
         max_attempts=kw["max_attempts"], max_rate_limited_s=kw["max_rate_limited_wait"],
@@ -163,15 +169,30 @@ def _check_headers(specs: tuple[str, ...]) -> None:
 
 
 def resolve_base_url(flag: str | None) -> str:
-    url = flag or os.environ.get("OPENAI_BASE_URL")
-    if not url:
+    """One endpoint: --base-url or $OPENAI_BASE_URL (the first of a list)."""
+    return resolve_base_urls(flag)[0]
+
+
+def resolve_base_urls(flags: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Every endpoint, in the order given: each --base-url, else $OPENAI_BASE_URL (a comma-separated list)."""
+    given = [flags] if isinstance(flags, str) else list(flags or ())
+    if not given:
+        given = [u for u in os.environ.get("OPENAI_BASE_URL", "").split(",") if u.strip()]
+    if not given:
         raise ConfigError(
             "no endpoint: pass --base-url http://HOST:PORT/v1 or set OPENAI_BASE_URL "
             "(try `evalsup demo` for a run against the built-in mock endpoint)"
         )
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--base-url must start with http:// or https://, got {url!r}")
-    return url.rstrip("/")
+    urls: list[str] = []
+    for url in given:
+        url = url.strip()
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--base-url must start with http:// or https://, got {public_url(url)!r}")
+        url = url.rstrip("/")
+        if url in urls:
+            raise ConfigError(f"--base-url {public_url(url)} is given twice")
+        urls.append(url)
+    return tuple(urls)
 
 
 def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> Path:

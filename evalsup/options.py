@@ -52,8 +52,10 @@ class Option:
 
 
 RUN_OPTIONS: tuple[Option, ...] = (
-    Option("base_url", ("--base-url",), "str",
-           help="Endpoint base URL including /v1, e.g. http://localhost:8000/v1 (default: $OPENAI_BASE_URL)."),
+    Option("base_url", ("--base-url",), "str", (), multiple=True, metavar="URL",
+           help="Endpoint base URL including /v1, e.g. http://localhost:8000/v1 (default: $OPENAI_BASE_URL, which "
+                "may be a comma-separated list). Repeatable: requests are spread over the endpoints, each with its "
+                "own breaker (a dead one is ejected and probed until it is back)."),
     Option("workers", ("--workers", "-w"), "int", None, lo=1, hi=256,
            help="Worker processes (each an asyncio event loop with its own HTTP connections). "
                 "Default: start with 1 and add one while every worker is CPU-bound (large "
@@ -195,5 +197,5 @@ def python_type(o: Option) -> str:
     base = {"int": "int", "float": "float", "str": "str", "path": "str | Path", "file": "str | Path",
             "choice": "str", "flag": "bool", "bool": "bool"}[o.kind]
     if o.multiple:
-        return f"Sequence[{base}]"
+        return f"{base} | Sequence[{base}]" if o.name == "base_url" else f"Sequence[{base}]"
     return base if o.default is not None else f"{base} | None"

@@ -13,6 +13,7 @@ into an output line.
 from __future__ import annotations
 
 import os
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -253,6 +254,14 @@ def same_input(old: dict[str, Any], new: dict[str, Any], path: Path | None = Non
 
 
 # ----- requests (worker side) -----
+
+def public_url(url: str) -> str:
+    """An endpoint's URL as records, logs and the summary show it: no user:password@ and no query (either may
+    hold a credential)."""
+    u = urllib.parse.urlsplit(url)
+    host = u.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((u.scheme, host, u.path, "", ""))
+
 
 def join_url(base_url: str, path: str) -> str:
     """base ".../v1" + "/v1/chat/completions" -> ".../v1/chat/completions" (no doubled /v1), as the openai SDK."""

@@ -36,6 +36,7 @@ class ResultMeta(TypedDict):
     sc: dict[str, Any] | None  # scores by scorer name
     chk: NotRequired[int]  # present: a large body checked by simdjson rather than built (worker.bodies)
     sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
+    ep: NotRequired[int]  # the endpoint that served the last attempt (its index in WorkerConfig.endpoints)
 
 
 class Heartbeat(TypedDict):
@@ -55,11 +56,22 @@ class Ready(TypedDict):
 
 class Trip(TypedDict):
     reason: str  # why the worker thinks the endpoint is down
+    e: int  # which endpoint (its index in WorkerConfig.endpoints)
 
 
 class ProbeResult(TypedDict):
     ok: bool
     detail: str
+    e: int  # the endpoint probed
+
+
+class Probe(TypedDict):
+    e: int  # PROBE: check this endpoint with a request of the worker's own
+
+
+class BreakerOpen(TypedDict):
+    e: int  # BREAKER_OPEN: this endpoint is ejected (the worker sends it nothing)
+    out: NotRequired[bool]  # left out for the whole run (it failed the connection check): never probed
 
 
 class Returned(TypedDict):
@@ -86,6 +98,7 @@ class Rate(TypedDict):
 
 class BreakerClose(TypedDict):
     was_down: bool  # a probe failed while open: parked attempts are not counted against --max-attempts
+    e: int  # the endpoint that rejoins
 
 
 class Drain(TypedDict):
@@ -96,7 +109,7 @@ class Drain(TypedDict):
 class WorkerConfig:
     """What a worker needs; sent to it as the CONFIG frame (never holds the API key itself)."""
 
-    base_url: str
+    base_url: str  # the first endpoint (see ``endpoints``)
     concurrency: int
     limit: int | None = None  # requests it may have in flight at first (None: its concurrency)
     api_key_env: str = "OPENAI_API_KEY"
@@ -129,6 +142,13 @@ class WorkerConfig:
     adaptive_start: int = 0  # a replacement starts from its predecessor's limit (0: slow start)
     server_metrics: str | None = None  # --server-metrics URL; None: try the server root's /metrics; "off"
     headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.headers), never values
+    # many endpoints (issue 21 item 1): every --base-url, in the order given; () means just base_url
+    base_urls: tuple[str, ...] = ()
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """Every endpoint's base URL; an endpoint's index here is its number in frames, records and logs."""
+        return self.base_urls or (self.base_url,)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,7 +163,7 @@ class WorkerConfig:
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown worker config field(s): {', '.join(sorted(unknown))}")
-        for name in ("scorers", "headers"):
+        for name in ("scorers", "headers", "base_urls"):
             if name in d:
                 d = {**d, name: tuple(d[name])}
         return cls(**d)

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.check import CheckFailed, check_endpoint
+from evalsup.check import CheckFailed, check_endpoints
 from evalsup.ipc import Kind
 from evalsup.journal import JournalError
 from evalsup.process import quiet_gc
@@ -89,7 +89,7 @@ class Supervisor(Inbox):
     def _update_gauges(self) -> None:
         mem = self.memory
         assert self.metrics is not None and mem is not None
-        self.metrics.update(sum(w.wire for w in self.workers if w.alive), self.paused, self.breaker.open,
+        self.metrics.update(sum(w.wire for w in self.workers if w.alive), self.paused, self.endpoints.open,
                             {w.slot: w.rss for w in self.workers if w.alive}, mem.last_supervisor_rss, mem.last_ws,
                             mem.limit, limit_total(self.workers))
 
@@ -171,7 +171,7 @@ class Supervisor(Inbox):
         await self.credit.wait()
 
     def _may_dispatch(self) -> bool:
-        return self.stopping is None and not self.paused and not self.breaker.open
+        return self.stopping is None and not self.paused and not self.endpoints.open
 
     def _hand(self, w: WorkerHandle, ref: TaskRef, line: bytes) -> None:
         self.ledger.assign(w.id, ref)
@@ -255,7 +255,7 @@ class Supervisor(Inbox):
     def state(self) -> str:
         if self.stopping is not None:
             return "draining" if self.stopping == "drain" else "stopping"
-        if self.breaker.open:
+        if self.endpoints.open:  # every endpoint down
             return "waiting for endpoint"
         if self.paused:
             return "throttled"
@@ -298,17 +298,18 @@ class Supervisor(Inbox):
     async def _prepare(self) -> None:
         """Start the workers while the endpoint is checked (their interpreters take a moment to start); open
         the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
-        check = asyncio.create_task(check_endpoint(self.cfg)) if self.cfg.check else None
+        check = asyncio.create_task(check_endpoints(self.cfg)) if self.cfg.check else None
         try:
             for slot in range(self.active):
                 await self.spawn(slot)
             if check is not None:
                 try:
-                    found = await check
+                    found, failed = await check
                 except CheckFailed as e:
                     raise RunStopped(str(e), ex.BAD_INPUT) from None
                 if not self.cfg.quiet:
-                    self.log(found)
+                    self.log("; ".join(found))
+                self._leave_out(failed)  # endpoints that failed the check: reported, the run goes on without
             self._open()
         except BaseException:
             if check is not None:

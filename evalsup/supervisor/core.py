@@ -15,7 +15,7 @@ from evalsup.ipc import Kind
 from evalsup.ipc.frames import BufferPool
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState, previous_fingerprint
-from evalsup.supervisor.breaker import EndpointBreaker
+from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RestartIntensity
@@ -63,7 +63,7 @@ class SupervisorCore:
         self.finished = False
         self.memory: MemoryControl | None = None
         self.intensity = RestartIntensity(cfg.max_restarts, 60.0)
-        self.breaker = EndpointBreaker(max_down_s=cfg.max_wait_down_s)
+        self.endpoints = Endpoints(cfg.worker.endpoints, cfg.max_wait_down_s)  # a breaker each (issue 21)
         self.events: Any = lambda kind, **fields: None
         self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
         self.rate = RateWindow(time.monotonic())  # results a second, for the progress (supervisor.progress)
@@ -127,8 +127,8 @@ class SupervisorCore:
             w.send(Kind.PAUSE)
         if self._backlogged and w.stream is not None:
             w.stream.hold("backlog")
-        if self.breaker.open:
-            w.send(Kind.BREAKER_OPEN)
+        for ejected in self.endpoints.open_frames():  # endpoints ejected or left out (issue 21)
+            w.send(Kind.BREAKER_OPEN, ejected)
         self.workers.append(w)
         self._send_rates()
         w.reader_task = asyncio.create_task(self._reap(w))

@@ -160,34 +160,57 @@ class Inbox(SupervisorCore):
                  + ("its successor was already starting" if w.replaced else "starting a new one"))
         self.replace(w)
 
-    # ----- the endpoint -----
+    # ----- the endpoints: a breaker each (supervisor.endpoints, issue 21) -----
+
+    def _leave_out(self, failed: dict[int, str]) -> None:
+        """Endpoints that failed the connection check: one line each, and the run goes on without them."""
+        eps = self.endpoints
+        for e, why in failed.items():
+            eps.leave_out(e, why)
+            self.log(f"{eps.name(e)} left out of this run: {why}")
+            self._broadcast(Kind.BREAKER_OPEN, {"e": e, "out": True})
 
     def _on_trip(self, w: WorkerHandle, payload: memoryview) -> None:
-        reason = str(decode_json(payload).get("reason", ""))
-        if self.breaker.trip(time.monotonic(), reason):
-            self.log(f"endpoint looks down ({reason}); pausing dispatch and probing it, no task is failed meanwhile "
-                     f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
-            self.events("breaker_open", reason=reason)
-            self._broadcast(Kind.BREAKER_OPEN)
-        elif self.breaker.open:
-            w.send(Kind.BREAKER_OPEN)
+        t = decode_json(payload)
+        reason, e = str(t.get("reason", "")), int(t.get("e", 0))
+        eps = self.endpoints
+        if eps.trip(e, time.monotonic(), reason):
+            self._broadcast(Kind.BREAKER_OPEN, {"e": e})
+            if eps.open:
+                every = "every endpoint is down" if eps.many else "endpoint looks down"
+                self.log(f"{every} ({reason}); pausing dispatch and probing, no task is failed meanwhile "
+                         f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
+                self.events("breaker_open", reason=reason)
+            else:
+                self.log(f"{eps.name(e)} looks down ({reason}); ejected: the others take its requests, it is "
+                         f"probed on its own ({len(eps.up())} of {len(eps.urls)} up)")
+            if eps.many:
+                self.events("endpoint_out", endpoint=e, reason=reason)
+        elif 0 <= e < len(eps.breakers) and eps.breakers[e].open:
+            w.send(Kind.BREAKER_OPEN, {"e": e})
 
     def _on_probe_result(self, w: WorkerHandle, payload: memoryview) -> None:
         r = decode_json(payload)
-        ok, detail = bool(r.get("ok")), str(r.get("detail", ""))
+        ok, detail, e = bool(r.get("ok")), str(r.get("detail", "")), int(r.get("e", 0))
         now = time.monotonic()
-        b = self.breaker
-        if b.probe_result(ok, now):
+        eps = self.endpoints
+        paused, since = eps.open, eps.opened_at
+        if eps.probe_result(e, ok, now):
+            b = eps.breakers[e]
             if b.was_down:
-                self.log(f"endpoint is back after {now - b.opened_at:.1f}s; resuming")
+                self.log(f"{eps.name(e)} is back after {now - b.opened_at:.1f}s; "
+                         + ("resuming" if paused else "it rejoins"))
             else:
-                self.log(f"endpoint answers ({detail}): the failures were those tasks' own; they use up their "
+                self.log(f"{eps.name(e)} answers ({detail}): the failures were those tasks' own; they use up their "
                          "attempts (--max-attempts)")
-            self.events("breaker_close", down_s=round(now - b.opened_at, 3), was_down=b.was_down)
-            self._broadcast(Kind.BREAKER_CLOSE, {"was_down": b.was_down})
+            if paused:
+                self.events("breaker_close", down_s=round(now - since, 3), was_down=b.was_down)
+            if eps.many:
+                self.events("endpoint_back", endpoint=e, down_s=round(now - b.opened_at, 3), was_down=b.was_down)
+            self._broadcast(Kind.BREAKER_CLOSE, {"was_down": b.was_down, "e": e})
             self.credit.set()
-        elif self.breaker.open and not ok:
-            self.log(f"endpoint still down ({detail}); next probe in {self.breaker.interval:g}s")
+        elif 0 <= e < len(eps.breakers) and eps.breakers[e].open and not ok:
+            self.log(f"{eps.name(e)} still down ({detail}); next probe in {eps.breakers[e].interval:g}s")
 
     def _on_auth(self, w: WorkerHandle, payload: memoryview) -> None:
         said = str(decode_json(payload).get("message", ""))[:200]
@@ -197,16 +220,14 @@ class Inbox(SupervisorCore):
                   ex.RESUMABLE, "now")
 
     def _breaker_tick(self, now: float) -> None:
-        b = self.breaker
-        if not b.open:
+        eps = self.endpoints
+        if eps.down_too_long(now):
+            what = "every endpoint has" if eps.many else "the endpoint has"
+            self.stop(f"{what} been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
+                      f"({eps.reason})", ex.RESUMABLE, "now")
             return
-        if b.down_too_long(now):
-            self.stop(f"the endpoint has been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
-                      f"({b.reason})", ex.RESUMABLE, "now")
-            return
-        if b.probe_due(now):
+        for e in eps.probes_due(now):
             ready = [w for w in self.workers if w.state is State.READY]
             if ready:
-                max(ready, key=lambda x: x.parked).send(Kind.PROBE)
-                b.probe_sent(now)
-
+                max(ready, key=lambda x: x.parked).send(Kind.PROBE, {"e": e})
+                eps.probe_sent(e, now)

@@ -66,6 +66,7 @@ class RunStats:
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
     bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)
+    by_endpoint: dict[int, int] = field(default_factory=dict)  # results this session by endpoint (issue 21)
     # (unix time, done) at each of the last checkpoints of this session: `evalsup status` takes its rate from it
     history: collections.deque[tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=31))
 
@@ -93,6 +94,8 @@ class RunStats:
             self.scores.add(scores)
         if "chk" in meta:
             self.bodies_checked += 1
+        ep = meta.get("ep", 0)
+        self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.prompt_tokens += int(meta.get("pt") or 0)
         self.completion_tokens += int(meta.get("ct") or 0)
 

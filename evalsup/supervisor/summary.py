@@ -36,7 +36,10 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "errors": dict(st.errors),
         **({"scores": st.scores.summary()} if st.scores.n or st.scores.errors else {}),
         "retries": st.retries,
-        "breaker": {"opened": sup.breaker.opened, "down_s": round(sup.breaker.total_down_s(time.monotonic()), 2)},
+        # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
+        "breaker": {"opened": sup.endpoints.opened, "down_s": round(sup.endpoints.total_down_s(time.monotonic()), 2)},
+        # (with several --base-url only: one endpoint's figures are the run's, and its URL stays out of reports)
+        **({"endpoints": sup.endpoints.summary(time.monotonic(), st.by_endpoint)} if sup.endpoints.many else {}),
         "worker_restarts": sum(st.restarts.values()),
         "worker_restarts_by_cause": dict(st.restarts),
         "recycles": dict(st.recycles),
@@ -90,6 +93,12 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
                      "not sampled (the run ended before the first sample)"),
         ("results", summary["run_dir"] + "/results.jsonl"),
     ]
+    eps = summary.get("endpoints") or []
+    if len(eps) > 1:  # many endpoints (issue 21): results each, and how often it was ejected
+        rows.insert(-1, ("endpoints", "; ".join(
+            f"{e['index']}: " + ("left out" if "left_out" in e else f"{e['results']:,} results"
+                                 + (f", ejected {e['ejected']}x ({e['down_s']:.1f}s)" if e["ejected"] else ""))
+            for e in eps)))
     rows.extend(score_rows(summary.get("scores", {})))
     if summary["poisoned"]:
         rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))

@@ -170,13 +170,14 @@ class AdaptiveLimit:
         return limit * 2 if self.slow_start else limit + max(1.0, math.sqrt(limit) / 2)
 
 
-def adaptive_from_config(cfg: WorkerConfig) -> AdaptiveLimit | None:
-    """The worker's controller, or None when --concurrency fixes the limit."""
+def adaptive_from_config(cfg: WorkerConfig, endpoints: int = 1) -> AdaptiveLimit | None:
+    """One endpoint's controller in this worker, or None when --concurrency fixes the limit."""
     if not cfg.adaptive:
         return None
     top = max(1, cfg.concurrency)
-    # a replacement worker (recycled, crashed) starts where its predecessor was, out of slow start
-    start = cfg.adaptive_start
+    # a replacement worker (recycled, crashed) starts where its predecessor was (its endpoints' share of
+    # that), out of slow start
+    start = -(-cfg.adaptive_start // max(1, endpoints))
     ctl = AdaptiveLimit(AdaptiveSettings(max_limit=top, initial=min(top, start or AdaptiveSettings.initial)))
     ctl.slow_start = not start
     return ctl

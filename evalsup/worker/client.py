@@ -15,7 +15,8 @@ import orjson
 from evalsup.tasks import join_url
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
-from evalsup.worker.breaker import AuthWatch, LocalBreaker
+from evalsup.worker.breaker import AuthWatch
+from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
@@ -45,6 +46,7 @@ class Outcome:
     sent: int = 1  # requests sent: attempts, and the ones no attempt was counted for (429 waits, outages)
     server_s: float = 0.0  # the last attempt, from the request written to the last byte (issue 21)
     queue_s: float = 0.0  # waits for the pacer (--max-requests-per-s, --max-tokens-per-min)
+    endpoint: int = 0  # the endpoint of the last attempt (its index in WorkerConfig.endpoints)
 
 
 @dataclass(slots=True)
@@ -81,18 +83,19 @@ def estimate_tokens(body: dict[str, Any]) -> int:
 
 
 class Client:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, headers: dict[str, str],
-                 policy: RetryPolicy, max_response_bytes: int, seed: int, breaker: LocalBreaker,
-                 pacer: Pacer, on_trip: Callable[[str], None], on_probe: Callable[[bool, str], None],
+    def __init__(self, session: aiohttp.ClientSession, endpoints: EndpointPool, headers: dict[str, str],
+                 policy: RetryPolicy, max_response_bytes: int, seed: int,
+                 pacer: Pacer, on_trip: Callable[[int, str], None], on_probe: Callable[[int, bool, str], None],
                  secret: str | None = None, whole_bodies: bool = True, auth: AuthWatch | None = None,
-                 on_auth: Callable[[str], None] | None = None, inflight: Callable[[], int] = lambda: 1) -> None:
+                 on_auth: Callable[[str], None] | None = None, inflight: Callable[[], int] = lambda: 1,
+                 cap: Callable[[], int] = lambda: 1) -> None:
         self.session = session
-        self.base_url = base_url
+        self.endpoints = endpoints  # each attempt goes to endpoints.pick (worker.endpoints)
+        self.cap = cap  # the supervisor's cap on this worker's requests in flight (LIMIT)
         self.headers = headers
         self.policy = policy
         self.max_response_bytes = max_response_bytes
         self.rng = random.Random(seed)
-        self.breaker = breaker
         self.pacer = pacer
         self.on_trip = on_trip
         self.on_probe = on_probe
@@ -106,10 +109,9 @@ class Client:
         self.parked = 0
         self.retries = 0
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
-        self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
-        # told of every attempt (status, error code, seconds at the server): the adaptive limit (issue 21)
-        self.observe: Callable[[int | None, str | None, float], None] | None = None
+        # told of every attempt (endpoint, status, error code, seconds at the server): the adaptive limit
+        self.observe: Callable[[Endpoint, int | None, str | None, float], None] | None = None
 
     def _scrub(self, raw: bytes) -> bytes:
         # An endpoint may echo request headers in an error; the key must never reach a file.
@@ -217,11 +219,6 @@ class Client:
 
     async def execute(self, path: str, body: dict[str, Any], key: int = 0) -> Outcome:
         """All the attempts of task ``key``, as the retry policy steps them (``retry.RetryPolicy.step``)."""
-        url = self._urls.get(path)
-        if url is None:
-            url = join_url(self.base_url, path)
-            if len(self._urls) < 64:  # bounded, whatever paths a task file names
-                self._urls[path] = url
         stream = bool(body.get("stream"))
         if stream and path in ("/v1/chat/completions", "/v1/completions"):
             opts = body.get("stream_options")
@@ -236,7 +233,7 @@ class Client:
         start = time.monotonic()
         used = 0  # attempts counted against --max-attempts
         limited_s = 0.0  # time spent waiting on the server's flow control (429)
-        waits = sent = 0
+        waits = sent = moves = 0
         queued = server_s = 0.0
         policy = self.policy
         while True:
@@ -245,30 +242,37 @@ class Client:
                 await self.pacer.request_slot()
             if self.pacer.tpm is not None:
                 await self.pacer.charge_tokens(estimate)
+            ep = self.endpoints.pick(self.cap())  # per attempt: a retry may go elsewhere (issue 21 item 1)
+            if ep is None:  # every endpoint was ejected while this task waited: park until one rejoins
+                await self._park()
+                continue
             used += 1
             sent += 1
             t_a = time.monotonic()  # the server's time, apart from the pacer's
             queued += t_a - t_q
             self.on_wire += 1
+            ep.on_wire += 1
             try:
-                a = await self.attempt(url, payload, stream, need)
+                a = await self.attempt(ep.url(path), payload, stream, need)
             finally:
                 self.on_wire -= 1
+                ep.on_wire -= 1
             server_s = time.monotonic() - t_a
+            times = (server_s, queued, ep.index)
             f = a.failure
             if self.observe is not None:
-                self.observe(a.status, None if f is None else str(f.code), server_s)
+                self.observe(ep, a.status, None if f is None else str(f.code), server_s)
             if f is None:
-                self.breaker.success()
+                ep.breaker.success()
                 self.auth.success()
                 if self.pacer.tpm and isinstance(a.parsed, dict):
                     usage = a.parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
                         self.pacer.correct_tokens(usage["total_tokens"] - estimate)
-                return self._outcome(a, used, start, sent, (server_s, queued))
-            if self.breaker.record(key, f.endpoint_side, f.refused):
-                self.breaker.set_open(True)  # here at once (parked requests wait for the close); then for every worker
-                self.on_trip(f.message)
+                return self._outcome(a, used, start, sent, times)
+            if ep.breaker.record(key, f.endpoint_side, f.refused):
+                ep.breaker.set_open(True)  # here at once (parked requests wait for the close); then everywhere
+                self.on_trip(ep.index, f.message)
             step = policy.step(f, used, limited_s)
             if step is Step.WAIT:
                 used -= 1  # the server's flow control is not the task's failure
@@ -280,7 +284,7 @@ class Client:
                 continue
             if step is Step.GIVE_UP:
                 msg = f"still rate-limited ({f.code}) after {limited_s:.0f}s of waiting (--max-rate-limited-wait)"
-                return self._outcome(a, used, start, sent, (server_s, queued),
+                return self._outcome(a, used, start, sent, times,
                                      {"code": Code.RATE_LIMITED.value, "message": msg})
             if step is Step.AUTH:
                 if self.auth.refuse(key, self.inflight()):
@@ -290,27 +294,35 @@ class Client:
                     await self.auth.wait()  # returns only when the refusal was this task's own
                 finally:
                     self.parked -= 1
-                return self._outcome(a, used, start, sent, (server_s, queued))
-            if f.endpoint_side and self.breaker.open:
-                self.parked += 1
-                try:
-                    was_down = await self.breaker.wait_closed()
-                finally:
-                    self.parked -= 1
+                return self._outcome(a, used, start, sent, times)
+            if f.endpoint_side and not ep.up:
                 self.retries += 1
+                if moves < policy.max_attempts and self.endpoints.any_up():
+                    moves += 1  # (bounded: a task failing for itself everywhere cannot go round for ever)
+                    used -= 1  # its endpoint is ejected: the request goes to another at once, not counted
+                    continue
+                was_down = await self._park()
                 if was_down:
                     used -= 1  # no task pays for an outage of the whole endpoint
                     continue
                 if step is Step.DONE:  # a false alarm: the failure was the task's own
-                    return self._outcome(a, used, start, sent, (server_s, queued))
+                    return self._outcome(a, used, start, sent, times)
                 await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
                 continue
             if step is Step.DONE:
-                return self._outcome(a, used, start, sent, (server_s, queued))
+                return self._outcome(a, used, start, sent, times)
             self.retries += 1
             await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
 
-    def _outcome(self, a: Attempt, attempts: int, start: float, sent: int, times: tuple[float, float],
+    async def _park(self) -> bool:
+        """Wait until an endpoint rejoins; True when it had been down (the attempt is then not counted)."""
+        self.parked += 1
+        try:
+            return await self.endpoints.wait_up()
+        finally:
+            self.parked -= 1
+
+    def _outcome(self, a: Attempt, attempts: int, start: float, sent: int, times: tuple[float, float, int],
                  error: dict[str, str] | None = None) -> Outcome:
         body = body_value(a.raw, a.parsed, a.one_line) if a.parsed is not None else None
         if error is None and a.failure is not None:
@@ -318,7 +330,7 @@ class Client:
         return Outcome(a.status, body, len(a.raw), a.request_id, error, attempts, time.monotonic() - start,
                        a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent, *times)
 
-    def _probe_request(self) -> tuple[str, bytes] | None:
+    def _probe_request(self, ep: Endpoint) -> tuple[str, bytes] | None:
         """The tiny request the connection check makes, for the path and model of the last task seen here."""
         if self._last is None:
             return None
@@ -335,22 +347,23 @@ class Client:
             body.update(input="ping", max_output_tokens=16)
         else:
             return None
-        return join_url(self.base_url, path), orjson.dumps(body)
+        return ep.url(path), orjson.dumps(body)
 
-    async def probe(self) -> None:
+    async def probe(self, index: int = 0) -> None:
         """The breaker's probe, a request of its own, never a parked task's: the connection check's tiny
         request for the last task's path and model (GET /models before any task). Any answer but a 5xx (a
         400, a 429 included) says the endpoint as a whole serves."""
-        req = self._probe_request()
+        ep = self.endpoints.all[index]
+        req = self._probe_request(ep)
         what = "a 1-token request" if req is not None else "GET /models"
         try:
             if req is not None:
                 ctx = self.session.post(req[0], data=req[1], headers=self.headers)
             else:
-                ctx = self.session.get(join_url(self.base_url, "/v1/models"), headers=self.headers)
+                ctx = self.session.get(join_url(ep.base_url, "/v1/models"), headers=self.headers)
             async with ctx as resp:
                 await resp.read()
                 ok, detail = resp.status < 500, f"{what}: HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as e:
             ok, detail = False, f"{what}: {type(e).__name__}: {e}"[:300]
-        self.on_probe(ok, detail)
+        self.on_probe(index, ok, detail)

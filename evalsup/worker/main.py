@@ -32,8 +32,9 @@ from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_r
 from evalsup.worker.adaptive import adaptive_from_config
 from evalsup.worker.adaptive_hook import watch
 from evalsup.worker.bodies import UsageOnly
-from evalsup.worker.breaker import AuthWatch, LocalBreaker
+from evalsup.worker.breaker import AuthWatch
 from evalsup.worker.client import Client, Outcome
+from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.retry import RetryPolicy
 from evalsup.worker.scoring import Scoring
@@ -66,7 +67,8 @@ class Worker:
         self.concurrency = cfg.concurrency
         self.limit = max(1, min(self.concurrency, cfg.limit or self.concurrency))
         self.queue: collections.deque[tuple[Any, bytes | memoryview]] = collections.deque()
-        self.adaptive = adaptive_from_config(cfg)  # the adaptive limit (issue 21); None with --concurrency
+        # one per --base-url, each with its breaker evidence and adaptive limit (None with --concurrency)
+        self.endpoints = EndpointPool(cfg.endpoints, lambda: adaptive_from_config(cfg, len(cfg.endpoints)))
         self.extra_headers = build_headers(cfg.headers)  # --header, User-Agent (a bad one: FATAL, not a crash)
         self.inflight = 0  # requests begun and not answered
         self.slots = 0  # tasks begun whose RESULT frame is not yet on its way
@@ -82,7 +84,6 @@ class Worker:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.pid = os.getpid()
-        self.breaker = LocalBreaker()
         self.auth = AuthWatch()
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
@@ -99,10 +100,10 @@ class Worker:
 
     def _limit(self) -> int:
         """Requests this worker may have in flight now: its adaptive limit under the supervisor's cap."""
-        return self.limit if self.adaptive is None else self.adaptive.allowed(self.limit)
+        return self.endpoints.limit(self.limit)  # the endpoints' limits together (worker.endpoints)
 
     def _can_start(self) -> bool:
-        return (bool(self.queue) and not self.paused and not self.breaker.open and self.inflight < self._limit()
+        return (bool(self.queue) and not self.paused and self.endpoints.any_up() and self.inflight < self._limit()
                 and self.slots < self.concurrency)
 
     def _pump(self) -> None:
@@ -189,7 +190,7 @@ class Worker:
         # here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
         metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(meta.get("q", 0.0)
                                    + oc.queue_s, 6), "total_s": round(oc.latency_s, 6), "attempts": oc.attempts,
-                                   "worker": self.pid}
+                                   "worker": self.pid, "endpoint": self._endpoint_of(oc)}
         if oc.ttft_s is not None:
             metrics["ttft_s"] = round(oc.ttft_s, 6)
         if oc.itl_s is not None:
@@ -212,10 +213,15 @@ class Worker:
         info = {"k": meta["k"], "ok": oc.error is None, "lat": oc.server_s, "att": oc.attempts, "rb": oc.raw_len,
                 "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s, "rt": oc.sent - 1,
                 "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
-                "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores}
+                "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores,
+                "ep": oc.endpoint}
         if isinstance(oc.parsed, UsageOnly):
             info["chk"] = 1  # checked by simdjson, not built (counted in the summary)
         return out, info
+
+    def _endpoint_of(self, oc: Outcome) -> dict[str, Any]:
+        """Which endpoint served a record (its last attempt): index and URL without credentials (issue 21)."""
+        return {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
 
     def send_leak_report(self) -> None:
         import tracemalloc
@@ -230,15 +236,15 @@ class Worker:
             lines.append(f"{frame.filename}:{frame.lineno}  size={s.size / 1024:,.1f} KiB  count={s.count}")
         self.out.send(encode_json(Kind.LEAKS, {"text": "\n".join(lines) + "\n"}))
 
-    def _on_trip(self, reason: str) -> None:
-        self.out.send(encode_json(Kind.TRIP, {"reason": reason}))
+    def _on_trip(self, e: int, reason: str) -> None:
+        self.out.send(encode_json(Kind.TRIP, {"reason": reason, "e": e}))
 
     def _on_auth(self, message: str) -> None:
         self.out.send(encode_json(Kind.AUTH, {"message": message}))
         self.out.flush()
 
-    def _on_probe(self, ok: bool, detail: str) -> None:
-        self.out.send(encode_json(Kind.PROBE_RESULT, {"ok": ok, "detail": detail}))
+    def _on_probe(self, e: int, ok: bool, detail: str) -> None:
+        self.out.send(encode_json(Kind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))
 
     def _check_drained(self) -> None:
         if self.draining and not self.queue and self.inflight == 0:
@@ -287,13 +293,15 @@ class Worker:
         elif kind is Kind.RATE:
             r = decode_json(payload)
             self.pacer.set(r.get("rps"), r.get("tpm"), r.get("arrivals", "uniform"))
-        elif kind is Kind.BREAKER_OPEN:
-            self.breaker.set_open(True)
-        elif kind is Kind.BREAKER_CLOSE:
-            self.breaker.set_open(False, bool(payload) and bool(decode_json(payload).get("was_down")))
+        elif kind is Kind.BREAKER_OPEN:  # ipc.messages.BreakerOpen: one endpoint ejected
+            b = decode_json(payload) if payload else {}
+            self.endpoints.set_open(int(b.get("e", 0)), True, out=bool(b.get("out")))
+        elif kind is Kind.BREAKER_CLOSE:  # BreakerClose: it rejoins
+            b = decode_json(payload) if payload else {}
+            self.endpoints.set_open(int(b.get("e", 0)), False, bool(b.get("was_down")))
         elif kind is Kind.PROBE:
             if self.client is not None:
-                t = asyncio.create_task(self.client.probe())
+                t = asyncio.create_task(self.client.probe(int(decode_json(payload).get("e", 0)) if payload else 0))
                 self._bg.add(t)
                 t.add_done_callback(self._bg.discard)
         elif kind is Kind.LIMIT:
@@ -321,17 +329,17 @@ class Worker:
         policy = RetryPolicy(max_attempts=cfg.max_attempts, cap_s=cfg.max_retry_wait_s,
                              max_limited_s=cfg.max_rate_limited_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            client = Client(session, cfg.base_url, headers, policy,
-                            int(cfg.max_response_mb * (1 << 20)), seed=self.pid,
-                            breaker=self.breaker, pacer=self.pacer, on_trip=self._on_trip,
+            client = Client(session, self.endpoints, headers, policy,
+                            int(cfg.max_response_mb * (1 << 20)), seed=self.pid, cap=lambda: self.limit,
+                            pacer=self.pacer, on_trip=self._on_trip,
                             on_probe=self._on_probe, secret=key, auth=self.auth, on_auth=self._on_auth,
                             inflight=lambda: self.inflight,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
             self.client = client
             tasks = [asyncio.create_task(self.heartbeat())]
-            if self.adaptive is not None:  # every attempt and the server's queue feed the limit
-                tasks.append(watch(self.adaptive, client, session, cfg, headers, lambda: self.inflight,
+            if cfg.adaptive:  # every attempt and the server's queue feed each endpoint's limit
+                tasks.append(watch(self.endpoints, client, session, cfg, headers, lambda: self.inflight,
                                    lambda: self.limit))
             reading = asyncio.create_task(self.read_loop())
             drained = asyncio.create_task(self.finished.wait())

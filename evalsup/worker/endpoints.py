@@ -1,0 +1,102 @@
+"""Many endpoints (issue 21 item 1): one ``Endpoint`` per --base-url, and where each attempt goes.
+
+Each endpoint keeps its own evidence for the breaker (``LocalBreaker``), its own adaptive limit (when the
+concurrency adapts) and its own count of requests on the wire. ``EndpointPool.pick`` chooses, for each attempt,
+the endpoint with the fewest requests on the wire relative to its current limit, among those not ejected; a
+retry picks again, so it may go elsewhere. An endpoint the supervisor ejected (BREAKER_OPEN) gets nothing until
+it rejoins (BREAKER_CLOSE); one left out at the start (it failed the connection check) never rejoins.
+
+No I/O and no clock: the client asks, and says what it sent (``sent``/``answered``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from evalsup.tasks import join_url, public_url
+from evalsup.worker.adaptive import AdaptiveLimit
+from evalsup.worker.breaker import LocalBreaker
+
+
+class Endpoint:
+    __slots__ = ("_urls", "adaptive", "base_url", "breaker", "index", "on_wire", "out", "public")
+
+    def __init__(self, index: int, base_url: str, adaptive: AdaptiveLimit | None = None) -> None:
+        self.index = index
+        self.base_url = base_url
+        self.public = public_url(base_url)  # what records show: no credentials
+        self.breaker = LocalBreaker()
+        self.adaptive = adaptive  # None: --concurrency fixes the limit
+        self.on_wire = 0  # requests sent here and not yet answered
+        self.out = False  # left out for the whole run (failed the connection check)
+        self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
+
+    @property
+    def up(self) -> bool:
+        return not self.out and not self.breaker.open
+
+    def limit(self, cap: int) -> int:
+        """Requests this endpoint may have on the wire from this worker, under the worker's cap."""
+        return cap if self.adaptive is None else self.adaptive.allowed(cap)
+
+    def url(self, path: str) -> str:
+        url = self._urls.get(path)
+        if url is None:
+            url = join_url(self.base_url, path)
+            if len(self._urls) < 64:  # bounded, whatever paths a task file names
+                self._urls[path] = url
+        return url
+
+
+class EndpointPool:
+    def __init__(self, urls: Sequence[str], adaptive: Callable[[], AdaptiveLimit | None] = lambda: None) -> None:
+        if not urls:
+            raise ValueError("no endpoint")
+        self.all = [Endpoint(i, u, adaptive()) for i, u in enumerate(urls)]
+        self._back: asyncio.Future[bool] | None = None  # resolved when an endpoint rejoins (parked requests)
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def any_up(self) -> bool:
+        return any(ep.up for ep in self.all)
+
+    def limit(self, cap: int) -> int:
+        """Requests this worker may have in flight: the endpoints' limits together, under its cap."""
+        eps = [ep for ep in self.all if ep.up] or [ep for ep in self.all if not ep.out] or self.all
+        return max(1, min(cap, sum(ep.limit(cap) for ep in eps)))
+
+    def pick(self, cap: int) -> Endpoint | None:
+        """The endpoint for the next attempt: fewest on the wire relative to its limit (then fewest on the
+        wire, then the first), among those not ejected; None when every one is ejected."""
+        best: Endpoint | None = None
+        best_key = (0.0, 0, 0)
+        for ep in self.all:
+            if not ep.up:
+                continue
+            key = (ep.on_wire / ep.limit(cap), ep.on_wire, ep.index)
+            if best is None or key < best_key:
+                best, best_key = ep, key
+        return best
+
+    def set_open(self, index: int, is_open: bool, was_down: bool = False, out: bool = False) -> None:
+        """The supervisor's BREAKER_OPEN / BREAKER_CLOSE for one endpoint (``out``: left out for good)."""
+        if not 0 <= index < len(self.all):
+            return
+        ep = self.all[index]
+        ep.out = ep.out or out
+        ep.breaker.set_open(is_open, was_down)
+        if ep.up and self._back is not None:
+            back, self._back = self._back, None
+            if not back.done():
+                back.set_result(was_down)
+
+    async def wait_up(self) -> bool:
+        """Park until an endpoint rejoins (every one is ejected now); True when it had been down, so the
+        attempt that waited is not counted (no task pays for an outage)."""
+        if self.any_up():
+            return False
+        if self._back is None:
+            self._back = asyncio.get_running_loop().create_future()
+        return await asyncio.shield(self._back)

@@ -1,0 +1,210 @@
+"""Many endpoints (issue 21 item 1): requests spread over several --base-url; one that goes down is ejected,
+probed on its own and rejoins, and no task fails while another is up; one that fails the connection check is
+left out. Real processes, real HTTP on 127.0.0.1 (three mock endpoints), and the choice rule as a unit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Run, assert_exactly_once, ids_of, read_results, summary, wait_until, write_tasks
+
+from evalsup.config import ConfigError, build_config, resolve_base_urls
+from evalsup.mock.server import MockConfig, MockThread
+from evalsup.supervisor.endpoints import Endpoints
+from evalsup.tasks import public_url
+from evalsup.worker.adaptive import AdaptiveLimit, AdaptiveSettings
+from evalsup.worker.endpoints import EndpointPool
+
+
+@pytest.fixture
+def mocks() -> Iterator[list[MockThread]]:
+    ms = [MockThread(MockConfig(latency_ms=2, jitter_ms=1, seed=i)) for i in range(3)]
+    for m in ms:
+        m.start()
+    try:
+        yield ms
+    finally:
+        for m in ms:
+            m.stop()
+
+
+def served_by(run_dir: Path) -> Counter[int]:
+    if not (run_dir / "results.jsonl").exists():
+        return Counter()
+    return Counter(r["metrics"]["endpoint"]["index"] for r in read_results(run_dir))
+
+
+# ----------------------------------------------------------------------------------------- real processes
+
+def test_one_endpoint_down_mid_run_is_ejected_and_rejoins_and_nothing_fails(
+        tmp_path: Path, mocks: list[MockThread], start: Callable[..., Run]) -> None:
+    n = 4000
+    tasks = write_tasks(tmp_path / "t.jsonl", n, form="prompt", extra={"mock": {"delay_s": 0.04}})
+    run_dir = tmp_path / "t.run"
+    urls = [a for m in mocks for a in ("--base-url", m.url)]
+    p = start("run", "-w", "2", "-c", "24", "--max-attempts", "3", "--model", "mock-model", *urls, str(tasks))
+    p.wait_results(run_dir, at_least=300)
+    mocks[1].configure(down=True)
+    wait_until(lambda: "endpoint 1 (" in p.stderr and "looks down" in p.stderr, "endpoint 1 to be ejected", proc=p)
+    during = served_by(run_dir)
+    time.sleep(2.0)  # down for a while: the others carry the run
+    assert p.running(), "the run ended before the endpoint came back: give it more tasks"
+    assert served_by(run_dir)[0] > during[0] and served_by(run_dir)[2] > during[2], "the others stopped"
+    mocks[1].configure(down=False)
+    wait_until(lambda: "endpoint 1 (" in p.stderr and "it rejoins" in p.stderr, "endpoint 1 to rejoin", proc=p)
+    back = served_by(run_dir)[1]
+    assert p.finish() == 0, p.stderr
+    recs = assert_exactly_once(run_dir, {f"t{i}" for i in range(n)})
+    assert [r for r in recs if r["error"] is not None] == []
+    assert all(r["metrics"]["attempts"] <= 3 for r in recs)
+    final = served_by(run_dir)
+    assert final[1] > back, "the endpoint that came back served nothing more"
+    assert set(final) == {0, 1, 2}
+    s = summary(run_dir)
+    assert s["failed"] == 0 and s["breaker"]["opened"] == 0  # the run never paused for it
+    assert "pausing dispatch" not in p.stderr
+    eps = s["endpoints"]
+    assert [e["url"] for e in eps] == [m.url for m in mocks]
+    assert eps[1]["ejected"] >= 1 and eps[1]["down_s"] > 0 and eps[0]["ejected"] == eps[2]["ejected"] == 0
+    assert sum(e["results"] for e in eps) == n
+    assert {r["metrics"]["endpoint"]["url"] for r in recs} == {m.url for m in mocks}
+
+
+def test_an_endpoint_that_fails_the_check_is_left_out(tmp_path: Path, mocks: list[MockThread],
+                                                      start: Callable[..., Run]) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", 300, form="prompt")
+    dead = "http://127.0.0.1:9/v1"
+    p = start("run", "-w", "1", "--model", "mock-model", "--base-url", mocks[0].url, "--base-url", dead,
+              "--base-url", mocks[2].url, str(tasks))
+    assert p.finish() == 0, p.stderr
+    left = [ln for ln in p.stderr.splitlines() if "left out" in ln]
+    assert len(left) == 1 and f"endpoint 1 ({dead})" in left[0] and "cannot reach" in left[0], p.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(300))
+    assert set(served_by(tmp_path / "t.run")) == {0, 2}
+    eps = summary(tmp_path / "t.run")["endpoints"]
+    assert "cannot reach" in eps[1]["left_out"] and eps[1]["results"] == 0
+
+
+def test_every_endpoint_failing_the_check_stops_the_run(tmp_path: Path, start: Callable[..., Run]) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", 5, form="prompt")
+    p = start("run", "--model", "mock-model", "--base-url", "http://127.0.0.1:9/v1", "--base-url",
+              "http://127.0.0.1:7/v1", str(tasks))
+    assert p.finish() == 2
+    assert "no endpoint passed the connection check" in p.stderr.strip().splitlines()[-1]
+
+
+# ----------------------------------------------------------------------------------------- settings
+
+def test_base_urls_from_flags_or_a_comma_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://a:1/v1, http://b:2/v1/")
+    assert resolve_base_urls(None) == ("http://a:1/v1", "http://b:2/v1")
+    assert resolve_base_urls(["http://c/v1"]) == ("http://c/v1",)
+    assert resolve_base_urls("http://c/v1") == ("http://c/v1",)
+    with pytest.raises(ConfigError, match="given twice"):
+        resolve_base_urls(["http://c/v1", "http://c/v1/"])
+    with pytest.raises(ConfigError, match="http:// or https://"):
+        resolve_base_urls(["c:80"])
+    cfg = build_config(Path("t.jsonl"), {"base_url": ["http://a/v1", "http://b/v1"], "concurrency": 8})
+    assert cfg.worker.endpoints == ("http://a/v1", "http://b/v1") and cfg.worker.base_url == "http://a/v1"
+    with pytest.raises(ConfigError, match="--server-metrics"):
+        build_config(Path("t.jsonl"), {"base_url": ["http://a/v1", "http://b/v1"], "server_metrics": "http://m/"})
+
+
+def test_public_url_drops_credentials() -> None:
+    assert public_url("https://user:secret@h.example:8443/v1?api-key=k") == "https://h.example:8443/v1"
+    assert public_url("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
+
+
+# ----------------------------------------------------------------------------------------- the rooms
+
+def test_pick_goes_to_the_least_loaded_relative_to_its_limit() -> None:
+    pool = EndpointPool(["http://a/v1", "http://b/v1", "http://c/v1"])
+    chosen = []
+    for _ in range(9):  # fixed limits: fewest on the wire, so an even spread
+        ep = pool.pick(12)
+        assert ep is not None
+        ep.on_wire += 1
+        chosen.append(ep.index)
+    assert Counter(chosen) == {0: 3, 1: 3, 2: 3}
+    pool.set_open(1, True)  # ejected: gets nothing
+    for _ in range(4):
+        ep = pool.pick(12)
+        assert ep is not None and ep.index != 1
+        ep.on_wire += 1
+    pool.set_open(1, False)
+    ep = pool.pick(12)
+    assert ep is not None and ep.index == 1  # back, and the least loaded
+    pool.set_open(0, True, out=True)
+    pool.set_open(0, False)  # left out for good: a close does not bring it back
+    assert not pool.all[0].up
+
+
+def test_pick_weighs_each_endpoint_by_its_own_adaptive_limit() -> None:
+    limits = iter([4, 16])
+
+    def ctl() -> AdaptiveLimit:
+        return AdaptiveLimit(AdaptiveSettings(max_limit=64, initial=next(limits)))
+
+    pool = EndpointPool(["http://slow/v1", "http://fast/v1"], ctl)
+    for _ in range(20):
+        ep = pool.pick(64)
+        assert ep is not None
+        ep.on_wire += 1
+    assert [ep.on_wire for ep in pool.all] == [4, 16]  # in proportion to the limits
+    assert pool.limit(64) == 20 and pool.limit(10) == 10
+
+
+def test_parked_requests_wait_for_any_endpoint_and_learn_if_it_was_down() -> None:
+    async def go() -> tuple[bool, bool]:
+        pool = EndpointPool(["http://a/v1", "http://b/v1"])
+        pool.set_open(0, True)
+        assert await pool.wait_up() is False  # b is up: nothing to wait for
+        pool.set_open(1, True)
+        assert pool.pick(4) is None and not pool.any_up()
+        waiter = asyncio.ensure_future(pool.wait_up())
+        await asyncio.sleep(0)
+        pool.set_open(1, False, was_down=True)
+        first = await waiter
+        pool.set_open(1, True)
+        waiter = asyncio.ensure_future(pool.wait_up())
+        await asyncio.sleep(0)
+        pool.set_open(0, False, was_down=False)  # a false alarm: the attempt counts
+        return first, await waiter
+
+    assert asyncio.run(go()) == (True, False)
+
+
+def test_the_run_pauses_only_when_every_endpoint_is_down() -> None:
+    eps = Endpoints(["http://a/v1", "http://b/v1", "http://c/v1"], max_down_s=60.0)
+    eps.leave_out(2, "cannot reach")
+    assert not eps.trip(2, 0.0, "x")  # left out: never ejected, never probed
+    assert eps.trip(0, 1.0, "reset") and not eps.open
+    assert not eps.trip(0, 1.5, "again")  # already ejected
+    assert eps.probes_due(1.0) == [0]
+    eps.probe_sent(0, 1.0)
+    assert not eps.probe_result(0, False, 1.1)  # still down: probed again later
+    t = 1.1
+    for _ in range(8):  # growing intervals, but never more than 5 s apart while others serve
+        t = next(x / 10 for x in range(int(t * 10), int(t * 10) + 60) if eps.probes_due(x / 10))
+        eps.probe_sent(0, t)
+        eps.probe_result(0, False, t)
+    assert eps.probes_due(t + 5.0) == [0] and eps.breakers[0].interval == 5.0
+    assert eps.trip(1, 50.0, "reset") and eps.open and eps.opened == 1  # the last one up went down
+    assert not eps.down_too_long(109.0) and eps.down_too_long(111.0)  # counted from the last one down
+    assert eps.probe_result(1, True, 55.0) and not eps.open and eps.total_down_s(55.0) == 5.0
+    assert eps.open_frames() == [{"e": 0}, {"e": 2, "out": True}]
+    s = eps.summary(55.0, {1: 7})
+    assert [e["results"] for e in s] == [0, 7, 0] and s[0]["ejected"] == 1 and s[2]["left_out"] == "cannot reach"
+
+
+def test_one_endpoint_behaves_as_the_single_breaker() -> None:
+    eps = Endpoints(["http://a/v1"], max_down_s=10.0)
+    assert eps.name(0) == "endpoint"
+    assert eps.trip(0, 0.0, "refused") and eps.open
+    assert eps.down_too_long(10.5)
+    assert eps.probe_result(0, True, 11.0) and not eps.open and eps.breakers[0].false_alarms == 1
