@@ -121,7 +121,7 @@ def test_a_key_revoked_mid_run_stops_resumably_and_fails_nothing(tmp_path: Path)
         assert p.returncode == 75, err
         assert "refused the API key" in err and "rerun" in err
         recs = read_results(tmp_path / "t.run")
-        assert recs and all(x["error"] is None for x in recs), "a task was failed for the key"
+        assert recs and all(x["error"] is None for x in recs), [x for x in recs if x["error"]][:3]
         assert "Traceback" not in err
         mock.configure(api_key="sk-good")  # a good key: the rerun carries on
         r = run_cli(*args, env=env)

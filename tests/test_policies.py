@@ -297,19 +297,21 @@ def test_auth_watch_tells_a_lost_key_from_one_task_refused() -> None:
 
     async def go() -> None:
         w = AuthWatch(spread=3)
-        assert not w.refuse(1, inflight=10)
-        waiting = asyncio.create_task(w.wait())
-        await asyncio.sleep(0)
-        w.success()  # others succeed: the refusal was task 1's own
+        assert not w.refuse(1, sent_at=10.0, inflight=10)
+        waiting = asyncio.create_task(w.wait(1))
+        w.success(sent_at=9.0)  # a request sent before the refused one: it proves nothing about the key now
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        w.success(sent_at=11.0)  # one sent after it succeeded: the refusal was task 1's own
         await asyncio.wait_for(waiting, 1)
-        assert not w.refuse(2, inflight=10) and not w.refuse(3, inflight=10)
-        assert w.refuse(4, inflight=10)  # three distinct tasks since the last success: the key is lost
-        w.success()
-        stuck = asyncio.create_task(w.wait())
+        assert not w.refuse(2, 20.0, inflight=10) and not w.refuse(3, 20.1, inflight=10)
+        assert w.refuse(4, 20.2, inflight=10)  # three distinct tasks since the last success: the key is lost
+        w.success(sent_at=30.0)
+        stuck = asyncio.create_task(w.wait(4))
         await asyncio.sleep(0.05)
         assert not stuck.done()  # held for the supervisor's stop, never written as failed
         stuck.cancel()
-        assert AuthWatch().refuse(1, inflight=1)  # the only request in flight: nothing else can vouch for the key
+        assert AuthWatch().refuse(1, 0.0, inflight=1)  # the only request in flight: nothing else can vouch
 
     asyncio.run(go())
 

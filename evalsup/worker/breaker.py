@@ -59,33 +59,38 @@ class AuthWatch:
     """401/403 for ``spread`` distinct tasks with no success in between, or for every request in flight:
     the key was refused (revoked mid-run), and the run must stop resumably rather than fail every task.
 
-    A refused request waits here for the verdict: after a success, it was that task's own refusal (written as
-    a failed record); once the key is judged lost it waits for good, and the supervisor stops the run, so the
-    task is redone by the rerun with a good key."""
+    A refused request waits here for the verdict. A success of a request *sent after it* shows the key still
+    works, so the refusal was that task's own (written as a failed record); a success of a request sent before
+    proves nothing (it may have passed the check before the key was revoked). Once the key is judged lost a
+    refused request waits for good, and the supervisor stops the run, so the task is redone by the rerun."""
 
     def __init__(self, spread: int = 3) -> None:
         self.spread = spread
-        self.refused: set[int] = set()
+        self.refused: dict[int, tuple[float, asyncio.Event]] = {}  # task -> (when its request was sent, verdict)
         self.lost = False
-        self._released = asyncio.Event()
 
-    def refuse(self, key: int, inflight: int) -> bool:
-        """Task ``key`` was refused; True when this makes the key lost (tell the supervisor, once)."""
-        self.refused.add(key)
+    def refuse(self, key: int, sent_at: float, inflight: int) -> bool:
+        """Task ``key``'s request sent at ``sent_at`` was refused; True when this makes the key lost (tell the
+        supervisor, once)."""
+        self.refused[key] = (sent_at, asyncio.Event())
         if not self.lost and (len(self.refused) >= self.spread or len(self.refused) >= inflight):
             self.lost = True
             return True
         return False
 
-    def success(self) -> None:
-        if self.refused and not self.lost:
-            self.refused.clear()
-            self._released.set()
-            self._released = asyncio.Event()
+    def success(self, sent_at: float) -> None:
+        """A request sent at ``sent_at`` succeeded: the refusals of requests sent before it were their own."""
+        if not self.refused or self.lost:
+            return
+        for key, (when, verdict) in list(self.refused.items()):
+            if when < sent_at:
+                del self.refused[key]
+                verdict.set()
 
-    async def wait(self) -> None:
-        """Returns when the refusal was the task's own (a success came first); never once the key is lost."""
-        if not self.lost:
-            await self._released.wait()
+    async def wait(self, key: int) -> None:
+        """Returns when the refusal was task ``key``'s own; never once the key is lost."""
+        entry = self.refused.get(key)
+        if entry is not None and not self.lost:
+            await entry[1].wait()
         if self.lost:
             await asyncio.Event().wait()  # until the supervisor stops the run and this worker with it

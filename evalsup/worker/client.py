@@ -264,7 +264,7 @@ class Client:
                 self.observe(ep, a.status, None if f is None else str(f.code), server_s)
             if f is None:
                 ep.breaker.success()
-                self.auth.success()
+                self.auth.success(t_a)
                 if self.pacer.tpm and isinstance(a.parsed, dict):
                     usage = a.parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
@@ -287,11 +287,11 @@ class Client:
                 return self._outcome(a, used, start, sent, times,
                                      {"code": Code.RATE_LIMITED.value, "message": msg})
             if step is Step.AUTH:
-                if self.auth.refuse(key, self.inflight()):
+                if self.auth.refuse(key, t_a, self.inflight()):
                     self.on_auth(f.message)
                 self.parked += 1
                 try:
-                    await self.auth.wait()  # returns only when the refusal was this task's own
+                    await self.auth.wait(key)  # returns only when the refusal was this task's own
                 finally:
                     self.parked -= 1
                 return self._outcome(a, used, start, sent, times)
