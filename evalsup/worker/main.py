@@ -22,7 +22,7 @@ import orjson
 
 from evalsup.headers import build_headers, secret_values
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
-from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head, widen_pipe
+from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
 from evalsup.plugin import load_callable
@@ -36,6 +36,7 @@ from evalsup.worker.breaker import AuthWatch
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer
+from evalsup.worker.pipes import open_pipes
 from evalsup.worker.retry import RetryPolicy
 from evalsup.worker.scoring import Scoring
 
@@ -353,28 +354,8 @@ class Worker:
             await asyncio.gather(*tasks, reading, drained, return_exceptions=True)
 
 
-async def _open_pipes() -> tuple[asyncio.StreamReader, FrameWriter]:
-    loop = asyncio.get_running_loop()
-    fd_in, fd_out = os.dup(0), os.dup(1)
-    widen_pipe(fd_out)
-    os.dup2(2, 1)  # stray prints go to stderr, never into the frame pipe
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    reader = asyncio.StreamReader(limit=1 << 24)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd_in, "rb", 0))
-    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(fd_out, "wb", 0))
-    # Results are often larger than the default 64 KiB mark; a request slot must not wait for the pipe to
-    # empty after every result, or requests go out in waves. The credit window bounds what can queue here.
-    # A slot that does wait goes on at 6 MiB, not at the default quarter (2 MiB): released a few at a time,
-    # the slots do not come back from the endpoint all together (measured at 1 MB results: ~5 % faster).
-    transport.set_write_buffer_limits(high=8 << 20, low=6 << 20)
-    writer = asyncio.StreamWriter(transport, protocol, None, loop)
-    return reader, FrameWriter(writer, delay=FLUSH_DELAY_S)
-
-
 async def amain() -> int:
-    reader, out = await _open_pipes()
+    reader, out = await open_pipes(FLUSH_DELAY_S)
     frame = await read_frame(reader)
     if frame is None:
         return 0
