@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import ROOT, communicate, env_for, evalsup_cmd, popen, read_results, run_cli, write_tasks
+from conftest import ROOT, communicate, env_for, evalsup_cmd, popen, read_results, run_cli, wait_until, write_tasks
 from prometheus_client.parser import text_string_to_metric_families
 
 from evalsup.mock.server import MockConfig, MockThread
@@ -48,14 +48,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(cond: Any, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------------------- progress, off a tty
@@ -158,8 +150,8 @@ def test_status_of_a_running_then_finished_run(tmp_path: Path, mock: MockThread)
     try:
         # a checkpoint is written at the start; wait for it and for the first results after it
         results = run_dir / "results.jsonl"
-        wait_for(lambda: (run_dir / "checkpoint.json").exists() and results.exists() and results.stat().st_size > 0,
-                 15, "the first checkpoint and results")
+        wait_until(lambda: (run_dir / "checkpoint.json").exists() and results.exists() and results.stat().st_size > 0,
+                   "the first checkpoint and results", 15)
         r = run_cli("status", str(run_dir))
         assert r.returncode == 0, r.stderr
         assert f"{run_dir}: running" in r.stdout, r.stdout
@@ -397,12 +389,12 @@ def test_report_of_a_throttled_recycled_run_renders_in_chromium(tmp_path: Path, 
             return []
 
     try:
-        wait_for(lambda: last_done() >= 100, 15, "100 tasks done")
+        wait_until(lambda: last_done() >= 100, "100 tasks done", 15)
         set_current(cg, int(0.92 * GIB))  # above the high mark (85%): pause
-        wait_for(lambda: "pause" in events(), 5, "the pause")
+        wait_until(lambda: "pause" in events(), "the pause", 5)
         time.sleep(0.5)
         set_current(cg, int(0.5 * GIB))  # below the low mark (70%): resume
-        wait_for(lambda: "resume" in events(), 5, "the resume")
+        wait_until(lambda: "resume" in events(), "the resume", 5)
     finally:
         _, err = communicate(proc, 30)
     assert proc.returncode == 0, err

@@ -10,27 +10,18 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 import orjson
 import pytest
-from conftest import communicate, popen, read_results, run_cli, write_tasks
+from conftest import communicate, popen, read_results, run_cli, wait_until, write_tasks
 
 from evalsup.cli import main as cli_main
 from evalsup.mock.server import MockThread
 from evalsup.report.scan import MAX_FAILED_ROWS, SLOWEST, ResultScan
 from evalsup.supervisor.progress import LineCounter, RateWindow
-
-
-def wait_for(cond: Any, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def status_json(path: Path) -> dict[str, Any]:
@@ -127,7 +118,7 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
             except (OSError, orjson.JSONDecodeError):
                 return 0
             return len({d for _, d in cp["counters"].get("history", [])})
-        wait_for(lambda: history() >= 3, 30, "three checkpoints with progress between them")
+        wait_until(lambda: history() >= 3, "three checkpoints with progress between them", 30)
         (run_dir / "run.json").write_bytes(orjson.dumps({"settings": {"model": "mock-model", "max_tokens": 64,
                                                                       "api_key": "sk-must-not-show"}}))
         s = status_json(run_dir)
@@ -171,7 +162,7 @@ def test_status_of_a_killed_run_counts_what_is_on_disk(tmp_path: Path, mock: Moc
             return False
         return cp["succeeded"] >= 50 and any(o[2] in slow for o in cp["outstanding"])
     try:
-        wait_for(slow_in_checkpoint, 30, "a checkpoint with results and slow tasks outstanding")
+        wait_until(slow_in_checkpoint, "a checkpoint with results and slow tasks outstanding", 30)
         os.kill(proc.pid, signal.SIGKILL)  # the supervisor only: its workers see their pipes close
     finally:
         communicate(proc)
@@ -254,7 +245,7 @@ def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: M
             str(tasks)]
     proc = popen(*args)
     try:
-        wait_for(lambda: results_count(run_dir) >= 60, 30, "60 results")
+        wait_until(lambda: results_count(run_dir) >= 60, "60 results", 30)
         proc.send_signal(signal.SIGTERM)
     finally:
         communicate(proc)
@@ -309,7 +300,7 @@ def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockT
     proc = popen("run", "-w", "1", "-c", "8", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
                  "--quiet", str(tasks))
     try:
-        wait_for(lambda: results_count(run_dir) >= 20, 30, "20 results")
+        wait_until(lambda: results_count(run_dir) >= 20, "20 results", 30)
         mock.configure(down=True)
 
         def opened() -> bool:
@@ -317,7 +308,7 @@ def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockT
                 return b'"breaker_open"' in (run_dir / "events.jsonl").read_bytes()
             except OSError:
                 return False
-        wait_for(opened, 30, "the breaker to open")
+        wait_until(opened, "the breaker to open", 30)
         s = status_json(run_dir)
         assert s["state"] == "running" and s["why"].startswith("waiting for the endpoint: down since "), s
         text = run_cli("status", str(run_dir)).stdout
