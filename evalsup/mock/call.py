@@ -168,6 +168,16 @@ class Call:
         per_choice -= 2 * digits // len(answers)
         return [C.Answer(a.text, a.finish, max(0, per_choice)) for a in answers]
 
+    async def send_body(self, body: bytes) -> web.StreamResponse:
+        """A whole JSON body, with this call's faults: half of it when malformed, the connection cut mid-body
+        with cut_stream."""
+        if self.fault is Fault.MALFORMED:
+            self.state.stats.fault("malformed")
+            body = body[: max(1, len(body) // 2)]
+        elif self.override.cut_stream:
+            return await self.send_parts([body], cut=True)
+        return web.Response(body=body, content_type="application/json")
+
     async def send_parts(self, parts: list[bytes | memoryview], *, cut: bool = False) -> web.StreamResponse:
         """A JSON body sent piece by piece from views: no joined copy, and the writes wait for the client
         (aiohttp drains past 64 KiB), so a slow reader holds little server memory. With cut, send half of

@@ -172,13 +172,7 @@ async def _send_rich(call: Call, model: str, plans: list[rich.Plan], prompt_toke
         if call.override.cut_stream:
             return await call.send_stream(events, cut_after=3)
         return await call.send_stream(events)
-    body = rich.body(cid, created, model, plans, prompt_tokens)
-    if call.fault is Fault.MALFORMED:
-        call.state.stats.fault("malformed")
-        body = body[: max(1, len(body) // 2)]
-    elif call.override.cut_stream:
-        return await call.send_parts([body], cut=True)
-    return web.Response(body=body, content_type="application/json")
+    return await call.send_body(rich.body(cid, created, model, plans, prompt_tokens))
 
 
 async def completions(call: Call) -> web.StreamResponse:

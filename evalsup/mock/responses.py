@@ -20,7 +20,6 @@ from aiohttp import web
 from evalsup.mock import content as C
 from evalsup.mock import rich
 from evalsup.mock.call import Call
-from evalsup.mock.faults import Fault
 from evalsup.mock.state import error, new_id
 
 ARG_PIECE = rich.ARG_PIECE
@@ -137,10 +136,4 @@ async def responses(call: Call) -> web.StreamResponse:
         failed = {**final, "status": "failed", "error": why, "output": [], "usage": None}
         fail = _event("response.failed", {"type": "response.failed", "sequence_number": 2, "response": failed})
         return await call.send_stream(events, fail_event=fail)
-    body = orjson.dumps(final)
-    if call.fault is Fault.MALFORMED:
-        call.state.stats.fault("malformed")
-        body = body[: max(1, len(body) // 2)]
-    elif call.override.cut_stream:
-        return await call.send_parts([body], cut=True)
-    return web.Response(body=body, content_type="application/json")
+    return await call.send_body(orjson.dumps(final))
