@@ -30,6 +30,7 @@ from typing import IO, Any
 
 import orjson
 
+from evalsup.checkpoint import fsync_dir
 from evalsup.journal import write_atomic
 from evalsup.tasks import fingerprint
 
@@ -155,14 +156,6 @@ def _hash_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _copy_hash(run_dir: Path, info: dict[str, Any] | None) -> str | None:
     """The sha256 of the existing copy: from input.json when it still describes the file, else hashed again
     (a kill between the copy's rename and input.json's write leaves input.json behind)."""
@@ -234,7 +227,7 @@ def materialize(src: Source, run_dir: Path, chunks: Iterable[bytes] | None = Non
             raise InputError(f"{src.name}: not the tasks the run in {run_dir} started with (its copy {copy}); "
                              "rerun with --fresh (fresh=True) to start over, or use another --out")
         os.replace(partial, copy)
-        _fsync_dir(run_dir)
+        fsync_dir(run_dir)
     st = os.stat(copy)
     record = {"kind": src.kind, "source": str(src.path.resolve()) if src.path is not None else src.name,
               "tasks": str(copy.resolve()), "sha256": sha, "bytes": n, "copy_size": st.st_size,
