@@ -153,9 +153,6 @@ class WorkerConfig:
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> WorkerConfig:
         """Rebuild from a CONFIG frame; an unknown field is a protocol error (both sides are one version)."""
