@@ -48,6 +48,7 @@ class RunStatus:
     checkpoint_age_s: float | None = None
     in_flight: int | None = None  # running: requests on the wire at the last memory sample
     concurrency_limit: int | None = None  # running: the workers' (adaptive) limits summed, same sample
+    endpoints: list[dict[str, Any]] | None = None  # running, several endpoints: url, state, limit, in_flight each
     pid: int | None = None
     exit_code: int | None = None
     restarts: dict[str, int] = field(default_factory=dict)
@@ -246,6 +247,8 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         last = _last_sample(run_dir)
         if last.get("concurrency_limit"):
             st.in_flight, st.concurrency_limit = int(last.get("in_flight") or 0), int(last["concurrency_limit"])
+        if isinstance(last.get("endpoints"), list):
+            st.endpoints = [e for e in last["endpoints"] if isinstance(e, dict)]
         if st.checkpoint_age_s > 30:
             st.why = ((st.why + "; ") if st.why else "") + f"no checkpoint for {st.checkpoint_age_s:,.0f}s (stuck?)"
     else:
@@ -278,6 +281,9 @@ def _dur(s: float) -> str:
     return fmt_duration(s)
 
 
+_EP_STATE = {"down": "down (ejected; probed until it answers)", "out": "left out (failed the connection check)"}
+
+
 def format_run(st: RunStatus) -> str:
     head = f"{st.run_dir}: {st.state}" + (f" ({st.why})" if st.why else "")
     if st.state in ("unreadable",):
@@ -302,6 +308,10 @@ def format_run(st: RunStatus) -> str:
         lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
     if st.concurrency_limit is not None:
         lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}")
+    for e in st.endpoints or ():
+        what = (f"{int(e.get('in_flight') or 0):,} in flight, limit {int(e.get('limit') or 0):,}"
+                if e.get("state") == "up" else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
+        lines.append(f"  endpoint    {e.get('url')}: {what}")
     pid = f" (pid {st.pid})" if st.state == "running" else ""
     lines.append(f"  checkpoint  {st.checkpoint_age_s:,.1f}s ago{pid}")
     if st.exit_code is not None:

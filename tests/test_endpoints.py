@@ -5,16 +5,21 @@ left out. Real processes, real HTTP on 127.0.0.1 (three mock endpoints), and the
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import orjson
 import pytest
 from conftest import Run, assert_exactly_once, ids_of, read_results, summary, wait_until, write_tasks
 
 from evalsup.config import ConfigError, build_config, resolve_base_urls
 from evalsup.mock.server import MockConfig, MockThread
+from evalsup.report import write_report
+from evalsup.status import status_text
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.tasks import public_url
 from evalsup.worker.adaptive import AdaptiveLimit, AdaptiveSettings
@@ -47,10 +52,19 @@ def test_one_endpoint_down_mid_run_is_ejected_and_rejoins_and_nothing_fails(
     tasks = write_tasks(tmp_path / "t.jsonl", n, form="prompt", extra={"mock": {"delay_s": 0.04}})
     run_dir = tmp_path / "t.run"
     urls = [a for m in mocks for a in ("--base-url", m.url)]
-    p = start("run", "-w", "2", "-c", "24", "--max-attempts", "3", "--model", "mock-model", *urls, str(tasks))
+    p = start("run", "-w", "2", "-c", "24", "--max-attempts", "3", "--model", "mock-model", *urls,
+              "--log-interval", "0.2", "--monitor-interval", "0.2", str(tasks))
     p.wait_results(run_dir, at_least=300)
+    hosts = [urlsplit(m.url).netloc for m in mocks]
+    # each endpoint's requests on the wire and limit, in the progress line and `evalsup status`
+    wait_until(lambda: re.search(rf"endpoints: {hosts[0]} \d+/24, {hosts[1]} \d+/24, {hosts[2]} \d+/24", p.stderr),
+               "the progress line to show each endpoint", proc=p)
+    wait_until(lambda: status_text(run_dir).count("  endpoint    ") == 3, "status to show each endpoint", proc=p)
     mocks[1].configure(down=True)
     wait_until(lambda: "endpoint 1 (" in p.stderr and "looks down" in p.stderr, "endpoint 1 to be ejected", proc=p)
+    wait_until(lambda: f"{hosts[1]} down" in p.stderr.rsplit("looks down", 1)[1], "the progress line to say so",
+               proc=p)
+    wait_until(lambda: f"{mocks[1].url}: down (ejected" in status_text(run_dir), "status to say so", proc=p)
     during = served_by(run_dir)
     time.sleep(2.0)  # down for a while: the others carry the run
     assert p.running(), "the run ended before the endpoint came back: give it more tasks"
@@ -73,6 +87,14 @@ def test_one_endpoint_down_mid_run_is_ejected_and_rejoins_and_nothing_fails(
     assert eps[1]["ejected"] >= 1 and eps[1]["down_s"] > 0 and eps[0]["ejected"] == eps[2]["ejected"] == 0
     assert sum(e["results"] for e in eps) == n
     assert {r["metrics"]["endpoint"]["url"] for r in recs} == {m.url for m in mocks}
+    # memory.jsonl keeps each endpoint's load over time: the report draws each one's limit
+    samples = [orjson.loads(ln) for ln in (run_dir / "memory.jsonl").read_bytes().splitlines()]
+    states = [[e["state"] for e in s["endpoints"]] for s in samples]
+    assert ["up", "down", "up"] in states and ["up", "up", "up"] in states
+    assert all(e["url"] == m.url for s in samples for e, m in zip(s["endpoints"], mocks, strict=True))
+    assert any(e["in_flight"] > 0 for s in samples for e in s["endpoints"])
+    html = write_report(run_dir).read_text()
+    assert all(f"limit of {m.url}" in html for m in mocks)
 
 
 def test_an_endpoint_that_fails_the_check_is_left_out(tmp_path: Path, mocks: list[MockThread],

@@ -267,6 +267,9 @@ def test_metrics_during_and_at_the_end_of_a_run(tmp_path: Path, mock: MockThread
     assert {value(s, "evalsup_cgroup_limit_bytes") for s in ticked} == {GIB}
     assert {value(s, "evalsup_throttled") for s in scrapes} == {0}
     assert 8 in {value(s, "evalsup_concurrency_limit") for s in ticked}  # issue 21: -c 8, summed over 2 workers
+    # and per endpoint (here one, labelled with its URL)
+    assert 8 in {value(s, "evalsup_endpoint_concurrency_limit", endpoint=mock.url) for s in ticked}
+    assert {value(s, "evalsup_endpoint_up", endpoint=mock.url) for s in ticked} == {1}
     totals = [value(s, "evalsup_tasks_total", outcome="succeeded") + value(s, "evalsup_tasks_total", outcome="failed")
               for s in scrapes]
     assert totals == sorted(totals) and len(set(totals)) > 1, totals  # seen during the run, not only after

@@ -47,6 +47,7 @@ class Heartbeat(TypedDict):
     parked: int  # requests parked by the breaker
     done: int
     retries: int
+    eps: list[list[int]] | None  # with several endpoints: [its limit, requests on the wire to it] each (issue 21)
 
 
 class Ready(TypedDict):

@@ -97,7 +97,8 @@ def rate_chart(d: RunData, tm: TimeMap) -> str:
 
 
 def concurrency_chart(d: RunData, tm: TimeMap) -> str:
-    """The concurrency limit (adaptive, summed over the workers) and the requests on the wire, per session."""
+    """The concurrency limit (adaptive, summed over the workers) and the requests on the wire, per session; with
+    several endpoints, each one's limit too (thin, 0 while it is ejected)."""
     session = _session_of(d)
     top = max([float(max(s.limit, s.wire)) for s in d.samples] + [1.0]) * 1.1
     c = _time_chart("concurrency-chart", d, tm, top)
@@ -107,6 +108,12 @@ def concurrency_chart(d: RunData, tm: TimeMap) -> str:
         for s in d.samples:
             segs.setdefault(session(s.t), []).append((tm(s.t), float(getattr(s, attr))))
         c.lines(list(segs.values()), cls, colour, 2, name)
+    for i, url in enumerate(d.endpoints):
+        segs = {}
+        for s in d.samples:
+            if s.eps:  # a sample of a session with several endpoints
+                segs.setdefault(session(s.t), []).append((tm(s.t), float(s.eps.get(url, 0))))
+        c.lines(list(segs.values()), "series endpoint-limit", PALETTE[i % len(PALETTE)], 1.2, f"limit of {url}")
     return _finish(c, tm, 1.0, "requests", "concurrency over time")
 
 

@@ -48,6 +48,7 @@ class Sample:
     workers: dict[str, int]  # pid -> RSS
     limit: int = 0  # requests the workers could have in flight (their adaptive limits summed; 0: not recorded)
     wire: int = 0  # requests on the wire
+    eps: dict[str, int] = field(default_factory=dict)  # several endpoints: URL -> its limit (0 while not up)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class RunData:
     results: ResultScan = field(default_factory=ResultScan)
     t0: float = 0.0
     t1: float = 1.0
+    endpoints: list[str] = field(default_factory=list)  # several endpoints: their URLs, in the order first seen
 
     def spans(self) -> list[tuple[float, float]]:
         """The periods the run was running: its sessions, or (no `start` event) first to last time seen."""
@@ -130,8 +132,11 @@ def _memory(d: RunData, run_dir: Path) -> list[tuple[float, bool]]:
         t = float(rec.get("t", 0.0))
         workers = {k: int(v) for k, v in (rec.get("workers_rss") or {}).items()}
         total = int(rec.get("supervisor_rss") or 0) + sum(workers.values())
+        eps = {str(e.get("url")): int(e.get("limit") or 0) if e.get("state") == "up" else 0
+               for e in rec.get("endpoints") or () if isinstance(e, dict)}
+        d.endpoints += [u for u in eps if u not in d.endpoints]
         thin.add(Sample(t, total, int(rec.get("working_set") or 0), int(rec.get("done") or 0), workers,
-                        int(rec.get("concurrency_limit") or 0), int(rec.get("in_flight") or 0)))
+                        int(rec.get("concurrency_limit") or 0), int(rec.get("in_flight") or 0), eps))
         d.n_samples += 1
         for name in ("limit", "high", "low"):
             if rec.get(name):

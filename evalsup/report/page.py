@@ -188,7 +188,8 @@ def render(run_dir: Path, d: RunData) -> str:
         charts.rate_chart(d, tm) if len(d.samples) > 1 else no("rate-chart", "Too few memory samples."),
         "<h2>Concurrency</h2>",
         _legend([("concurrency limit, all workers (adaptive, or --concurrency)", charts.LIMIT_COLOUR),
-                 ("requests in flight", charts.RATE_COLOUR)]),
+                 ("requests in flight", charts.RATE_COLOUR)]
+                + [(f"limit of {u}", charts.PALETTE[i % len(charts.PALETTE)]) for i, u in enumerate(d.endpoints)]),
         charts.concurrency_chart(d, tm) if any(s.limit for s in d.samples)
         else no("concurrency-chart", "No concurrency limit recorded (a run of an older evalsup)."),
         "<h2>Tokens over time</h2>",

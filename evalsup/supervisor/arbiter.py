@@ -25,7 +25,7 @@ from evalsup.journal import JournalError
 from evalsup.process import quiet_gc
 from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.inbox import Inbox, RunStopped
-from evalsup.supervisor.limits import limit_total
+from evalsup.supervisor.limits import endpoint_loads, limit_total
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.progress import show_progress
 from evalsup.supervisor.progress import snapshot as progress_snapshot
@@ -48,6 +48,7 @@ class Supervisor(Inbox):
             await asyncio.sleep(self.cfg.monitor_interval_s)
             mem.concurrency_limit = limit_total(self.workers)  # into memory.jsonl (issue 21)
             mem.on_wire = sum(w.wire for w in self.workers if w.alive)
+            mem.endpoints = endpoint_loads(self.workers, self.endpoints) if self.endpoints.many else None
             dec = mem.tick(self.workers, self.paused, self.stats.done)
             for note in dec.notes:
                 self.log(note)
@@ -91,7 +92,7 @@ class Supervisor(Inbox):
         assert self.metrics is not None and mem is not None
         self.metrics.update(sum(w.wire for w in self.workers if w.alive), self.paused, self.endpoints.open,
                             {w.slot: w.rss for w in self.workers if w.alive}, mem.last_supervisor_rss, mem.last_ws,
-                            mem.limit, limit_total(self.workers))
+                            mem.limit, limit_total(self.workers), endpoint_loads(self.workers, self.endpoints))
 
     def _maybe_scale(self, mem: MemoryControl) -> None:
         """Automatic worker count (supervisor.scaling): one more while each worker is CPU-bound and there is

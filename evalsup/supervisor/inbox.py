@@ -109,6 +109,7 @@ class Inbox(SupervisorCore):
         w.parked = int(beat.get("parked", 0))
         w.wire = int(beat.get("wire", 0))
         w.conc_limit = int(beat.get("limit") or 0)  # the adaptive limit, summed for display (issue 21)
+        w.ep_load = beat.get("eps")  # and each endpoint's, with several
 
     def _on_ready(self, w: WorkerHandle, payload: memoryview) -> None:
         w.ready()

@@ -1,21 +1,58 @@
-"""The supervisor's view of the workers' concurrency limits (issue 21): each worker runs its own adaptive limit
-(``evalsup.worker.adaptive``) under the supervisor's LIMIT cap and reports it in its heartbeats; the sum is what
-the progress line, Prometheus (``evalsup_concurrency_limit``) and ``memory.jsonl`` (``concurrency_limit``) show.
+"""The supervisor's view of the workers' concurrency limits (issue 21): each worker runs an adaptive limit per
+endpoint (``evalsup.worker.adaptive``) under the supervisor's LIMIT cap and reports it in its heartbeats. The
+sums are what the progress line, ``evalsup status``, Prometheus (``evalsup_concurrency_limit``,
+``evalsup_endpoint_*``), ``memory.jsonl`` (``concurrency_limit``, ``endpoints``) and the report show.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypedDict
+
+from evalsup.supervisor.endpoints import Endpoints
 
 
 class _Limited(Protocol):
     conc_limit: int
+    wire: int
+    ep_load: list[list[int]] | None
 
     @property
     def alive(self) -> bool: ...
 
 
+class EndpointLoad(TypedDict):
+    url: str  # its public URL (no credentials)
+    state: str  # "up", "down" (ejected: its breaker is open, probed until it answers) or "out" (failed the check)
+    limit: int  # requests the live workers may send it now (their limits for it, summed)
+    in_flight: int  # requests on the wire to it
+
+
 def limit_total(workers: Iterable[_Limited]) -> int:
     """Requests the live workers may have in flight now, by their last heartbeats (0 before the first)."""
     return sum(w.conc_limit for w in workers if w.alive)
+
+
+def endpoint_loads(workers: Sequence[_Limited], endpoints: Endpoints) -> list[EndpointLoad]:
+    """Each endpoint's state, limit and requests on the wire, summed over the live workers' last heartbeats.
+    With one endpoint, the workers' totals are its own."""
+    n = len(endpoints.urls)
+    limit, wire = [0] * n, [0] * n
+    for w in workers:
+        if not w.alive:
+            continue
+        if n == 1:
+            limit[0] += w.conc_limit
+            wire[0] += w.wire
+            continue
+        for i, pair in enumerate((w.ep_load or [])[:n]):
+            limit[i] += int(pair[0])
+            wire[i] += int(pair[1])
+    return [EndpointLoad(url=url, state=_state(endpoints, i), limit=limit[i], in_flight=wire[i])
+            for i, url in enumerate(endpoints.urls)]
+
+
+def _state(endpoints: Endpoints, i: int) -> str:
+    if i in endpoints.left_out:
+        return "out"
+    return "down" if endpoints.breakers[i].open else "up"

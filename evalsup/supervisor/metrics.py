@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from evalsup.supervisor.limits import EndpointLoad
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
@@ -32,6 +35,13 @@ class Metrics:
         self.cgroup_usage = Gauge("evalsup_cgroup_working_set_bytes", "Container working set", registry=r)
         self.concurrency_limit = Gauge("evalsup_concurrency_limit", "Requests the workers may have in flight now "
                                        "(the adaptive limit, or --concurrency)", registry=r)  # issue 21
+        # issue 21: each endpoint (label: its public URL, no credentials)
+        self.ep_limit = Gauge("evalsup_endpoint_concurrency_limit", "Requests the workers may send this endpoint now",
+                              ["endpoint"], registry=r)
+        self.ep_inflight = Gauge("evalsup_endpoint_in_flight", "Requests on the wire to this endpoint", ["endpoint"],
+                                 registry=r)
+        self.ep_up = Gauge("evalsup_endpoint_up", "1 while the endpoint takes requests (0: ejected or left out)",
+                           ["endpoint"], registry=r)
         self.cgroup_limit = Gauge("evalsup_cgroup_limit_bytes", "Effective memory limit (0: none)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
@@ -52,7 +62,8 @@ class Metrics:
             self.retries.inc(retries)
 
     def update(self, inflight: int, throttled: bool, down: bool, worker_rss: dict[int, int], supervisor_rss: int,
-               working_set: int, limit: int | None, concurrency_limit: int) -> None:
+               working_set: int, limit: int | None, concurrency_limit: int,
+               endpoints: Sequence[EndpointLoad] = ()) -> None:
         """The gauges, every monitor tick: ``worker_rss`` maps a worker's slot to its RSS (0: not sampled)."""
         self.inflight.set(inflight)
         self.throttled.set(1 if throttled else 0)
@@ -65,3 +76,7 @@ class Metrics:
         self.cgroup_usage.set(working_set)
         self.cgroup_limit.set(limit or 0)
         self.concurrency_limit.set(concurrency_limit)
+        for e in endpoints:
+            self.ep_limit.labels(e["url"]).set(e["limit"])
+            self.ep_inflight.labels(e["url"]).set(e["in_flight"])
+            self.ep_up.labels(e["url"]).set(1 if e["state"] == "up" else 0)

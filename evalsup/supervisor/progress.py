@@ -7,6 +7,8 @@ The figures (`snapshot`) are the same for both and for ``--log-format json``:
   endpoint's return);
 - ``rate``: results a second over a sliding window (RateWindow) whose first sample is the session's start, so
   the first line already has a rate and an ETA;
+- ``conc_limit``: the workers' concurrency limits summed; ``endpoints`` (several only): each one's state, limit
+  and requests on the wire (``supervisor.limits``);
 - ``total``: counted by a background thread (LineCounter: newlines in the task file, divided by the shard
   count) that keeps following the file as it grows, so the run starts at once and the total follows the file.
 """
@@ -22,10 +24,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import orjson
 
-from evalsup.supervisor.limits import limit_total
+from evalsup.supervisor.limits import EndpointLoad, endpoint_loads, limit_total
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -111,6 +114,8 @@ def snapshot(sup: Any, now: float) -> dict[str, Any]:
         "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
         "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
         "conc_limit": limit_total(sup.workers),  # the requests the workers may have in flight now (issue 21)
+        # with several endpoints, each one's state, limit and requests on the wire
+        "endpoints": endpoint_loads(sup.workers, sup.endpoints) if sup.endpoints.many else None,
     }
 
 
@@ -129,7 +134,10 @@ def _eta(s: dict[str, Any]) -> str:
 
 def _health(s: dict[str, Any], sep: str) -> list[str]:
     limit = f" (limit {s['conc_limit']})" if s.get("conc_limit") else ""  # adaptive or --concurrency (issue 21)
-    parts = [f"{s['inflight']} in flight{limit}", f"{s.get('queued', 0)} queued in workers", f"{s['failed']:,} failed"]
+    parts = [f"{s['inflight']} in flight{limit}"]
+    if s.get("endpoints"):
+        parts.append(fmt_endpoints(s["endpoints"]))
+    parts += [f"{s.get('queued', 0)} queued in workers", f"{s['failed']:,} failed"]
     if s.get("invalid"):
         parts.append(f"{s['invalid']:,} invalid")
     parts += [f"{s['retries']:,} retries", f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB"]
@@ -137,6 +145,19 @@ def _health(s: dict[str, Any], sep: str) -> list[str]:
         lim = f"{sep}{s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
         parts.append(f"memory {s['cgroup_mb']:,.0f}{lim} MiB")
     return parts
+
+
+def short_names(urls: list[str]) -> list[str]:
+    """How the progress line names endpoints: host:port where that tells them apart, else the whole URL."""
+    hosts = [urlsplit(u).netloc for u in urls]
+    return hosts if len(set(hosts)) == len(hosts) else list(urls)
+
+
+def fmt_endpoints(loads: list[EndpointLoad]) -> str:
+    """`endpoints: a:8000 12/40, b:8000 down, c:8000 15/48` (requests on the wire / limit, or the state)."""
+    names = short_names([e["url"] for e in loads])
+    return "endpoints: " + ", ".join(f"{n} {e['in_flight']}/{e['limit']}" if e["state"] == "up" else f"{n} {e['state']}"
+                                     for n, e in zip(names, loads, strict=True))
 
 
 def fmt_snapshot_plain(s: dict[str, Any]) -> str:

@@ -67,6 +67,10 @@ class EndpointPool:
         eps = [ep for ep in self.all if ep.up] or [ep for ep in self.all if not ep.out] or self.all
         return max(1, min(cap, sum(ep.limit(cap) for ep in eps)))
 
+    def load(self, cap: int) -> list[list[int]] | None:
+        """For the heartbeat, with several endpoints: [limit, requests on the wire] of each (None with one)."""
+        return [[ep.limit(cap), ep.on_wire] for ep in self.all] if len(self.all) > 1 else None
+
     def pick(self, cap: int) -> Endpoint | None:
         """The endpoint for the next attempt: fewest on the wire relative to its limit (then fewest on the
         wire, then the first), among those not ejected; None when every one is ejected."""

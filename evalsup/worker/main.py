@@ -259,7 +259,7 @@ class Worker:
                 "inflight": self.inflight, "queued": len(self.queue), "done": self.done, "t": time.time(),
                 "parked": c.parked if c else 0, "retries": c.retries if c else 0,
                 "wire": c.on_wire if c else 0,  # requests on the wire (status/progress "in flight")
-                "limit": self._limit()}))  # its adaptive limit (issue 21)
+                "limit": self._limit(), "eps": self.endpoints.load(self.limit)}))  # adaptive limits (issue 21)
             await self.out.drain()
             await asyncio.sleep(interval)
 
