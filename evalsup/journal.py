@@ -46,6 +46,7 @@ class OpenOptions:
     """How a run opens its directory (set by supervisor.run from the command line)."""
 
     settings: dict[str, Any] | None = None  # the request settings, for run.json (None: not guarded)
+    endpoints: list[str] | None = None  # the endpoints' public URLs, for run.json (a note when they change)
     accept_changed_settings: bool = False
     retry_failed: frozenset[str] | None = None  # error codes to send again (empty: every error); None: no
     max_line_bytes: int = 16 << 20
@@ -164,7 +165,7 @@ class Journal:
         return ResumeState(cp, d, ok, bad, torn)
 
     def _guard_settings(self, resuming: bool) -> None:
-        from evalsup.settings import guard
+        from evalsup.settings import guard, note_endpoints
 
         opt = self.options
         if opt.settings is None:
@@ -175,6 +176,11 @@ class Journal:
             raise _disk(f"write {self.run_dir / 'run.json'}", e) from None
         for d in diff:
             opt.log(f"--accept-changed-settings: {d} (recorded in run.json)")
+        if opt.endpoints is not None:
+            try:
+                note_endpoints(self.run_dir, opt.endpoints, opt.log)
+            except OSError as e:
+                raise _disk(f"write {self.run_dir / 'run.json'}", e) from None
 
     def _retry_failed(self, codes: frozenset[str], cp: Checkpoint) -> Checkpoint:
         def drop(rec: dict[str, Any]) -> bool:

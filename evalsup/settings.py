@@ -5,12 +5,14 @@ path, the scorers and their options) is written to ``RUN_DIR/run.json`` as ``{"v
 {...}}`` when a run starts; never a secret (the key's source is not even named). A resume with different
 settings is refused (exit 2), one line per difference and the way out; ``--accept-changed-settings`` takes
 the new ones and records the change in ``run.json["changes"]``. Settings that change no request (workers,
-concurrency, timeouts, attempts, logging) are not recorded and change freely.
+concurrency, timeouts, attempts, logging) are not recorded and change freely. ``run.json["endpoints"]`` keeps
+the last session's endpoints (public URLs), and a resume with others says so in one line (``note_endpoints``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,12 +37,30 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "max_tokens": w.max_tokens,
         "temperature": w.temperature,
         "stream": w.stream,
-        "endpoint_path": urlsplit(w.base_url).path.rstrip("/") or "/",
+        "endpoint_path": endpoint_paths(w.endpoints),
         "scorers": list(w.scorers),
         "score_strip": w.score_strip,
         "score_ignore_case": w.score_ignore_case,
         "score_pattern": w.score_pattern,
     }
+
+
+def endpoint_paths(urls: tuple[str, ...]) -> str | list[str]:
+    """The endpoints' path (``/v1``; sorted, when they differ): a different path may be another API or
+    deployment, while another host or port for the same path is another replica and changes freely."""
+    paths = sorted({urlsplit(u).path.rstrip("/") or "/" for u in urls})
+    return paths[0] if len(paths) == 1 else paths
+
+
+def note_endpoints(run_dir: Path, urls: list[str], log: Callable[[str], None]) -> None:
+    """Keep the endpoints (public URLs) in run.json; on a resume with other ones, say so in one line."""
+    rec = read_run_json(run_dir)
+    if rec is None or rec.get("endpoints") == urls:
+        return
+    if isinstance(rec.get("endpoints"), list):
+        log(f"resuming with other endpoints than the last session: {', '.join(urls)} "
+            f"(was {', '.join(map(str, rec['endpoints']))}); records name the endpoint that served them")
+    write_atomic(run_dir / "run.json", orjson.dumps({**rec, "endpoints": urls}, option=orjson.OPT_INDENT_2))
 
 
 _FLAGS = {"model": "--model", "max_tokens": "--max-tokens", "temperature": "--temperature", "stream": "--stream",

@@ -35,7 +35,7 @@ from conftest import (
 )
 
 from evalsup.idset import id_hash
-from evalsup.mock.server import MockThread
+from evalsup.mock.server import MockConfig, MockThread
 from evalsup.results_file import iter_records
 
 # ------------------------------------------------------------------------------ resume by content
@@ -333,3 +333,30 @@ def test_repair_refuses_a_run_directory_in_use(tmp_path: Path, mock: MockThread,
     assert_clean_exit(r)
     assert not (run_dir / "damaged.jsonl").exists() and p.running()
     assert orjson.loads(before)["pid"] == p.pid
+
+
+def test_other_replicas_resume_with_a_note_and_another_path_is_refused(tmp_path: Path, mock: MockThread) -> None:
+    tasks, run_dir, args = finished_run(tmp_path, mock, 40)
+    assert orjson.loads((run_dir / "run.json").read_bytes())["endpoints"] == [mock.url]
+    write_tasks(tasks, 60)
+    other = MockThread(MockConfig(seed=1))
+    other.start()
+    try:
+        # another replica beside the first: the same path, so the same API; the run goes on and says so
+        r = run_cli(*args[:-1], "--base-url", other.url, args[-1])
+        assert r.returncode == 0, r.stderr
+        note = [ln for ln in r.stderr.splitlines() if "other endpoints" in ln]
+        assert len(note) == 1 and f"{mock.url}, {other.url} (was {mock.url})" in note[0], r.stderr
+        assert orjson.loads((run_dir / "run.json").read_bytes())["endpoints"] == [mock.url, other.url]
+        assert_exactly_once(run_dir, ids_of(60))
+        # a path that differs may be another API or deployment: refused like any changed setting
+        write_tasks(tasks, 70)
+        before = snapshot(run_dir)
+        moved = other.url.removesuffix("/v1") + "/v2"
+        r = run_cli(*args[:-1], "--base-url", moved, args[-1])
+        assert r.returncode == 2, r.stderr
+        assert any("endpoint_path" in ln and "'/v1' then" in ln and "['/v1', '/v2'] now" in ln
+                   for ln in r.stderr.splitlines()), r.stderr
+        assert snapshot(run_dir) == before
+    finally:
+        other.stop()

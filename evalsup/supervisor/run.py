@@ -18,6 +18,7 @@ from evalsup.rundir import RunDirBusy, RunDirError, RunDirLock
 from evalsup.shards import shard_mismatch
 from evalsup.supervisor.arbiter import RunStopped, Supervisor
 from evalsup.supervisor.summary import build_summary, print_summary, summary_line
+from evalsup.tasks import public_url
 
 
 def _logger(cfg: RunConfig) -> Any:
@@ -57,6 +58,7 @@ def run(cfg: RunConfig) -> int:
         if why is not None:
             return _refused(cfg, log, why, exitcodes.BAD_INPUT)
         settings = OpenOptions(settings=request_settings(cfg), accept_changed_settings=cfg.accept_changed_settings,
+                               endpoints=[public_url(u) for u in cfg.worker.endpoints],
                                retry_failed=cfg.retry_failed, max_line_bytes=cfg.max_line_bytes, log=log)
         return _run_locked(cfg, log, settings)
     finally:
