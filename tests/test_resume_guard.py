@@ -277,7 +277,7 @@ def test_ids_bin_longer_than_its_checkpoint_is_cut_and_stays_consistent(tmp_path
     _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
     with open(run_dir / "ids.bin", "ab") as f:
         f.write(b"\x01" * 16 * 50)  # 50 pairs no checkpoint covers
-    mock.configure(latency_ms=100, jitter_ms=20)
+    mock.configure(latency_ms=200, jitter_ms=20)  # slow enough that this run is still far from the end when killed
     cp_mtime = (run_dir / "checkpoint.json").stat().st_mtime_ns
     p = start(*args)
     wait_until(lambda: (run_dir / "checkpoint.json").stat().st_mtime_ns != cp_mtime or not p.running(), "a checkpoint")
@@ -291,7 +291,11 @@ def test_ids_bin_longer_than_its_checkpoint_is_cut_and_stays_consistent(tmp_path
         f.seek(frontier)
         for _ in range(20):
             at = f.tell()
-            pairs.extend((id_hash(orjson.loads(f.readline())["id"]), at))
+            line = f.readline()
+            if not line:
+                break
+            pairs.extend((id_hash(orjson.loads(line)["id"]), at))
+    assert pairs, "the run read its whole input before the kill: nothing left to flush ahead of the checkpoint"
     with open(run_dir / "ids.bin", "ab") as f:
         f.write(pairs.tobytes())
     mock.configure(latency_ms=5, jitter_ms=2)
