@@ -57,3 +57,24 @@ def test_recycled_workers_carry_on_adapting_and_lose_nothing(tmp_path: Path) -> 
     assert all(x["error"] is None for x in recs)
     assert len({x["metrics"]["worker"] for x in recs}) >= 4  # recycled at least twice
     assert all(1 <= v <= 256 for v in _limits(tmp_path / "t.run"))
+
+
+def test_a_task_resting_in_a_retry_back_off_holds_no_adaptive_slot(tmp_path: Path) -> None:
+    """With the adaptive limit, a task waiting out a 5xx's back-off loads no server and leaves its slot to the
+    next task: 30 flaky tasks ahead of 30 sound ones, on a limit of 16, do not hold them up. (With
+    --concurrency a task keeps its slot from its start to its record, as before.)"""
+    flaky = [{"id": f"f{i}", "prompt": f"p{i}", "mock": {"status": 500, "times": 3}} for i in range(30)]
+    rows = flaky + [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(30)]
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in rows))
+    with MockThread(MockConfig(latency_ms=1)) as m:
+        r = run_cli("run", "-w", "1", "--max-concurrency", "64", "--model", "mock-model", "--base-url", m.url,
+                    str(tasks))
+    assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(tmp_path / "t.run", {x["id"] for x in rows})
+    assert all(x["error"] is None for x in recs)
+    assert {x["metrics"]["attempts"] for x in recs if x["custom_id"].startswith("f")} == {4}
+    # the sound 30 (a few ms of work) were served while the flaky ones rested (three back-offs each, of up to
+    # 0.5, 1 and 2 s); had the resting held the 16 slots, half the flaky tasks would have ended first
+    order = [x["custom_id"] for x in recs]
+    assert {x[0] for x in order[:30]} == {"t"}, order

@@ -109,6 +109,10 @@ class Client:
         self.parked = 0
         self.retries = 0
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
+        # tasks waiting out a retry's back-off (a 5xx, a reset; not a 429's wait, which is the server's flow
+        # control): with an adaptive limit they hold no slot, as they load no server (worker.main._active)
+        self.resting = 0
+        self.on_rest: Callable[[], None] = lambda: None  # a task began to rest: its slot may take another
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
         # told of every attempt (endpoint, status, error code, seconds at the server): the adaptive limit
         self.observe: Callable[[Endpoint, int | None, str | None, float], None] | None = None
@@ -307,12 +311,20 @@ class Client:
                     continue
                 if step is Step.DONE:  # a false alarm: the failure was the task's own
                     return self._outcome(a, used, start, sent, times)
-                await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
+                await self._rest(policy.wait_s(used, f.retry_after, self.rng))
                 continue
             if step is Step.DONE:
                 return self._outcome(a, used, start, sent, times)
             self.retries += 1
-            await asyncio.sleep(policy.wait_s(used, f.retry_after, self.rng))
+            await self._rest(policy.wait_s(used, f.retry_after, self.rng))
+
+    async def _rest(self, seconds: float) -> None:
+        self.resting += 1
+        self.on_rest()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.resting -= 1
 
     async def _park(self) -> bool:
         """Wait until an endpoint rejoins; True when it had been down (the attempt is then not counted)."""

@@ -103,8 +103,12 @@ class Worker:
         """Requests this worker may have in flight now: its adaptive limit under the supervisor's cap."""
         return self.endpoints.limit(self.limit)  # the endpoints' limits together (worker.endpoints)
 
+    def _active(self) -> int:
+        """Requests begun and not answered; with an adaptive limit, less those resting in a retry's back-off."""
+        return self.inflight - (self.client.resting if self.client is not None and self.cfg.adaptive else 0)
+
     def _can_start(self) -> bool:
-        return (bool(self.queue) and not self.paused and self.endpoints.any_up() and self.inflight < self._limit()
+        return (bool(self.queue) and not self.paused and self.endpoints.any_up() and self._active() < self._limit()
                 and self.slots < self.concurrency)
 
     def _pump(self) -> None:
@@ -337,11 +341,10 @@ class Worker:
                             inflight=lambda: self.inflight,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
-            self.client = client
+            self.client, client.on_rest = client, self._pump
             tasks = [asyncio.create_task(self.heartbeat())]
             if cfg.adaptive:  # every attempt and the server's queue feed each endpoint's limit
-                tasks.append(watch(self.endpoints, client, session, cfg, headers, lambda: self.inflight,
-                                   lambda: self.limit))
+                tasks.append(watch(self.endpoints, client, session, cfg, headers, self._active, lambda: self.limit))
             reading = asyncio.create_task(self.read_loop())
             drained = asyncio.create_task(self.finished.wait())
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)
