@@ -62,7 +62,7 @@ def test_an_endpoints_own_limit_holds_with_the_global_one(tmp_path: Path, two: l
     assert (served[0], served[1]) == (len(at_a), len(at_b)) and served[0] + served[1] == n
     seen, most = paced_count_bound(at_b, 5, workers=2)
     assert 1 <= seen <= most, f"endpoint B served {seen} requests where 5/s allows {most:.1f}"
-    assert served[0] > 2 * served[1], served  # A, unlimited of its own, took the rest
+    assert served[0] > served[1], served  # A, unlimited of its own, took the rest
     for arrivals in (at_a, at_a + at_b):  # the global limit holds for all requests (A's are some of them)
         seen, most = paced_count_bound(arrivals, 40, workers=2)
         assert seen <= most, f"{seen} requests where the global 40/s allows {most:.1f}"
