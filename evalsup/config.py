@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.options import DEFAULTS as OPT  # every run option's default, defined once (evalsup/options.py)
+from evalsup.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
 from evalsup.tasks import public_url
 
 DEFAULT_MAX_CONCURRENCY: int = OPT["max_concurrency"]  # the adaptive limit's ceiling without --max-concurrency
@@ -58,8 +59,9 @@ class RunConfig:
     metrics_host: str = OPT["metrics_host"]
     shard: tuple[int, int] | None = None  # (K, N): only lines whose index is K mod N
     # the endpoint
-    max_requests_per_s: float | None = OPT["max_requests_per_s"]
-    max_tokens_per_min: float | None = OPT["max_tokens_per_min"]
+    max_requests_per_s: float | None = None  # the global rate limits (evalsup.ratelimits parses the options)
+    max_tokens_per_min: float | None = None
+    endpoint_rates: tuple[EndpointRate, ...] = ()  # limits of single endpoints (URL=N), see evalsup.ratelimits
     arrivals: Literal["uniform", "poisson"] = OPT["arrivals"]
     max_wait_down_s: float = OPT["max_wait_down"]
     check: bool = OPT["check"]
@@ -104,6 +106,10 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     if len(urls) > 1 and kw["server_metrics"] not in (None, "off"):
         raise ConfigError("--server-metrics URL names one server; with several --base-url each endpoint's own "
                           "/metrics is read (or give --server-metrics off)")
+    try:  # global (N) or per endpoint (URL=N), issue 21 item 1
+        rates = parse_rate_limits(kw["max_requests_per_s"], kw["max_tokens_per_min"], urls)
+    except RateLimitError as e:
+        raise ConfigError(str(e)) from None
     wc = WorkerConfig(
         base_url=urls[0], base_urls=urls, concurrency=0, api_key_env=kw["api_key_env"],
         api_key_file=None if kw["api_key_file"] is None else str(kw["api_key_file"]),
@@ -143,8 +149,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=per_worker,
         max_tasks_jitter=int(jitter) if jitter is not None else int(per_worker or 0) // 10,
-        monitor_interval_s=kw["monitor_interval"], max_requests_per_s=kw["max_requests_per_s"],
-        max_tokens_per_min=kw["max_tokens_per_min"], arrivals=kw["arrivals"], max_wait_down_s=kw["max_wait_down"],
+        monitor_interval_s=kw["monitor_interval"], max_requests_per_s=rates.rps, max_tokens_per_min=rates.tpm,
+        endpoint_rates=rates.endpoints, arrivals=kw["arrivals"], max_wait_down_s=kw["max_wait_down"],
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
         retry_failed=_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],

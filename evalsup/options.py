@@ -9,6 +9,7 @@ This module is plain data (no click, no evalsup imports), so any side may import
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ class Option:
     metavar: str | None = None
     hidden: bool = False
     api: bool = True  # a keyword of evalsup.run (output settings of the CLI are not: the API sets them)
+    pairs: bool = False  # repeatable N or KEY=N; evalsup.run also takes one number and a dict {KEY: N}
 
     @property
     def flag(self) -> str:
@@ -47,8 +49,21 @@ class Option:
             on, off = self.flags[0].split("/")
             return [on if value else off]
         if self.multiple:
-            return [a for v in value for a in (self.flag, str(v))]
+            return [a for v in self.values(value) for a in (self.flag, str(v))]
         return [self.flag, str(value)]
+
+    def values(self, value: Any) -> list[Any]:
+        """A repeatable option's values, one per flag. A ``pairs`` option also takes one value, a dict
+        {KEY: N} (each item as KEY=N) and a list mixing them (evalsup.run's forms)."""
+        if value is None:
+            return []
+        if not self.pairs:
+            return list(value)
+        if isinstance(value, Mapping):
+            return [f"{k}={v}" for k, v in value.items()]
+        if isinstance(value, str | int | float):
+            return [value]
+        return [x for v in value for x in self.values(v)]
 
 
 RUN_OPTIONS: tuple[Option, ...] = (
@@ -125,10 +140,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "AWS_BATCH_JOB_ARRAY_INDEX+AWS_BATCH_JOB_ARRAY_SIZE. Run dir: TASKS.run/shard-K-of-N/."),
     Option("stream", ("--stream",), "flag", False,
            help="Stream responses (SSE): records ttft_s; the reassembled body is written."),
-    Option("max_requests_per_s", ("--max-requests-per-s",), "float",
-           help="Global request rate limit, across all workers together."),
-    Option("max_tokens_per_min", ("--max-tokens-per-min",), "float",
-           help="Global token rate limit (estimated before a request, corrected from usage)."),
+    Option("max_requests_per_s", ("--max-requests-per-s",), "str", (), multiple=True, pairs=True, metavar="N|URL=N",
+           help="Request rate limit. N: all requests together, across all workers and endpoints; URL=N: only the "
+                "requests sent to that endpoint (one of --base-url). Repeatable; the limits hold together, e.g. "
+                "--max-requests-per-s 50 --max-requests-per-s http://gpu2:8000/v1=10."),
+    Option("max_tokens_per_min", ("--max-tokens-per-min",), "str", (), multiple=True, pairs=True, metavar="N|URL=N",
+           help="Token rate limit (estimated before a request, corrected from usage). N: all requests together; "
+                "URL=N: only those sent to that endpoint. Repeatable, e.g. --max-tokens-per-min 200000 "
+                "--max-tokens-per-min http://gpu2:8000/v1=50000."),
     Option("arrivals", ("--arrivals",), "choice", "uniform", choices=("uniform", "poisson"), show_default=True,
            help="Spacing of request starts under --max-requests-per-s."),
     Option("max_wait_down", ("--max-wait-down",), "float", 600.0, show_default=True,
@@ -196,6 +215,8 @@ def python_type(o: Option) -> str:
     """The option's type as Python spells it (for evalsup.run's signature and docstring)."""
     base = {"int": "int", "float": "float", "str": "str", "path": "str | Path", "file": "str | Path",
             "choice": "str", "flag": "bool", "bool": "bool"}[o.kind]
+    if o.pairs:  # N, {URL: N}, or a list of both (the rate limits)
+        return "float | dict[str, float] | Sequence[float | str | dict[str, float]]"
     if o.multiple:
         return f"{base} | Sequence[{base}]" if o.name == "base_url" else f"Sequence[{base}]"
     return base if o.default is not None else f"{base} | None"

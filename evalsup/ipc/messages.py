@@ -95,6 +95,8 @@ class Rate(TypedDict):
     rps: float | None  # RATE: this worker's share of the global limits
     tpm: float | None
     arrivals: str  # "uniform" | "poisson"
+    # and of each endpoint's own (--max-requests-per-s URL=N): {"index": [rps, tpm]}, only those that have one
+    eps: NotRequired[dict[str, list[float | None]]]
 
 
 class BreakerClose(TypedDict):

@@ -15,6 +15,7 @@ from evalsup.ipc import Kind
 from evalsup.ipc.frames import BufferPool
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState, previous_fingerprint
+from evalsup.ratelimits import rate_share
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.memory import MemoryControl
@@ -200,16 +201,13 @@ class SupervisorCore:
         self.credit.set()
 
     def _send_rates(self) -> None:
-        """Split the global rate limits among the live workers: together they never exceed them."""
+        """Split the rate limits, global and per endpoint, among the live workers: together they never exceed
+        them (evalsup.ratelimits)."""
         cfg = self.cfg
-        if not cfg.max_requests_per_s and not cfg.max_tokens_per_min:
-            return
         live = [w for w in self.workers if w.alive]
-        if not live:
+        share = rate_share(cfg.max_requests_per_s, cfg.max_tokens_per_min, cfg.endpoint_rates, cfg.arrivals, len(live))
+        if share is None:
             return
-        n = len(live)
-        share = {"rps": cfg.max_requests_per_s / n if cfg.max_requests_per_s else None,
-                 "tpm": cfg.max_tokens_per_min / n if cfg.max_tokens_per_min else None, "arrivals": cfg.arrivals}
         for w in live:
             w.send(Kind.RATE, share)
 

@@ -16,6 +16,7 @@ from evalsup.tasks import join_url
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
 from evalsup.worker.breaker import AuthWatch
+from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pick_paced
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
@@ -45,7 +46,7 @@ class Outcome:
     raw_json: bytes | None = None  # the endpoint's own bytes when ``body`` is them (a Fragment)
     sent: int = 1  # requests sent: attempts, and the ones no attempt was counted for (429 waits, outages)
     server_s: float = 0.0  # the last attempt, from the request written to the last byte (issue 21)
-    queue_s: float = 0.0  # waits for the pacer (--max-requests-per-s, --max-tokens-per-min)
+    queue_s: float = 0.0  # waits for the pacers (--max-requests-per-s, --max-tokens-per-min; global, endpoint's)
     endpoint: int = 0  # the endpoint of the last attempt (its index in WorkerConfig.endpoints)
 
 
@@ -233,7 +234,7 @@ class Client:
         model = body.get("model")
         if isinstance(model, str):
             self._last = (path, model)
-        estimate = estimate_tokens(body) if self.pacer.tpm else 0
+        estimate = estimate_tokens(body) if counts_tokens(self.pacer, self.endpoints) else 0
         start = time.monotonic()
         used = 0  # attempts counted against --max-attempts
         limited_s = 0.0  # time spent waiting on the server's flow control (429)
@@ -246,7 +247,9 @@ class Client:
                 await self.pacer.request_slot()
             if self.pacer.tpm is not None:
                 await self.pacer.charge_tokens(estimate)
-            ep = self.endpoints.pick(self.cap())  # per attempt: a retry may go elsewhere (issue 21 item 1)
+            # per attempt: a retry may go elsewhere (issue 21 item 1); then that endpoint's own rate limit, if any
+            pool = self.endpoints
+            ep = await pick_paced(pool, self.cap(), estimate) if pool.paced else pool.pick(self.cap())
             if ep is None:  # every endpoint was ejected while this task waited: park until one rejoins
                 await self._park()
                 continue
@@ -269,10 +272,10 @@ class Client:
             if f is None:
                 ep.breaker.success()
                 self.auth.success(t_a)
-                if self.pacer.tpm and isinstance(a.parsed, dict):
+                if estimate and isinstance(a.parsed, dict):  # --max-tokens-per-min: global and the endpoint's
                     usage = a.parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-                        self.pacer.correct_tokens(usage["total_tokens"] - estimate)
+                        correct_usage(self.pacer, ep, usage["total_tokens"], estimate)
                 return self._outcome(a, used, start, sent, times)
             if ep.breaker.record(key, f.endpoint_side, f.refused):
                 ep.breaker.set_open(True)  # here at once (parked requests wait for the close); then everywhere

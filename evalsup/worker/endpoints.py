@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from evalsup.tasks import join_url, public_url
 from evalsup.worker.adaptive import AdaptiveLimit
 from evalsup.worker.breaker import LocalBreaker
+from evalsup.worker.pacing import Pacer
 
 
 class Endpoint:
-    __slots__ = ("_urls", "adaptive", "base_url", "breaker", "index", "on_wire", "out", "public")
+    __slots__ = ("_urls", "adaptive", "base_url", "breaker", "index", "on_wire", "out", "pacer", "pending", "public")
 
     def __init__(self, index: int, base_url: str, adaptive: AdaptiveLimit | None = None) -> None:
         self.index = index
@@ -30,6 +31,8 @@ class Endpoint:
         self.adaptive = adaptive  # None: --concurrency fixes the limit
         self.on_wire = 0  # requests sent here and not yet answered
         self.out = False  # left out for the whole run (failed the connection check)
+        self.pacer: Pacer | None = None  # its own rate limits' share (URL=N), see worker.endpoint_pacing
+        self.pending = 0  # requests picked for it that wait on its pacer: load, as those on the wire
         self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
 
     @property
@@ -55,6 +58,7 @@ class EndpointPool:
             raise ValueError("no endpoint")
         self.all = [Endpoint(i, u, adaptive()) for i, u in enumerate(urls)]
         self._back: asyncio.Future[bool] | None = None  # resolved when an endpoint rejoins (parked requests)
+        self.paced = False  # some endpoint has a pacer of its own (worker.endpoint_pacing)
 
     def __len__(self) -> int:
         return len(self.all)
@@ -73,13 +77,15 @@ class EndpointPool:
 
     def pick(self, cap: int) -> Endpoint | None:
         """The endpoint for the next attempt: fewest on the wire relative to its limit (then fewest on the
-        wire, then the first), among those not ejected; None when every one is ejected."""
+        wire, then the first), among those not ejected; None when every one is ejected. Requests waiting on
+        an endpoint's own pacer count as on its wire, so a rate-limited endpoint is not heaped with them."""
         best: Endpoint | None = None
         best_key = (0.0, 0, 0)
         for ep in self.all:
             if not ep.up:
                 continue
-            key = (ep.on_wire / ep.limit(cap), ep.on_wire, ep.index)
+            load = ep.on_wire + ep.pending
+            key = (load / ep.limit(cap), load, ep.index)
             if best is None or key < best_key:
                 best, best_key = ep, key
         return best

@@ -34,6 +34,7 @@ from evalsup.worker.adaptive_hook import watch
 from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.breaker import AuthWatch
 from evalsup.worker.client import Client, Outcome
+from evalsup.worker.endpoint_pacing import apply_rate
 from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.pipes import open_pipes
@@ -296,8 +297,7 @@ class Worker:
         elif kind is Kind.RESUME:
             self.paused = False
         elif kind is Kind.RATE:
-            r = decode_json(payload)
-            self.pacer.set(r.get("rps"), r.get("tpm"), r.get("arrivals", "uniform"))
+            apply_rate(self.pacer, self.endpoints, decode_json(payload))  # global and per endpoint (issue 21)
         elif kind is Kind.BREAKER_OPEN:  # ipc.messages.BreakerOpen: one endpoint ejected
             b = decode_json(payload) if payload else {}
             self.endpoints.set_open(int(b.get("e", 0)), True, out=bool(b.get("out")))
