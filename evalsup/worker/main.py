@@ -298,12 +298,10 @@ class Worker:
             self.paused = False
         elif kind is Kind.RATE:
             apply_rate(self.pacer, self.endpoints, decode_json(payload))  # global and per endpoint (issue 21)
-        elif kind is Kind.BREAKER_OPEN:  # ipc.messages.BreakerOpen: one endpoint ejected
-            b = decode_json(payload) if payload else {}
-            self.endpoints.set_open(int(b.get("e", 0)), True, out=bool(b.get("out")))
-        elif kind is Kind.BREAKER_CLOSE:  # BreakerClose: it rejoins
-            b = decode_json(payload) if payload else {}
-            self.endpoints.set_open(int(b.get("e", 0)), False, bool(b.get("was_down")))
+        elif kind is Kind.BREAKER_OPEN or kind is Kind.BREAKER_CLOSE:  # one endpoint ejected / it rejoins
+            b = decode_json(payload) if payload else {}  # ipc.messages.BreakerOpen, BreakerClose
+            self.endpoints.set_open(int(b.get("e", 0)), kind is Kind.BREAKER_OPEN, bool(b.get("was_down")),
+                                    out=bool(b.get("out")))
         elif kind is Kind.PROBE:
             if self.client is not None:
                 t = asyncio.create_task(self.client.probe(int(decode_json(payload).get("e", 0)) if payload else 0))
