@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log", type=Path, default=None, help="Write the server's output here.")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the server is stopped on the way out
     found = engine.find_engine()
     if isinstance(found, str):
         raise SystemExit(f"bench_engine: {found}")

@@ -33,19 +33,20 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+WORDS = (
+    "the a an of to in is it that for on with as was by be this are from at or have not but what all were "
+    "when we there can one your which their said each she do how if will up other about out many then them "
+    "these so some her would make like him into time has look two more write go see number no way could "
+    "people my than first water been call who oil its now find long down day did get come made may part "
+    "question answer model server request token batch latency throughput evaluate score result task file "
+    "number capital france paris city river mountain ocean planet star light sound energy reason think"
+)
 SPECIAL = ["<|pad|>", "<|bos|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
 def corpus(n_lines: int = 4000, seed: int = 0) -> list[str]:
     """Deterministic English-ish text: enough for a BPE vocabulary of real-looking sub-words."""
-    words = (
-        "the a an of to in is it that for on with as was by be this are from at or have not but what all were "
-        "when we there can one your which their said each she do how if will up other about out many then them "
-        "these so some her would make like him into time has look two more write go see number no way could "
-        "people my than first water been call who oil its now find long down day did get come made may part "
-        "question answer model server request token batch latency throughput evaluate score result task file "
-        "number capital france paris city river mountain ocean planet star light sound energy reason think"
-    ).split()
+    words = WORDS.split()
     rng = random.Random(seed)
     lines = []
     for _ in range(n_lines):
