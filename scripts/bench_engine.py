@@ -19,6 +19,7 @@ sequence runs R times, in alternating order (forward, then backward) so that dri
 
     scripts/bench_engine.py                             # N=1000, max_tokens 16
     scripts/bench_engine.py --n 500 --sweep 4,16,64 --repeat 2 --json out.json
+    scripts/bench_engine.py --table a.json b.json       # one table of several benches' runs
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def run_one(srv: engine.EngineServer, tasks: Path, n: int, work: Path, name: str
            *(["--stream"] if stream else []), *extra]
     assert srv.proc is not None
     cpu0 = _cpu_s(srv.proc.pid)
+    load = os.getloadavg()[0]
     t0 = time.time()
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
     wall = time.time() - t0
@@ -101,6 +103,7 @@ def run_one(srv: engine.EngineServer, tasks: Path, n: int, work: Path, name: str
         "limit_median": statistics.median(lim) if lim else None, "limit_min": min(lim, default=None),
         "limit_max": max(lim, default=None), "server_cpu_s": round(cpu, 1),
         "server_cpu_ms_per_task": round(1000 * cpu / n, 2), "server_cpu_share": round(cpu / wall, 2),
+        "load_before": round(load, 2),
     }
 
 
@@ -115,7 +118,12 @@ def main() -> None:
                     help="Extra flag for transformers serve (repeatable), e.g. --server-flag=--cb-max-batch-tokens=256")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log", type=Path, default=None, help="Write the server's output here.")
+    ap.add_argument("--table", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="Print the table of earlier --json outputs (their runs pooled) and exit.")
     args = ap.parse_args()
+    if args.table:
+        table([json.loads(p.read_text()) for p in args.table])
+        return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the server is stopped on the way out
     found = engine.find_engine()
     if isinstance(found, str):
@@ -143,36 +151,58 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     total_s = time.monotonic() - t_all
     stamp = json.loads((model / "evalsup_tiny_model.json").read_text())
-    names = [name for name, _ in plan]
+    meta = {"args": {k: str(v) for k, v in vars(args).items()}, "server": srv.cmd(), "startup_s": srv.startup_s,
+            "warmup_s": srv.warmup_s, "model": stamp, "total_s": total_s, "host": _host(), "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(meta, indent=2))
+    if log:
+        log.close()
+    print()
+    table([meta])
+
+
+def _host() -> str:
+    return f"{platform.node()}: {os.cpu_count()} CPUs, {platform.machine()}, load {os.getloadavg()[0]:.1f}"
+
+
+def table(benches: list[dict[str, Any]]) -> None:
+    """The markdown table of one or more benches (their runs pooled: medians over every repeat)."""
+    rows = [dict(r, bench=i) for i, b in enumerate(benches) for r in b["rows"]]
+    names = list(dict.fromkeys(r["name"] for r in rows))
     agg = {nm: [r for r in rows if r["name"] == nm] for nm in names}
     med = {nm: statistics.median(r["ok_per_s"] for r in rs) for nm, rs in agg.items()}
     best_name = max((nm for nm in names if nm.startswith("fixed")), key=lambda nm: med[nm])
     best = med[best_name]
-    print(f"\n{platform.node()}: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}; "
-          f"model {stamp['parameters']:,} parameters; {args.n:,} tasks, max_tokens {args.max_tokens}"
-          f"{', streamed' if args.stream else ''}; {args.repeat} repeat(s); bench {total_s:.0f} s\n")
-    print("| run | ok tasks/s (median of repeats) | of best fixed | failed | retries | p50 / p99 latency s | "
-          "limit: median (min-max) | server CPU ms/task (share of a core) |")
+    # paired: each repeat's default against that repeat's own best fixed run (the machine's load drifts)
+    paired = []
+    for key in sorted({(r["bench"], r["repeat"]) for r in rows}):
+        rep = [r for r in rows if (r["bench"], r["repeat"]) == key]
+        fixed = [r["ok_per_s"] for r in rep if r["name"].startswith("fixed")]
+        paired += [r["ok_per_s"] / max(fixed) for r in rep if r["name"] == "default" and fixed]
+    for b in benches:
+        a = b["args"]
+        print(f"{b.get('host', '?')}; model {b['model']['parameters']:,} parameters; {a['n']} tasks, max_tokens "
+              f"{a['max_tokens']}{', streamed' if a.get('stream') == 'True' else ''}; {a['repeat']} repeat(s) in "
+              f"{b['total_s']:.0f} s; server: {' '.join(b['server'][1:])}")
+    print("\n| run | ok tasks/s: median (each run) | of best fixed | failed | retries | p50 / p99 latency s | "
+          "limit: median (min-max) | server CPU ms/task (cores) |")
     print("|---|---|---|---|---|---|---|---|")
     for nm in names:
         rs = agg[nm]
         runs = " / ".join(f"{r['ok_per_s']:.0f}" for r in rs)
-        lim = (f"{statistics.median(r['limit_median'] for r in rs if r['limit_median'] is not None):.0f} "
-               f"({min(r['limit_min'] for r in rs)}-{max(r['limit_max'] for r in rs)})"
-               if nm == "default" and all(r["limit_median"] is not None for r in rs) else "fixed")
+        lims = [r for r in rs if r.get("limit_median") is not None]
+        lim = (f"{statistics.median(r['limit_median'] for r in lims):.0f} "
+               f"({min(r['limit_min'] for r in lims)}-{max(r['limit_max'] for r in lims)})"
+               if nm == "default" and lims else "fixed")
         print(f"| {nm}{' (best fixed)' if nm == best_name else ''} | {med[nm]:.0f} ({runs}) | {med[nm] / best:.2f} | "
               f"{sum(r['failed'] for r in rs)} | {sum(r['retries'] for r in rs)} | "
               f"{statistics.median(r['latency_p50_s'] for r in rs):.3f} / "
               f"{statistics.median(r['latency_p99_s'] for r in rs):.3f} | {lim} | "
               f"{statistics.median(r['server_cpu_ms_per_task'] for r in rs):.1f} "
               f"({statistics.median(r['server_cpu_share'] for r in rs):.2f}) |")
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "server": srv.cmd(),
-                                         "startup_s": srv.startup_s, "warmup_s": srv.warmup_s,
-                                         "model": stamp, "total_s": total_s, "rows": rows}, indent=2))
-    if log:
-        log.close()
-
+    if paired:
+        print(f"\nthe default against the best fixed run of the same repeat: median {statistics.median(paired):.2f} "
+              f"(each: {' / '.join(f'{x:.2f}' for x in paired)})")
 
 if __name__ == "__main__":
     main()
