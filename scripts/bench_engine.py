@@ -122,7 +122,8 @@ def main() -> None:
                     help="Print the table of earlier --json outputs (their runs pooled) and exit.")
     args = ap.parse_args()
     if args.table:
-        table([json.loads(p.read_text()) for p in args.table])
+        loaded = [json.loads(p.read_text()) for p in args.table]  # one bench, or {"benches": [...]}
+        table([b for x in loaded for b in x.get("benches", [x])])
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the server is stopped on the way out
     found = engine.find_engine()
