@@ -25,6 +25,7 @@ sequence runs R times, in alternating order (forward, then backward) so that dri
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -38,8 +39,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts" / "engine"))
-import server as engine  # noqa: E402  (scripts/engine/server.py)
+_spec = importlib.util.spec_from_file_location("evalsup_engine_server", ROOT / "scripts" / "engine" / "server.py")
+assert _spec is not None and _spec.loader is not None
+engine = importlib.util.module_from_spec(_spec)  # scripts/engine/server.py
+sys.modules[_spec.name] = engine
+_spec.loader.exec_module(engine)
 
 PY = sys.executable
 

@@ -8,6 +8,7 @@ skip, saying where they looked. The server is started once for the module and en
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,8 +28,12 @@ from tests.conftest import (
     summary,
 )
 
-sys.path.insert(0, str(ROOT / "scripts" / "engine"))
-import server as engine
+# scripts/engine/server.py, loaded by path under a name of its own (no sys.path entry for a module named "server")
+_spec = importlib.util.spec_from_file_location("evalsup_engine_server", ROOT / "scripts" / "engine" / "server.py")
+assert _spec is not None and _spec.loader is not None
+engine = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = engine
+_spec.loader.exec_module(engine)
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 12
