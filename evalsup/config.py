@@ -136,6 +136,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
 
         limit = mb("memory_limit_mb")
         workers = default_workers(container_limit()[0] if limit is None else limit)
+        # no more workers than requests in flight: each holds at least one, so -c 1 would mean 4 on the wire
+        workers = min(workers, kw["max_concurrency"] if adaptive else kw["concurrency"])
     shard = parse_shard(kw["shard"])
     per_worker = kw["max_tasks_per_worker"]
     jitter = kw["max_tasks_jitter"]
