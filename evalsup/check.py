@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import os
 import ssl
 import urllib.parse
 from typing import Any
@@ -12,20 +11,12 @@ from typing import Any
 import orjson
 
 from evalsup.config import RunConfig
-from evalsup.headers import build_headers, secret_values
+from evalsup.headers import api_key, build_headers, secret_values
 from evalsup.tasks import join_url, public_url
 
 
 class CheckFailed(Exception):
     """The endpoint cannot serve this run; the message says which and how to fix it."""
-
-
-def api_key(cfg: RunConfig) -> str | None:
-    w = cfg.worker
-    if w.api_key_file:
-        with open(w.api_key_file, encoding="utf-8") as f:
-            return f.read().strip() or None
-    return os.environ.get(w.api_key_env) or None
 
 
 def first_model(cfg: RunConfig) -> str | None:
@@ -87,7 +78,7 @@ def _http(cfg: RunConfig, method: str, url: str, headers: dict[str, str],
 
 def _check(cfg: RunConfig, url: str) -> str:
     base = public_url(url)  # for messages: no credentials
-    key = api_key(cfg)
+    key = api_key(cfg.worker.api_key_env, cfg.worker.api_key_file)
     headers = build_headers(cfg.worker.headers)  # issue 21: --header and the User-Agent, as the workers send
     if key:
         headers["Authorization"] = f"Bearer {key}"

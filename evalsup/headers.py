@@ -1,4 +1,4 @@
-"""Extra request headers (`--header 'Name: value'`, issue 21) and evalsup's User-Agent.
+"""Extra request headers (`--header 'Name: value'`, issue 21), evalsup's User-Agent and the API key.
 
 A value may come from the environment (``Name: env:VAR``) or a file (``Name: @path``) so a secret is never on a
 command line. Only the specs travel (the CONFIG frame); each side resolves them itself, and no value is ever
@@ -19,6 +19,14 @@ RESERVED = frozenset({"content-type", "content-length", "host", "transfer-encodi
 
 class HeaderError(ValueError):
     """A --header that cannot be used; the message names it, never its value."""
+
+
+def api_key(key_env: str | None, key_file: str | None) -> str | None:
+    """The API key: from --api-key-file, else the environment (--api-key-env, default OPENAI_API_KEY)."""
+    if key_file:
+        with open(key_file, encoding="utf-8") as f:
+            return f.read().strip() or None
+    return os.environ.get(key_env or "OPENAI_API_KEY") or None
 
 
 def user_agent() -> str:

@@ -4,13 +4,25 @@ from the environment, and a merge that proves coverage. Real processes against t
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ROOT, assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli, write_tasks
+from conftest import (
+    ROOT,
+    Run,
+    assert_exactly_once,
+    env_for,
+    evalsup_cmd,
+    read_results,
+    run_cli,
+    wait_until,
+    write_tasks,
+)
 
 from evalsup import exitcodes
 from evalsup.mock.server import MockThread
@@ -307,3 +319,25 @@ def test_slurm_script_and_kubernetes_failure_policy() -> None:
                for v in rule["onExitCodes"]["values"]}
     assert by_code[exitcodes.BAD_INPUT] == "FailIndex"
     assert by_code.get(exitcodes.RESUMABLE, "Count") in ("Ignore", "Count")
+
+
+def test_sigterm_while_every_endpoint_is_down_stops_at_once(tmp_path: Path, mock: MockThread,
+                                                          start: Callable[..., Run]) -> None:
+    """Requests parked for an outage cannot finish: on SIGTERM they go back with the tasks queued in the
+    workers, the run stops without waiting out --grace (Slurm's KillWait is 30 s), and the rerun does them."""
+    n = 2000
+    tasks = write_tasks(tmp_path / "tasks.jsonl", n, extra={"mock": {"delay_s": 0.02}})
+    run_dir = tmp_path / "tasks.run"
+    args = ("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    p = start(*args, "--grace", "60")
+    p.wait_results(run_dir, at_least=100)
+    mock.configure(down=True)
+    wait_until(lambda: "pausing dispatch" in p.stderr, "every endpoint to be down", proc=p)
+    p.signal(signal.SIGTERM)
+    assert p.finish() == exitcodes.RESUMABLE, p.stderr
+    assert "grace of 60s over" not in p.stderr, p.stderr
+    assert p.wait_workers_gone() == []
+    mock.configure(down=False)
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(run_dir, {f"t{i}" for i in range(n)})

@@ -198,6 +198,9 @@ class SupervisorCore:
         if self.stopping is None:
             self.stop_message, self.stop_code = message, code
         self.stopping = mode
+        if mode == "drain":  # finish the requests in flight; tasks queued in workers or parked come back
+            for w in self.workers:
+                w.drain()
         self.credit.set()
 
     def _send_rates(self) -> None:

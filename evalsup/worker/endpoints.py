@@ -20,6 +20,11 @@ from evalsup.worker.breaker import LocalBreaker
 from evalsup.worker.pacing import Pacer
 
 
+class HandedBack(BaseException):
+    """Raised in a request parked for an outage when its worker drains: the task goes back to the supervisor
+    unanswered. A BaseException, as CancelledError is, so that no handler of errors takes it for a failure."""
+
+
 class Endpoint:
     __slots__ = ("_urls", "adaptive", "base_url", "breaker", "index", "on_wire", "out", "pacer", "pending", "public")
 
@@ -58,6 +63,7 @@ class EndpointPool:
             raise ValueError("no endpoint")
         self.all = [Endpoint(i, u, adaptive()) for i, u in enumerate(urls)]
         self._back: asyncio.Future[bool] | None = None  # resolved when an endpoint rejoins (parked requests)
+        self._handing_back = False  # the worker drains: a request that would park is handed back instead
         self.paced = False  # some endpoint has a pacer of its own (worker.endpoint_pacing)
 
     def __len__(self) -> int:
@@ -102,11 +108,21 @@ class EndpointPool:
             if not back.done():
                 back.set_result(was_down)
 
+    def hand_back(self) -> None:
+        """The worker drains: every request parked for an outage, and any that would park from now on, raises
+        HandedBack (its task goes back to the supervisor unanswered, for another worker or the rerun)."""
+        self._handing_back = True
+        back, self._back = self._back, None
+        if back is not None and not back.done():
+            back.set_exception(HandedBack())
+
     async def wait_up(self) -> bool:
         """Park until an endpoint rejoins (every one is ejected now); True when it had been down, so the
         attempt that waited is not counted (no task pays for an outage)."""
         if self.any_up():
             return False
+        if self._handing_back:
+            raise HandedBack
         if self._back is None:
             self._back = asyncio.get_running_loop().create_future()
         return await asyncio.shield(self._back)

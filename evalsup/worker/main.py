@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from evalsup.headers import build_headers, secret_values
+from evalsup.headers import api_key, build_headers, secret_values
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head
 from evalsup.ipc.messages import WorkerConfig
@@ -35,7 +35,7 @@ from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.breaker import AuthWatch
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.endpoint_pacing import apply_rate
-from evalsup.worker.endpoints import EndpointPool
+from evalsup.worker.endpoints import EndpointPool, HandedBack
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.pipes import open_pipes
 from evalsup.worker.retry import RetryPolicy
@@ -52,13 +52,6 @@ FLUSH_DELAY_S = 0.1
 # starve on it.
 FLUSH_RESULTS_SHARE = 2  # a write at once when (requests allowed in flight) / this many results wait
 BIG_BODY = 1 << 14  # a response body this large is written around, not copied into its output line
-
-
-def _api_key(cfg: WorkerConfig) -> str | None:
-    if cfg.api_key_file:
-        with open(cfg.api_key_file, encoding="utf-8") as f:
-            return f.read().strip() or None
-    return os.environ.get(cfg.api_key_env or "OPENAI_API_KEY") or None
 
 
 class Worker:
@@ -135,6 +128,9 @@ class Worker:
         try:
             try:
                 out_line, info = await self.process(meta, line)
+            except HandedBack:  # parked for an outage when told to drain: back to the supervisor, unanswered
+                self.out.send(encode_json(Kind.RETURNED, {"keys": [meta["k"]]}))
+                return
             except Exception as e:
                 # A bug (or a plugin's exception) must not leave the task unanswered, which would hold the run
                 # forever: the worker dies, and the supervisor hands the task on, then records it as failed
@@ -161,8 +157,8 @@ class Worker:
                 await self.out.drain()  # at once, unless the pipe is full
         finally:
             self.slots -= 1
-        self._pump()
-        self._check_drained()
+            self._pump()
+            self._check_drained()
 
     def _gather_started(self) -> bytes | None:
         self._unsent = 0  # called as each write goes out
@@ -312,11 +308,13 @@ class Worker:
         elif kind is Kind.DRAIN:
             if payload and decode_json(payload).get("report"):
                 self.send_leak_report()
-            # finish only what is in flight; hand the rest back (it may be paused, and it is going anyway)
+            # finish only what is in flight; hand the rest back (it may be paused, and it is going anyway), and
+            # what is parked for an outage (it would hold the drain until the endpoint is back, or to --grace)
             keys = [meta["k"] for meta, _ in self.queue]
             self.queue.clear()
             if keys:
                 self.out.send(encode_json(Kind.RETURNED, {"keys": keys}))
+            self.endpoints.hand_back()
             self.draining = True
             self._check_drained()
 
@@ -326,7 +324,7 @@ class Worker:
                                         sock_read=cfg.read_timeout_s)
         connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not cfg.insecure)
         headers = {"Content-Type": "application/json", **self.extra_headers}  # --header, User-Agent
-        key = _api_key(cfg)
+        key = api_key(cfg.api_key_env, cfg.api_key_file)
         if key:
             headers["Authorization"] = f"Bearer {key}"
         policy = RetryPolicy(max_attempts=cfg.max_attempts, cap_s=cfg.max_retry_wait_s,
