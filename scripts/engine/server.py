@@ -51,8 +51,43 @@ def engine_model() -> Path:
     return Path(p) if p else DEFAULT_DIR / "model"
 
 
+def _wait_for_build(timeout_s: float = 600.0) -> str | None:
+    """scripts/test builds the engine in the background in CI (``.engine/building`` holds the builder's pid,
+    ``.engine/build.rc`` its exit code once done): wait for it while it runs. The reason it failed, or None."""
+    marker, rc = DEFAULT_DIR / "building", DEFAULT_DIR / "build.rc"
+    if not marker.exists():
+        return None
+    try:
+        pid = int(marker.read_text().strip())
+    except ValueError:
+        pid = 0
+    deadline = time.monotonic() + timeout_s
+    while not rc.exists() and _alive(pid) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    if not rc.exists():
+        return f"scripts/engine-venv did not finish (see {DEFAULT_DIR / 'build.log'})"
+    if rc.read_text().strip() != "0":
+        log = (DEFAULT_DIR / "build.log").read_text(errors="replace").strip().splitlines() or ["?"]
+        return f"scripts/engine-venv failed (exit {rc.read_text().strip()}): {log[-1]}"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: is it there
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def find_engine() -> tuple[Path, Path] | str:
     """(python, model dir), building the model if needed; or the reason there is no engine."""
+    if not os.environ.get("EVALSUP_ENGINE_PYTHON") and (why := _wait_for_build()) is not None:
+        return why
     py = engine_python()
     if py is None:
         where = os.environ.get("EVALSUP_ENGINE_PYTHON") or str(DEFAULT_DIR / "venv" / "bin" / "python")
