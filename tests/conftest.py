@@ -31,6 +31,18 @@ def mock() -> Iterator[MockThread]:
         yield m
 
 
+def mock_endpoints(n: int) -> Iterator[list[MockThread]]:
+    """``n`` mock endpoints (2 ms answers, each its own seed), for a fixture to yield; stopped together."""
+    ms = [MockThread(MockConfig(latency_ms=2, jitter_ms=1, seed=i)) for i in range(n)]
+    for m in ms:
+        m.start()
+    try:
+        yield ms
+    finally:
+        for m in ms:
+            m.stop()
+
+
 def write_tasks(path: Path, n: int, form: str = "simple", extra: dict[str, Any] | None = None,
                 start: int = 0) -> Path:
     with open(path, "wb") as f:

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_exactly_once, run_cli, write_tasks
+from conftest import assert_exactly_once, mock_endpoints, run_cli, write_tasks
 
 import evalsup
 from evalsup.config import ConfigError, build_config
-from evalsup.mock.server import MockConfig, MockThread
+from evalsup.mock.server import MockThread
 from evalsup.options import BY_NAME
 from evalsup.ratelimits import EndpointRate, parse_rate_limits, rate_share
 from evalsup.worker.endpoint_pacing import apply_rate, correct_usage, counts_tokens, pick_paced
@@ -27,14 +27,7 @@ A, B = "http://127.0.0.1:8001/v1", "http://user:s3cret@127.0.0.1:8002/v1"
 
 @pytest.fixture
 def two() -> Iterator[list[MockThread]]:
-    ms = [MockThread(MockConfig(latency_ms=2, jitter_ms=1, seed=i)) for i in range(2)]
-    for m in ms:
-        m.start()
-    try:
-        yield ms
-    finally:
-        for m in ms:
-            m.stop()
+    yield from mock_endpoints(2)
 
 
 def paced_count_bound(arrivals: list[float], limit: float, workers: int) -> tuple[int, float]:

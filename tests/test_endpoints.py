@@ -14,10 +14,19 @@ from urllib.parse import urlsplit
 
 import orjson
 import pytest
-from conftest import Run, assert_exactly_once, ids_of, read_results, summary, wait_until, write_tasks
+from conftest import (
+    Run,
+    assert_exactly_once,
+    ids_of,
+    mock_endpoints,
+    read_results,
+    summary,
+    wait_until,
+    write_tasks,
+)
 
 from evalsup.config import ConfigError, build_config, resolve_base_urls
-from evalsup.mock.server import MockConfig, MockThread
+from evalsup.mock.server import MockThread
 from evalsup.report import write_report
 from evalsup.status import status_text
 from evalsup.supervisor.endpoints import Endpoints
@@ -28,14 +37,7 @@ from evalsup.worker.endpoints import EndpointPool
 
 @pytest.fixture
 def mocks() -> Iterator[list[MockThread]]:
-    ms = [MockThread(MockConfig(latency_ms=2, jitter_ms=1, seed=i)) for i in range(3)]
-    for m in ms:
-        m.start()
-    try:
-        yield ms
-    finally:
-        for m in ms:
-            m.stop()
+    yield from mock_endpoints(3)
 
 
 def served_by(run_dir: Path) -> Counter[int]:
