@@ -272,7 +272,7 @@ class Supervisor(Inbox):
         self._signals += 1
         if signum == signal.SIGTERM and self._signals == 1:
             self.log(f"SIGTERM: finishing requests in flight (up to {self.cfg.grace_s:g}s), then checkpointing")
-            self.stop("stopped by SIGTERM", ex.RESUMABLE, "drain")
+            self.stop("stopped by SIGTERM", ex.RESUMABLE, "drain", hand_back=True)
         else:
             self.stop("interrupted", ex.RESUMABLE, "now")
             self.stop_message, self.stop_code = "interrupted", ex.RESUMABLE

@@ -192,13 +192,16 @@ class SupervisorCore:
         self.events("progress", **self.stats.progress())  # the report's time series (tokens, errors by code)
         await j.checkpoint(cp)
 
-    def stop(self, message: str, code: int, mode: str) -> None:
+    def stop(self, message: str, code: int, mode: str, hand_back: bool = False) -> None:
+        """Stop dispatching: "now" ends the workers; "drain" lets them finish what they hold (within --grace),
+        or with ``hand_back`` (SIGTERM) only the requests on the wire: the tasks queued in them and requests
+        parked for an outage come back at once, outstanding for the rerun."""
         if self.stopping == "now" or (self.stopping == "drain" and mode == "drain"):
             return
         if self.stopping is None:
             self.stop_message, self.stop_code = message, code
         self.stopping = mode
-        if mode == "drain":  # finish the requests in flight; tasks queued in workers or parked come back
+        if mode == "drain" and hand_back:
             for w in self.workers:
                 w.drain()
         self.credit.set()
