@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import attrgetter
 
-from evalsup.report.data import Progress, RunData
+from evalsup.report.data import Progress, RunData, Sample
 from evalsup.report.scan import LogHist
 from evalsup.report.svg import Chart, TimeMap, fmt_s, fmt_span
 
@@ -30,6 +31,20 @@ def _session_of(d: RunData) -> Callable[[float], int]:
         a, b = spans[near]
         return near if a - 0.5 <= t <= b + 0.5 else -1 - near  # just outside: still its session; else none
     return which
+
+
+def _by_session(d: RunData, tm: TimeMap, value: Callable[[Sample], float | None]) -> list[list[tuple[float, float]]]:
+    """``value`` of each memory sample (None: not drawn), one line a session: none drawn across a gap."""
+    session = _session_of(d)
+    segs: dict[int, list[tuple[float, float]]] = {}
+    for s in d.samples:
+        if (v := value(s)) is not None:
+            segs.setdefault(session(s.t), []).append((tm(s.t), v))
+    return list(segs.values())
+
+
+def _endpoint_limit(url: str) -> Callable[[Sample], float | None]:
+    return lambda s: float(s.eps.get(url, 0)) if s.eps else None
 
 
 def _time_chart(chart_id: str, d: RunData, tm: TimeMap, top: float) -> Chart:
@@ -64,13 +79,9 @@ def memory_chart(d: RunData, tm: TimeMap) -> str:
             per_worker.setdefault(pid, []).append((tm(s.t), rss))
     for i, (pid, pts) in enumerate(per_worker.items()):
         c.line(pts, "series worker", PALETTE[i % len(PALETTE)], 1.2, f"worker {pid} RSS")
-    session = _session_of(d)
     for name, cls, colour, attr in (("total RSS (supervisor + workers)", "series total", TOTAL_COLOUR, "total"),
                                     ("cgroup working set", "series working-set", WS_COLOUR, "working_set")):
-        segs: dict[int, list[tuple[float, float]]] = {}
-        for s in d.samples:
-            segs.setdefault(session(s.t), []).append((tm(s.t), float(getattr(s, attr))))
-        c.lines(list(segs.values()), cls, colour, 2, name)
+        c.lines(_by_session(d, tm, attrgetter(attr)), cls, colour, 2, name)
     for value, cls, colour, label in ((d.limit, "limit", "#000000", "limit"), (d.high, "high", "#ff7f0e", "high mark"),
                                       (d.low, "low", "#2ca02c", "low mark")):
         if value:
@@ -99,21 +110,14 @@ def rate_chart(d: RunData, tm: TimeMap) -> str:
 def concurrency_chart(d: RunData, tm: TimeMap) -> str:
     """The concurrency limit (adaptive, summed over the workers) and the requests on the wire, per session; with
     several endpoints, each one's limit too (thin, 0 while it is ejected)."""
-    session = _session_of(d)
     top = max([float(max(s.limit, s.wire)) for s in d.samples] + [1.0]) * 1.1
     c = _time_chart("concurrency-chart", d, tm, top)
     for attr, cls, colour, name in (("limit", "series limit", LIMIT_COLOUR, "concurrency limit"),
                                     ("wire", "series wire", RATE_COLOUR, "requests in flight")):
-        segs: dict[int, list[tuple[float, float]]] = {}
-        for s in d.samples:
-            segs.setdefault(session(s.t), []).append((tm(s.t), float(getattr(s, attr))))
-        c.lines(list(segs.values()), cls, colour, 2, name)
-    for i, url in enumerate(d.endpoints):
-        segs = {}
-        for s in d.samples:
-            if s.eps:  # a sample of a session with several endpoints
-                segs.setdefault(session(s.t), []).append((tm(s.t), float(s.eps.get(url, 0))))
-        c.lines(list(segs.values()), "series endpoint-limit", PALETTE[i % len(PALETTE)], 1.2, f"limit of {url}")
+        c.lines(_by_session(d, tm, attrgetter(attr)), cls, colour, 2, name)
+    for i, url in enumerate(d.endpoints):  # (samples of a session with one endpoint have no eps: not drawn)
+        c.lines(_by_session(d, tm, _endpoint_limit(url)),
+                "series endpoint-limit", PALETTE[i % len(PALETTE)], 1.2, f"limit of {url}")
     return _finish(c, tm, 1.0, "requests", "concurrency over time")
 
 
