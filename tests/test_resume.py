@@ -213,6 +213,12 @@ def _hung_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run], grace
     p.wait_results(run_dir, 1)
     mock.configure(latency_ms=3_600_000, jitter_ms=0)  # from now on nothing is answered
     wait_until(lambda: mock.stats()["in_flight"] >= 10, "requests hanging in the mock")
+    # those may still be fast ones sent before the hang: wait until nothing more is answered (else the drain
+    # finishes them, and the run ends at once)
+    before = None
+    while (answered := sum(mock.stats()["statuses"].values())) != before:
+        before = answered
+        time.sleep(0.2)
     p.signal(signal.SIGTERM)
     wait_until(lambda: "SIGTERM" in p.stderr or not p.running(), "the supervisor to take the SIGTERM")
     return p, run_dir, args, n
