@@ -109,7 +109,7 @@ def test_endpoint_outage_opens_breaker_and_fails_nothing(tmp_path: Path, mock: M
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.05)
     _post(mock.url.replace("/v1", "/_mock/config"), {"down": True})
-    time.sleep(4)
+    time.sleep(2.5)
     during = len(read_results(tmp_path / "t.run")) if results.exists() else 0
     _post(mock.url.replace("/v1", "/_mock/config"), {"down": False})
     _, err = p.communicate(timeout=120)

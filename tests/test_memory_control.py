@@ -177,12 +177,12 @@ def test_fake_cgroup_v2_pause_and_resume_with_hysteresis(tmp_path: Path, mock: M
     assert (probe.source, probe.path) == ("cgroup2", str(fake.root)), probe
     assert probe.sample().limit_bytes == limit
 
-    n = 300
+    n = 200
     interval = 0.1
     tasks = write_tasks(tmp_path / "tasks.jsonl", n, extra={"mock": {"delay_s": 0.2}})
     run_dir = tmp_path / "tasks.run"
     results = run_dir / "results.jsonl"
-    p = start(*base_args(mock, tasks, "-w", "2", "-c", "8", "--monitor-interval", str(interval)),
+    p = start(*base_args(mock, tasks, "-w", "2", "-c", "16", "--monitor-interval", str(interval)),
               env={"EVALSUP_CGROUP_ROOT": str(fake.root)})
 
     wait_until(lambda: complete_lines(results) >= 30, "the first results", 60, p)
