@@ -114,6 +114,43 @@ def test_an_endpoint_that_fails_the_check_is_left_out(tmp_path: Path, mocks: lis
     assert "cannot reach" in eps[1]["left_out"] and eps[1]["results"] == 0
 
 
+def test_an_endpoint_that_refuses_the_key_is_left_out_and_the_others_finish(
+        tmp_path: Path, mocks: list[MockThread], start: Callable[..., Run]) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", 600, form="prompt")
+    mocks[1].configure(revoke_after=30)  # a replica that stops taking the key (rotated there, a gateway's rule)
+    p = start("run", "-w", "2", "--model", "mock-model", *(a for m in mocks for a in ("--base-url", m.url)),
+              str(tasks))
+    assert p.finish() == 0, p.stderr
+    left = [ln for ln in p.stderr.splitlines() if "left out" in ln]
+    assert len(left) == 1 and f"endpoint 1 ({mocks[1].url})" in left[0] and "refused the API key" in left[0], \
+        p.stderr
+    recs = assert_exactly_once(tmp_path / "t.run", ids_of(600))
+    assert all(x["error"] is None for x in recs), [x["error"] for x in recs if x["error"]][:3]
+    by = served_by(tmp_path / "t.run")
+    assert set(by) == {0, 1, 2} and by[1] < 30, by  # it served until it refused, then the others took all
+    assert "refused the API key" in summary(tmp_path / "t.run")["endpoints"][1]["left_out"]
+
+
+def test_every_endpoint_refusing_the_key_stops_resumably(tmp_path: Path, mocks: list[MockThread],
+                                                         start: Callable[..., Run]) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", 600, form="prompt")
+    args = ("run", "-w", "2", "--model", "mock-model", "--base-url", mocks[0].url, "--base-url", mocks[1].url,
+            str(tasks))
+    for m in mocks[:2]:
+        m.configure(revoke_after=40)
+    p = start(*args)
+    assert p.finish() == 75, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "every endpoint refused the API key" in last and last.count("rerun") == 1, p.stderr
+    done = read_results(tmp_path / "t.run")
+    assert done and all(x["error"] is None for x in done)  # no task failed for it
+    for m in mocks[:2]:
+        m.configure(revoke_after=None)
+    r = start(*args)
+    assert r.finish() == 0, r.stderr
+    assert all(x["error"] is None for x in assert_exactly_once(tmp_path / "t.run", ids_of(600)))
+
+
 def test_every_endpoint_failing_the_check_stops_the_run(tmp_path: Path, start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", 5, form="prompt")
     p = start("run", "--model", "mock-model", "--base-url", "http://127.0.0.1:9/v1", "--base-url",

@@ -297,9 +297,9 @@ def test_auth_watch_tells_a_lost_key_from_one_task_refused() -> None:
 
     async def go() -> None:
         w = AuthWatch(spread=3)
-        assert not w.refuse(1, sent_at=10.0, inflight=10)
+        assert not w.refuse(1, at=10.0, inflight=10)
         waiting = asyncio.create_task(w.wait(1))
-        w.success(sent_at=9.0)  # a request sent before the refused one: it proves nothing about the key now
+        w.success(sent_at=9.0)  # a request sent before the refusal came: it proves nothing about the key now
         await asyncio.sleep(0.02)
         assert not waiting.done()
         w.success(sent_at=11.0)  # one sent after it succeeded: the refusal was task 1's own
@@ -309,8 +309,16 @@ def test_auth_watch_tells_a_lost_key_from_one_task_refused() -> None:
         w.success(sent_at=30.0)
         stuck = asyncio.create_task(w.wait(4))
         await asyncio.sleep(0.05)
-        assert not stuck.done()  # held for the supervisor's stop, never written as failed
-        stuck.cancel()
+        assert not stuck.done()  # held for the supervisor's verdict, never written as failed
+        w.release()  # the supervisor left its endpoint out (others serve): the task goes to another
+        assert await asyncio.wait_for(stuck, 1) is False
+        assert not w.refuse(6, 40.0, inflight=10)  # answered after the release: to another at once
+        assert await asyncio.wait_for(w.wait(6), 1) is False
+        own = AuthWatch(spread=3)
+        own.refuse(5, 1.0, inflight=10)
+        verdict = asyncio.create_task(own.wait(5))
+        own.success(sent_at=2.0)
+        assert await asyncio.wait_for(verdict, 1) is True  # its own refusal: written as failed
         assert AuthWatch().refuse(1, 0.0, inflight=1)  # the only request in flight: nothing else can vouch
 
     asyncio.run(go())

@@ -50,7 +50,7 @@ class Kind(enum.IntEnum):
     PROBE_RESULT = 17  # json {"ok": bool, "detail": str}
     STARTED = 18  # 8-byte keys: the worker began these tasks (a crash blames only started tasks)
     RETURNED = 19  # json {"keys": [...]}: on DRAIN, the tasks it had not begun, handed back
-    AUTH = 22  # json {"message": str}: the endpoint refused the key for several tasks (worker.breaker.AuthWatch)
+    AUTH = 22  # json {"message": str, "e": int}: endpoint e refused the key for several tasks (breaker.AuthWatch)
 
 
 _KINDS: dict[int, Kind] = {int(k): k for k in Kind}

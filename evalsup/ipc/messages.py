@@ -72,7 +72,7 @@ class Probe(TypedDict):
 
 class BreakerOpen(TypedDict):
     e: int  # BREAKER_OPEN: this endpoint is ejected (the worker sends it nothing)
-    out: NotRequired[bool]  # left out for the whole run (it failed the connection check): never probed
+    out: NotRequired[bool]  # left out for the whole run (failed the connection check, refused the key): never probed
 
 
 class Returned(TypedDict):
@@ -81,6 +81,10 @@ class Returned(TypedDict):
 
 class Message(TypedDict):
     message: str  # FATAL: why the worker cannot go on; AUTH: what the endpoint said when it refused the key
+
+
+class Auth(Message):
+    e: NotRequired[int]  # AUTH: the endpoint that refused it (0 when there is one)
 
 
 class Leaks(TypedDict):

@@ -3,7 +3,8 @@
 An endpoint whose breaker opens is ejected: the workers send it nothing, and it is probed on its own until a
 probe succeeds, when it rejoins. The run pauses dispatch only while every endpoint is down (``open``), and
 ``--max-wait-down`` counts from the moment the last one went down. An endpoint that failed the connection
-check is left out of the run (never probed, never rejoins). With one endpoint this is exactly the single
+check, or that refuses the API key while others take it, is left out of the run (never probed, never
+rejoins). With one endpoint this is exactly the single
 breaker it was: open, probe, close, give up.
 
 No I/O and no clock: the supervisor passes the time in and carries out what it returns.
@@ -30,7 +31,7 @@ class Endpoints:
         # probe is one tiny request (measured: back 6 s after its restart with 30 s, docs/benchmarks.md)
         top = max_probe_s if len(urls) == 1 else min(max_probe_s, MANY_MAX_PROBE_S)
         self.breakers = [EndpointBreaker(first_probe_s, top, math.inf) for _ in urls]
-        self.left_out: dict[int, str] = {}  # endpoints that failed the connection check, and why
+        self.left_out: dict[int, str] = {}  # endpoints that failed the connection check or refused the key, and why
         self.max_down_s = max_down_s
         # the run's view: every endpoint down, dispatch paused
         self.open = False
@@ -53,9 +54,13 @@ class Endpoints:
     def up(self) -> list[int]:
         return [i for i in self.live() if not self.breakers[i].open]
 
-    def leave_out(self, i: int, why: str) -> None:
-        """Endpoint ``i`` failed the connection check: the run goes on without it."""
+    def leave_out(self, i: int, why: str, now: float) -> None:
+        """Endpoint ``i`` failed the connection check, or refused the key: the run goes on without it (when the
+        others left are all ejected just now, the run waits for one of them as for any outage)."""
         self.left_out[i] = why
+        if self.live() and not self.up() and not self.open:
+            self.open, self.reason, self.opened_at = True, why, now
+            self.opened += 1
 
     def trip(self, i: int, now: float, reason: str) -> bool:
         """A worker saw endpoint ``i`` fail as a whole; True when this ejects it (then ``open`` says whether

@@ -11,7 +11,7 @@ from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, ProtocolError
-from evalsup.ipc.messages import ResultMeta
+from evalsup.ipc.messages import Auth, ResultMeta
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.journal import Journal
 from evalsup.supervisor.core import RunStopped, SupervisorCore
@@ -167,7 +167,7 @@ class Inbox(SupervisorCore):
         """Endpoints that failed the connection check: one line each, and the run goes on without them."""
         eps = self.endpoints
         for e, why in failed.items():
-            eps.leave_out(e, why)
+            eps.leave_out(e, why, time.monotonic())
             self.log(f"{eps.name(e)} left out of this run: {why}")
             self._broadcast(Kind.BREAKER_OPEN, {"e": e, "out": True})
 
@@ -214,11 +214,19 @@ class Inbox(SupervisorCore):
             self.log(f"{eps.name(e)} still down ({detail}); next probe in {eps.breakers[e].interval:g}s")
 
     def _on_auth(self, w: WorkerHandle, payload: memoryview) -> None:
-        said = str(decode_json(payload).get("message", ""))[:200]
-        self.events("auth_refused", pid=w.pid)
-        self.stop(f"the endpoint refused the API key for several tasks ({said}); no task was failed for it: fix "
-                  "the key (OPENAI_API_KEY or --api-key-file) and rerun the same command to resume",
-                  ex.RESUMABLE, "now")
+        """A worker judged the key lost at endpoint e: with others still in the run it is left out (its refused
+        requests go to them); else the run stops, resumably, and fails no task for it."""
+        m = cast(Auth, decode_json(payload))
+        said, e, eps = str(m.get("message", ""))[:200], int(m.get("e", 0)), self.endpoints
+        if e in eps.left_out:
+            return  # another worker said so first
+        self.events("auth_refused", pid=w.pid, **({"endpoint": e} if eps.many else {}))
+        if len([i for i in eps.live() if i != e]) > 0:
+            self._leave_out({e: f"it refused the API key for several tasks ({said}); the others take its requests"})
+            return
+        what = "every endpoint refused" if eps.many else "the endpoint refused"
+        self.stop(f"{what} the API key for several tasks ({said}); no task was failed for it: fix the key "
+                  "(OPENAI_API_KEY or --api-key-file)", ex.RESUMABLE, "now")
 
     def _breaker_tick(self, now: float) -> None:
         eps = self.endpoints

@@ -56,30 +56,36 @@ class LocalBreaker:
 
 
 class AuthWatch:
-    """401/403 for ``spread`` distinct tasks with no success in between, or for every request in flight:
-    the key was refused (revoked mid-run), and the run must stop resumably rather than fail every task.
+    """One endpoint's evidence that the key was refused: 401/403 for ``spread`` distinct tasks with no success
+    in between, or for every request in flight. The key was revoked mid-run (or this endpoint does not take
+    it), and the run must not fail every task for it.
 
-    A refused request waits here for the verdict. A success of a request *sent after it* shows the key still
-    works, so the refusal was that task's own (written as a failed record); a success of a request sent before
-    proves nothing (it may have passed the check before the key was revoked). Once the key is judged lost a
-    refused request waits for good, and the supervisor stops the run, so the task is redone by the rerun."""
+    A refused request waits here for the verdict. A success of a request *sent after the refusal came back*
+    shows the key still works, so the refusal was that task's own (written as a failed record). A success of
+    a request sent earlier proves nothing: it may have reached the server before the key was revoked, even if
+    it left after the refused one (requests in flight together arrive in any order). Once the key is judged lost a
+    refused request waits until the supervisor either stops the run (the task is redone by the rerun) or,
+    with other endpoints still serving, leaves this one out (``release``: the task goes to another)."""
 
     def __init__(self, spread: int = 3) -> None:
         self.spread = spread
-        self.refused: dict[int, tuple[float, asyncio.Event]] = {}  # task -> (when its request was sent, verdict)
+        self.refused: dict[int, tuple[float, asyncio.Event]] = {}  # task -> (when it was refused, verdict)
         self.lost = False
+        self.released = False
 
-    def refuse(self, key: int, sent_at: float, inflight: int) -> bool:
-        """Task ``key``'s request sent at ``sent_at`` was refused; True when this makes the key lost (tell the
-        supervisor, once)."""
-        self.refused[key] = (sent_at, asyncio.Event())
+    def refuse(self, key: int, at: float, inflight: int) -> bool:
+        """Task ``key``'s request was refused, the answer received at ``at``; True when this makes the key lost
+        (tell the supervisor, once)."""
+        if self.released:
+            return False  # (answered after its endpoint was left out: ``wait`` sends it elsewhere at once)
+        self.refused[key] = (at, asyncio.Event())
         if not self.lost and (len(self.refused) >= self.spread or len(self.refused) >= inflight):
             self.lost = True
             return True
         return False
 
     def success(self, sent_at: float) -> None:
-        """A request sent at ``sent_at`` succeeded: the refusals of requests sent before it were their own."""
+        """A request sent at ``sent_at`` succeeded: the refusals received before it was sent were their own."""
         if not self.refused or self.lost:
             return
         for key, (when, verdict) in list(self.refused.items()):
@@ -87,10 +93,17 @@ class AuthWatch:
                 del self.refused[key]
                 verdict.set()
 
-    async def wait(self, key: int) -> None:
-        """Returns when the refusal was task ``key``'s own; never once the key is lost."""
+    def release(self) -> None:
+        """The endpoint is left out of the run: every refused request waiting here goes to another."""
+        self.released = True
+        for _, verdict in self.refused.values():
+            verdict.set()
+        self.refused.clear()
+
+    async def wait(self, key: int) -> bool:
+        """True when the refusal was task ``key``'s own; False when the endpoint was left out meanwhile (the
+        task goes elsewhere). While the key is lost and the endpoint still in the run, it does not return."""
         entry = self.refused.get(key)
-        if entry is not None and not self.lost:
+        if entry is not None and not self.released:
             await entry[1].wait()
-        if self.lost:
-            await asyncio.Event().wait()  # until the supervisor stops the run and this worker with it
+        return not self.released

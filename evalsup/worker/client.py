@@ -15,7 +15,6 @@ import orjson
 from evalsup.tasks import join_url
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
-from evalsup.worker.breaker import AuthWatch
 from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pick_paced
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
@@ -87,8 +86,8 @@ class Client:
     def __init__(self, session: aiohttp.ClientSession, endpoints: EndpointPool, headers: dict[str, str],
                  policy: RetryPolicy, max_response_bytes: int, seed: int,
                  pacer: Pacer, on_trip: Callable[[int, str], None], on_probe: Callable[[int, bool, str], None],
-                 secret: str | None = None, whole_bodies: bool = True, auth: AuthWatch | None = None,
-                 on_auth: Callable[[str], None] | None = None, inflight: Callable[[], int] = lambda: 1,
+                 secret: str | None = None, whole_bodies: bool = True,
+                 on_auth: Callable[[int, str], None] | None = None, inflight: Callable[[], int] = lambda: 1,
                  cap: Callable[[], int] = lambda: 1) -> None:
         self.session = session
         self.endpoints = endpoints  # each attempt goes to endpoints.pick (worker.endpoints)
@@ -100,8 +99,7 @@ class Client:
         self.pacer = pacer
         self.on_trip = on_trip
         self.on_probe = on_probe
-        self.auth = auth or AuthWatch()
-        self.on_auth = on_auth or (lambda message: None)
+        self.on_auth = on_auth or (lambda e, message: None)
         self.inflight = inflight  # requests this worker has begun and not answered (AuthWatch's evidence)
         self.secret = secret.encode() if secret else None
         self.secrets = [self.secret] if self.secret else []  # and --header values (worker.main)
@@ -271,7 +269,7 @@ class Client:
                 self.observe(ep, a.status, None if f is None else str(f.code), server_s)
             if f is None:
                 ep.breaker.success()
-                self.auth.success(t_a)
+                ep.auth.success(t_a)
                 if estimate and isinstance(a.parsed, dict):  # --max-tokens-per-min: global and the endpoint's
                     usage = a.parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
@@ -294,13 +292,17 @@ class Client:
                 return self._outcome(a, used, start, sent, times,
                                      {"code": Code.RATE_LIMITED.value, "message": msg})
             if step is Step.AUTH:
-                if self.auth.refuse(key, t_a, self.inflight()):
-                    self.on_auth(f.message)
+                if ep.auth.refuse(key, time.monotonic(), self.inflight()):
+                    self.on_auth(ep.index, f.message)
                 self.parked += 1
                 try:
-                    await self.auth.wait(key)  # returns only when the refusal was this task's own
+                    own = await ep.auth.wait(key)  # returns only when the refusal was this task's own, or
                 finally:
                     self.parked -= 1
+                if not own:  # ... when its endpoint was left out for the key: to another, not counted
+                    used -= 1
+                    self.retries += 1
+                    continue
                 return self._outcome(a, used, start, sent, times)
             if f.endpoint_side and not ep.up:
                 self.retries += 1

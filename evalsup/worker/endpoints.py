@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from evalsup.tasks import join_url, public_url
 from evalsup.worker.adaptive import AdaptiveLimit
-from evalsup.worker.breaker import LocalBreaker
+from evalsup.worker.breaker import AuthWatch, LocalBreaker
 from evalsup.worker.pacing import Pacer
 
 
@@ -26,16 +26,18 @@ class HandedBack(BaseException):
 
 
 class Endpoint:
-    __slots__ = ("_urls", "adaptive", "base_url", "breaker", "index", "on_wire", "out", "pacer", "pending", "public")
+    __slots__ = ("_urls", "adaptive", "auth", "base_url", "breaker", "index", "on_wire", "out", "pacer", "pending",
+                 "public")
 
     def __init__(self, index: int, base_url: str, adaptive: AdaptiveLimit | None = None) -> None:
         self.index = index
         self.base_url = base_url
         self.public = public_url(base_url)  # what records show: no credentials
         self.breaker = LocalBreaker()
+        self.auth = AuthWatch()  # is the key refused here? (then the run stops, or goes on without it)
         self.adaptive = adaptive  # None: --concurrency fixes the limit
         self.on_wire = 0  # requests sent here and not yet answered
-        self.out = False  # left out for the whole run (failed the connection check)
+        self.out = False  # left out for the whole run (failed the connection check, or refused the key)
         self.pacer: Pacer | None = None  # its own rate limits' share (URL=N), see worker.endpoint_pacing
         self.pending = 0  # requests picked for it that wait on its pacer: load, as those on the wire
         self._urls: dict[str, str] = {}  # task path -> URL (the few paths a task file names)
@@ -102,6 +104,8 @@ class EndpointPool:
             return
         ep = self.all[index]
         ep.out = ep.out or out
+        if out:
+            ep.auth.release()  # requests it refused go to the others
         ep.breaker.set_open(is_open, was_down)
         if ep.up and self._back is not None:
             back, self._back = self._back, None

@@ -32,7 +32,6 @@ from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_r
 from evalsup.worker.adaptive import adaptive_from_config
 from evalsup.worker.adaptive_hook import watch
 from evalsup.worker.bodies import UsageOnly
-from evalsup.worker.breaker import AuthWatch
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.endpoint_pacing import apply_rate
 from evalsup.worker.endpoints import EndpointPool, HandedBack
@@ -79,7 +78,6 @@ class Worker:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.pid = os.getpid()
-        self.auth = AuthWatch()
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -241,8 +239,8 @@ class Worker:
     def _on_trip(self, e: int, reason: str) -> None:
         self.out.send(encode_json(Kind.TRIP, {"reason": reason, "e": e}))
 
-    def _on_auth(self, message: str) -> None:
-        self.out.send(encode_json(Kind.AUTH, {"message": message}))
+    def _on_auth(self, e: int, message: str) -> None:
+        self.out.send(encode_json(Kind.AUTH, {"message": message, "e": e}))
         self.out.flush()
 
     def _on_probe(self, e: int, ok: bool, detail: str) -> None:
@@ -333,7 +331,7 @@ class Worker:
             client = Client(session, self.endpoints, headers, policy,
                             int(cfg.max_response_mb * (1 << 20)), seed=self.pid, cap=lambda: self.limit,
                             pacer=self.pacer, on_trip=self._on_trip,
-                            on_probe=self._on_probe, secret=key, auth=self.auth, on_auth=self._on_auth,
+                            on_probe=self._on_probe, secret=key, on_auth=self._on_auth,
                             inflight=lambda: self.inflight,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
