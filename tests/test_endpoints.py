@@ -141,7 +141,7 @@ def test_every_endpoint_refusing_the_key_stops_resumably(tmp_path: Path, mocks: 
     p = start(*args)
     assert p.finish() == 75, p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert "every endpoint refused the API key" in last and last.count("rerun") == 1, p.stderr
+    assert "no endpoint left in the run takes the API key" in last and last.count("rerun") == 1, p.stderr
     done = read_results(tmp_path / "t.run")
     assert done and all(x["error"] is None for x in done)  # no task failed for it
     for m in mocks[:2]:
@@ -242,7 +242,7 @@ def test_parked_requests_wait_for_any_endpoint_and_learn_if_it_was_down() -> Non
 
 def test_the_run_pauses_only_when_every_endpoint_is_down() -> None:
     eps = Endpoints(["http://a/v1", "http://b/v1", "http://c/v1"], max_down_s=60.0)
-    eps.leave_out(2, "cannot reach")
+    eps.leave_out(2, "cannot reach", 0.0)
     assert not eps.trip(2, 0.0, "x")  # left out: never ejected, never probed
     assert eps.trip(0, 1.0, "reset") and not eps.open
     assert not eps.trip(0, 1.5, "again")  # already ejected
@@ -261,6 +261,17 @@ def test_the_run_pauses_only_when_every_endpoint_is_down() -> None:
     assert eps.open_frames() == [{"e": 0}, {"e": 2, "out": True}]
     s = eps.summary(55.0, {1: 7})
     assert [e["results"] for e in s] == [0, 7, 0] and s[0]["ejected"] == 1 and s[2]["left_out"] == "cannot reach"
+
+
+def test_an_endpoint_left_out_mid_run_while_the_others_are_down() -> None:
+    eps = Endpoints(["http://a/v1", "http://b/v1"], max_down_s=60.0)
+    assert eps.trip(1, 1.0, "reset") and not eps.open
+    eps.probe_sent(0, 2.0)  # (say a probe of 0 is out when 0 is left out)
+    eps.leave_out(0, "it refused the API key", 2.0)  # the one serving is left out; 1 is ejected
+    assert eps.open and eps.reason == "reset" and eps.opened == 1  # the run waits for 1, as for any outage
+    assert not eps.probe_result(0, True, 2.5) and eps.open  # the left-out one's late answer changes nothing
+    assert eps.probes_due(3.0) == [1] and not eps.down_too_long(61.0) and eps.down_too_long(63.0)
+    assert eps.probe_result(1, True, 4.0) and not eps.open
 
 
 def test_one_endpoint_behaves_as_the_single_breaker() -> None:

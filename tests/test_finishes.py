@@ -133,6 +133,24 @@ def test_a_key_revoked_mid_run_stops_resumably_and_fails_nothing(tmp_path: Path)
         assert all(x["error"] is None for x in recs)
 
 
+@pytest.mark.parametrize("c", ["1", "16"])
+def test_a_task_refused_for_itself_gets_its_record_and_the_run_finishes(tmp_path: Path, mock: MockThread,
+                                                                         c: str) -> None:
+    # a 403 (say a gateway's rule on that prompt) and a 401 on the very last task: no request of the run follows
+    # them, and at -c 1 nothing else is in flight to vouch for the key; the key check (a request of evalsup's own)
+    # shows the key is taken, so each is that task's own record, not a stopped run
+    rows: list[dict[str, Any]] = [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(40)]
+    rows.insert(20, {"id": "own", "prompt": "p", "mock": {"status": 403}})
+    rows.append({"id": "last", "prompt": "p", "mock": {"status": 401}})
+    tasks = lines(tmp_path / "t.jsonl", rows)
+    r = run_cli("run", "-w", "1", "-c", c, "--model", "mock-model", "--base-url", mock.url, str(tasks), timeout=60)
+    assert r.returncode == 0, r.stderr
+    recs = {x["custom_id"]: x for x in assert_exactly_once(tmp_path / "t.run", {str(o["id"]) for o in rows})}
+    assert recs["own"]["error"]["evalsup_code"] == "http_403" and recs["last"]["error"]["evalsup_code"] == "http_401"
+    assert sorted(k for k, x in recs.items() if x["error"] is not None) == ["last", "own"]
+    assert "refused the API key" not in r.stderr
+
+
 def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockThread) -> None:
     rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.02}} for i in range(1500)]
     tasks = lines(tmp_path / "t.jsonl", rows)

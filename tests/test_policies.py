@@ -293,33 +293,38 @@ def test_retry_steps() -> None:
 def test_auth_watch_tells_a_lost_key_from_one_task_refused() -> None:
     import asyncio
 
-    from evalsup.worker.breaker import AuthWatch
+    from evalsup.worker.breaker import AuthWatch, HandedBack
 
     async def go() -> None:
-        w = AuthWatch(spread=3)
-        assert not w.refuse(1, at=10.0, inflight=10)
+        w = AuthWatch()
+        assert w.refuse(1, at=10.0, message="no")  # the first refusal: ask the endpoint (a key check)
+        w.checking = True
+        assert w.pending and not w.refuse(2, 10.5, "no")  # one check at a time
         waiting = asyncio.create_task(w.wait(1))
         w.success(sent_at=9.0)  # a request sent before the refusal came: it proves nothing about the key now
         await asyncio.sleep(0.02)
         assert not waiting.done()
-        w.success(sent_at=11.0)  # one sent after it succeeded: the refusal was task 1's own
-        await asyncio.wait_for(waiting, 1)
-        assert not w.refuse(2, 20.0, inflight=10) and not w.refuse(3, 20.1, inflight=10)
-        assert w.refuse(4, 20.2, inflight=10)  # three distinct tasks since the last success: the key is lost
-        w.success(sent_at=30.0)
-        stuck = asyncio.create_task(w.wait(4))
+        w.success(sent_at=10.2)  # one sent after it came back succeeded: the refusal was task 1's own
+        assert await asyncio.wait_for(waiting, 1) is True
+        assert list(w.refused) == [2] and w.pending  # refused after that request left: still waiting
+        assert w.check_refused() and not w.check_refused()  # the check refused too: the key is lost, said once
+        assert not w.pending
+        w.success(sent_at=30.0)  # no verdict on a lost key from a success
+        stuck = asyncio.create_task(w.wait(2))
         await asyncio.sleep(0.05)
         assert not stuck.done()  # held for the supervisor's verdict, never written as failed
         w.release()  # the supervisor left its endpoint out (others serve): the task goes to another
         assert await asyncio.wait_for(stuck, 1) is False
-        assert not w.refuse(6, 40.0, inflight=10)  # answered after the release: to another at once
+        assert not w.refuse(6, 40.0, "no")  # answered after the release: to another at once
         assert await asyncio.wait_for(w.wait(6), 1) is False
-        own = AuthWatch(spread=3)
-        own.refuse(5, 1.0, inflight=10)
-        verdict = asyncio.create_task(own.wait(5))
-        own.success(sent_at=2.0)
-        assert await asyncio.wait_for(verdict, 1) is True  # its own refusal: written as failed
-        assert AuthWatch().refuse(1, 0.0, inflight=1)  # the only request in flight: nothing else can vouch
+
+        d = AuthWatch()  # the worker drains while a refusal waits: the task goes back, unanswered
+        d.refuse(7, 1.0, "no")
+        held = asyncio.create_task(d.wait(7))
+        await asyncio.sleep(0.01)
+        d.hand_back()
+        with pytest.raises(HandedBack):
+            await asyncio.wait_for(held, 1)
 
     asyncio.run(go())
 

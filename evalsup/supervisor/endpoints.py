@@ -58,8 +58,9 @@ class Endpoints:
         """Endpoint ``i`` failed the connection check, or refused the key: the run goes on without it (when the
         others left are all ejected just now, the run waits for one of them as for any outage)."""
         self.left_out[i] = why
-        if self.live() and not self.up() and not self.open:
-            self.open, self.reason, self.opened_at = True, why, now
+        live = self.live()
+        if live and not self.up() and not self.open:
+            self.open, self.reason, self.opened_at = True, self.breakers[live[0]].reason, now
             self.opened += 1
 
     def trip(self, i: int, now: float, reason: str) -> bool:
@@ -74,8 +75,8 @@ class Endpoints:
 
     def probe_result(self, i: int, ok: bool, now: float) -> bool:
         """True when this closes endpoint ``i``'s breaker: it rejoins (and the run resumes if it was down)."""
-        if not 0 <= i < len(self.breakers) or not self.breakers[i].probe_result(ok, now):
-            return False
+        if i in self.left_out or not 0 <= i < len(self.breakers) or not self.breakers[i].probe_result(ok, now):
+            return False  # (a left-out one's late answer changes nothing)
         if self.open:
             self.open = False
             self.down_s += now - self.opened_at

@@ -167,9 +167,12 @@ class Inbox(SupervisorCore):
         """Endpoints that failed the connection check: one line each, and the run goes on without them."""
         eps = self.endpoints
         for e, why in failed.items():
+            was_open = eps.open
             eps.leave_out(e, why, time.monotonic())
             self.log(f"{eps.name(e)} left out of this run: {why}")
             self._broadcast(Kind.BREAKER_OPEN, {"e": e, "out": True})
+            if eps.open and not was_open:  # the others left are all ejected just now
+                self._all_down(eps.reason)
 
     def _on_trip(self, w: WorkerHandle, payload: memoryview) -> None:
         t = decode_json(payload)
@@ -178,10 +181,7 @@ class Inbox(SupervisorCore):
         if eps.trip(e, time.monotonic(), reason):
             self._broadcast(Kind.BREAKER_OPEN, {"e": e})
             if eps.open:
-                every = "every endpoint is down" if eps.many else "endpoint looks down"
-                self.log(f"{every} ({reason}); pausing dispatch and probing, no task is failed meanwhile "
-                         f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
-                self.events("breaker_open", reason=reason)
+                self._all_down(reason)
             else:
                 self.log(f"{eps.name(e)} looks down ({reason}); ejected: the others take its requests, it is "
                          f"probed on its own ({len(eps.up())} of {len(eps.urls)} up)")
@@ -189,6 +189,12 @@ class Inbox(SupervisorCore):
                 self.events("endpoint_out", endpoint=e, reason=reason)
         elif 0 <= e < len(eps.breakers) and eps.breakers[e].open:
             w.send(Kind.BREAKER_OPEN, {"e": e})
+
+    def _all_down(self, reason: str) -> None:
+        every = "every endpoint is down" if self.endpoints.many else "endpoint looks down"
+        self.log(f"{every} ({reason}); pausing dispatch and probing, no task is failed meanwhile "
+                 f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
+        self.events("breaker_open", reason=reason)
 
     def _on_probe_result(self, w: WorkerHandle, payload: memoryview) -> None:
         r = decode_json(payload)
@@ -222,10 +228,10 @@ class Inbox(SupervisorCore):
             return  # another worker said so first
         self.events("auth_refused", pid=w.pid, **({"endpoint": e} if eps.many else {}))
         if len([i for i in eps.live() if i != e]) > 0:
-            self._leave_out({e: f"it refused the API key for several tasks ({said}); the others take its requests"})
+            self._leave_out({e: f"it refused the API key ({said}); the others take its requests"})
             return
-        what = "every endpoint refused" if eps.many else "the endpoint refused"
-        self.stop(f"{what} the API key for several tasks ({said}); no task was failed for it: fix the key "
+        what = "no endpoint left in the run takes" if eps.many else "the endpoint refused"
+        self.stop(f"{what} the API key ({said}); no task was failed for it: fix the key "
                   "(OPENAI_API_KEY or --api-key-file)", ex.RESUMABLE, "now")
 
     def _breaker_tick(self, now: float) -> None:

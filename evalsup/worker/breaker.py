@@ -55,34 +55,46 @@ class LocalBreaker:
         return self.was_down
 
 
+class HandedBack(BaseException):
+    """Raised in a request waiting for an outage's end, or for a key's verdict, when its worker drains: the task
+    goes back to the supervisor unanswered. A BaseException, as CancelledError is, so that no handler of errors
+    takes it for a failure."""
+
+
 class AuthWatch:
-    """One endpoint's evidence that the key was refused: 401/403 for ``spread`` distinct tasks with no success
-    in between, or for every request in flight. The key was revoked mid-run (or this endpoint does not take
-    it), and the run must not fail every task for it.
+    """One endpoint's evidence whether the key is refused: was a 401/403 the task's own, or is the key refused
+    (revoked mid-run, or not taken by this endpoint)? The run must not fail every task for a lost key.
 
-    A refused request waits here for the verdict. A success of a request *sent after the refusal came back*
-    shows the key still works, so the refusal was that task's own (written as a failed record). A success of
-    a request sent earlier proves nothing: it may have reached the server before the key was revoked, even if
-    it left after the refused one (requests in flight together arrive in any order). Once the key is judged lost a
-    refused request waits until the supervisor either stops the run (the task is redone by the rerun) or,
-    with other endpoints still serving, leaves this one out (``release``: the task goes to another)."""
+    A refused request waits here for the verdict. The first refusal makes the client ask the endpoint itself
+    with the connection check's tiny request (``pending``: a check is wanted). A success of any request *sent
+    after the refusal came back*, that check's or a task's, shows the key still works: the refusal was that
+    task's own (written as a failed record). A success of a request sent earlier proves nothing: it may have
+    reached the server before the key was revoked, even if it left after the refused one (requests in flight
+    together arrive in any order). The check refused too (``check_refused``): the key is lost. A refused request
+    then waits until the supervisor either stops the run (the task is redone by the rerun) or, with other
+    endpoints still serving, leaves this one out (``release``: the task goes to another)."""
 
-    def __init__(self, spread: int = 3) -> None:
-        self.spread = spread
+    def __init__(self) -> None:
         self.refused: dict[int, tuple[float, asyncio.Event]] = {}  # task -> (when it was refused, verdict)
+        self.message = ""  # what the endpoint said, for the line that reports a lost key
         self.lost = False
         self.released = False
+        self.handed_back = False
+        self.checking = False  # the client's key check is under way
 
-    def refuse(self, key: int, at: float, inflight: int) -> bool:
-        """Task ``key``'s request was refused, the answer received at ``at``; True when this makes the key lost
-        (tell the supervisor, once)."""
-        if self.released:
-            return False  # (answered after its endpoint was left out: ``wait`` sends it elsewhere at once)
+    def refuse(self, key: int, at: float, message: str) -> bool:
+        """Task ``key``'s request was refused, the answer received at ``at``; True when a key check should
+        start (none is under way, and no verdict on the key yet)."""
+        if self.released or self.handed_back:
+            return False  # (``wait`` sends it elsewhere, or back, at once)
         self.refused[key] = (at, asyncio.Event())
-        if not self.lost and (len(self.refused) >= self.spread or len(self.refused) >= inflight):
-            self.lost = True
-            return True
-        return False
+        self.message = message
+        return not self.lost and not self.checking
+
+    @property
+    def pending(self) -> bool:
+        """Refusals wait for a verdict the key check can give."""
+        return bool(self.refused) and not (self.lost or self.released or self.handed_back)
 
     def success(self, sent_at: float) -> None:
         """A request sent at ``sent_at`` succeeded: the refusals received before it was sent were their own."""
@@ -93,17 +105,35 @@ class AuthWatch:
                 del self.refused[key]
                 verdict.set()
 
-    def release(self) -> None:
-        """The endpoint is left out of the run: every refused request waiting here goes to another."""
-        self.released = True
+    def check_refused(self) -> bool:
+        """The key check was refused too: the key is lost. True the first time (tell the supervisor, once)."""
+        if self.lost or self.released:
+            return False
+        self.lost = True
+        return True
+
+    def _wake_all(self) -> None:
         for _, verdict in self.refused.values():
             verdict.set()
         self.refused.clear()
 
+    def release(self) -> None:
+        """The endpoint is left out of the run: every refused request waiting here goes to another."""
+        self.released = True
+        self._wake_all()
+
+    def hand_back(self) -> None:
+        """The worker drains: every refused request waiting here goes back to the supervisor unanswered."""
+        self.handed_back = True
+        self._wake_all()
+
     async def wait(self, key: int) -> bool:
         """True when the refusal was task ``key``'s own; False when the endpoint was left out meanwhile (the
-        task goes elsewhere). While the key is lost and the endpoint still in the run, it does not return."""
+        task goes elsewhere); HandedBack when the worker drains. While the key is lost and the endpoint still
+        in the run, it does not return."""
         entry = self.refused.get(key)
-        if entry is not None and not self.released:
+        if entry is not None and not (self.released or self.handed_back):
             await entry[1].wait()
+        if self.handed_back:
+            raise HandedBack
         return not self.released

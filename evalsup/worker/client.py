@@ -12,13 +12,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from evalsup.tasks import join_url
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
 from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pick_paced
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
+from evalsup.worker.probes import send_probe
 from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
 from evalsup.worker.server_errors import request_id_of, text_body
 from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
@@ -87,7 +87,7 @@ class Client:
                  policy: RetryPolicy, max_response_bytes: int, seed: int,
                  pacer: Pacer, on_trip: Callable[[int, str], None], on_probe: Callable[[int, bool, str], None],
                  secret: str | None = None, whole_bodies: bool = True,
-                 on_auth: Callable[[int, str], None] | None = None, inflight: Callable[[], int] = lambda: 1,
+                 on_auth: Callable[[int, str], None] | None = None,
                  cap: Callable[[], int] = lambda: 1) -> None:
         self.session = session
         self.endpoints = endpoints  # each attempt goes to endpoints.pick (worker.endpoints)
@@ -100,7 +100,7 @@ class Client:
         self.on_trip = on_trip
         self.on_probe = on_probe
         self.on_auth = on_auth or (lambda e, message: None)
-        self.inflight = inflight  # requests this worker has begun and not answered (AuthWatch's evidence)
+        self._checks: set[asyncio.Task[None]] = set()  # key checks under way (AuthWatch)
         self.secret = secret.encode() if secret else None
         self.secrets = [self.secret] if self.secret else []  # and --header values (worker.main)
         # whole_bodies: something (a scorer, a plugin) reads the parsed body; else a large one only needs checking
@@ -292,8 +292,8 @@ class Client:
                 return self._outcome(a, used, start, sent, times,
                                      {"code": Code.RATE_LIMITED.value, "message": msg})
             if step is Step.AUTH:
-                if ep.auth.refuse(key, time.monotonic(), self.inflight()):
-                    self.on_auth(ep.index, f.message)
+                if ep.auth.refuse(key, time.monotonic(), f.message):
+                    self._check_key(ep)
                 self.parked += 1
                 try:
                     own = await ep.auth.wait(key)  # returns only when the refusal was this task's own, or
@@ -347,40 +347,36 @@ class Client:
         return Outcome(a.status, body, len(a.raw), a.request_id, error, attempts, time.monotonic() - start,
                        a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent, *times)
 
-    def _probe_request(self, ep: Endpoint) -> tuple[str, bytes] | None:
-        """The tiny request the connection check makes, for the path and model of the last task seen here."""
-        if self._last is None:
-            return None
-        path, model = self._last
-        body: dict[str, Any] = {"model": model}
-        p = path.partition("?")[0].rstrip("/")
-        if p.endswith("/chat/completions"):
-            body.update(messages=[{"role": "user", "content": "ping"}], max_tokens=1)
-        elif p.endswith("/completions"):
-            body.update(prompt="ping", max_tokens=1)
-        elif p.endswith("/embeddings"):
-            body.update(input="ping")
-        elif p.endswith("/responses"):
-            body.update(input="ping", max_output_tokens=16)
-        else:
-            return None
-        return ep.url(path), orjson.dumps(body)
+    def _check_key(self, ep: Endpoint) -> None:
+        ep.auth.checking = True
+        t = asyncio.create_task(self._key_check(ep))
+        self._checks.add(t)
+        t.add_done_callback(self._checks.discard)
+
+    async def _key_check(self, ep: Endpoint) -> None:
+        """Refusals wait for a verdict: ask the endpoint with a request of our own, sent after they came back.
+        Refused too: the key is lost (the supervisor is told). Any other answer below 500: the refusals
+        received before it was sent were those tasks' own. No answer, or a 5xx: ask again, 1 to 5 s later."""
+        pause = 1.0
+        try:
+            while ep.auth.pending:
+                sent = time.monotonic()
+                status, _ = await send_probe(self.session, self.headers, ep, self._last)
+                if status in (401, 403):
+                    if ep.auth.check_refused():
+                        self.on_auth(ep.index, ep.auth.message)
+                    return
+                if status is not None and status < 500:
+                    ep.auth.success(sent)
+                    continue  # (refusals received since it left wait for the next)
+                await asyncio.sleep(pause)
+                pause = min(5.0, pause * 2)
+        finally:
+            ep.auth.checking = False
 
     async def probe(self, index: int = 0) -> None:
-        """The breaker's probe, a request of its own, never a parked task's: the connection check's tiny
-        request for the last task's path and model (GET /models before any task). Any answer but a 5xx (a
-        400, a 429 included) says the endpoint as a whole serves."""
-        ep = self.endpoints.all[index]
-        req = self._probe_request(ep)
-        what = "a 1-token request" if req is not None else "GET /models"
-        try:
-            if req is not None:
-                ctx = self.session.post(req[0], data=req[1], headers=self.headers)
-            else:
-                ctx = self.session.get(join_url(ep.base_url, "/v1/models"), headers=self.headers)
-            async with ctx as resp:
-                await resp.read()
-                ok, detail = resp.status < 500, f"{what}: HTTP {resp.status}"
-        except (aiohttp.ClientError, TimeoutError) as e:
-            ok, detail = False, f"{what}: {type(e).__name__}: {e}"[:300]
+        """The breaker's probe (worker.probes). Any answer but a 5xx (a 400, a 429 included) says the endpoint
+        as a whole serves."""
+        status, detail = await send_probe(self.session, self.headers, self.endpoints.all[index], self._last)
+        ok = status is not None and status < 500
         self.on_probe(index, ok, detail)

@@ -16,13 +16,8 @@ from collections.abc import Callable, Sequence
 
 from evalsup.tasks import join_url, public_url
 from evalsup.worker.adaptive import AdaptiveLimit
-from evalsup.worker.breaker import AuthWatch, LocalBreaker
+from evalsup.worker.breaker import AuthWatch, HandedBack, LocalBreaker
 from evalsup.worker.pacing import Pacer
-
-
-class HandedBack(BaseException):
-    """Raised in a request parked for an outage when its worker drains: the task goes back to the supervisor
-    unanswered. A BaseException, as CancelledError is, so that no handler of errors takes it for a failure."""
 
 
 class Endpoint:
@@ -116,6 +111,8 @@ class EndpointPool:
         """The worker drains: every request parked for an outage, and any that would park from now on, raises
         HandedBack (its task goes back to the supervisor unanswered, for another worker or the rerun)."""
         self._handing_back = True
+        for ep in self.all:
+            ep.auth.hand_back()  # and those waiting for a verdict on the key
         back, self._back = self._back, None
         if back is not None and not back.done():
             back.set_exception(HandedBack())

@@ -32,9 +32,10 @@ from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_r
 from evalsup.worker.adaptive import adaptive_from_config
 from evalsup.worker.adaptive_hook import watch
 from evalsup.worker.bodies import UsageOnly
+from evalsup.worker.breaker import HandedBack
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.endpoint_pacing import apply_rate
-from evalsup.worker.endpoints import EndpointPool, HandedBack
+from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.pipes import open_pipes
 from evalsup.worker.retry import RetryPolicy
@@ -332,7 +333,6 @@ class Worker:
                             int(cfg.max_response_mb * (1 << 20)), seed=self.pid, cap=lambda: self.limit,
                             pacer=self.pacer, on_trip=self._on_trip,
                             on_probe=self._on_probe, secret=key, on_auth=self._on_auth,
-                            inflight=lambda: self.inflight,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
             self.client, client.on_rest = client, self._pump
