@@ -204,3 +204,45 @@ def test_a_200_without_choices_is_an_invalid_response_record(tmp_path: Path, not
     for rec in recs:
         assert rec["error"]["code"] == "invalid_response" and rec["metrics"]["attempts"] == 2
     assert summary(tmp_path / "t.run")["succeeded"] == 0
+
+
+class _RefusesThenFalls(http.server.BaseHTTPRequestHandler):
+    """Answers tasks, refuses the one asking "bad" (401), and gives 500 to everything else: evalsup's own
+    requests (the key check, the breaker's probe) find a server that has just gone wrong."""
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status, body = 200, {"id": "x", "object": "chat.completion", "model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+        if b'"bad"' in raw:
+            status, body = 401, {"error": {"message": "no", "type": "invalid_request_error", "code": "x"}}
+        elif b'"q' not in raw:
+            status, body = 500, {"error": {"message": "broken", "type": "server_error"}}
+        data = orjson.dumps(body)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_refusal_whose_key_check_finds_the_server_down_still_ends_the_run(tmp_path: Path) -> None:
+    # the last task is refused and the key check gets no verdict (500s): the endpoint is tripped as down, and
+    # --max-wait-down ends the run resumably rather than the task waiting for a verdict for ever
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusesThenFalls)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rows = [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(5)] + [{"id": "bad", "prompt": "bad"}]
+        tasks = lines(tmp_path / "t.jsonl", rows)
+        r = run_cli("run", "-w", "1", "-c", "1", "--no-check", "--max-wait-down", "2", "--model", "m",
+                    "--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1", str(tasks), timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 75, r.stderr
+    assert "--max-wait-down" in r.stderr.strip().splitlines()[-1], r.stderr
+    recs = {x["custom_id"]: x for x in read_results(tmp_path / "t.run")}
+    assert sorted(recs) == [f"t{i}" for i in range(5)] and all(x["error"] is None for x in recs.values()), r.stderr

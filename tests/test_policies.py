@@ -318,6 +318,14 @@ def test_auth_watch_tells_a_lost_key_from_one_task_refused() -> None:
         assert not w.refuse(6, 40.0, "no")  # answered after the release: to another at once
         assert await asyncio.wait_for(w.wait(6), 1) is False
 
+        m = AuthWatch()  # its endpoint is ejected while refusals wait: they go elsewhere, and more may follow
+        m.refuse(8, 1.0, "no")
+        moved = asyncio.create_task(m.wait(8))
+        await asyncio.sleep(0.01)
+        m.move_on()
+        assert await asyncio.wait_for(moved, 1) is False and not m.released
+        assert m.refuse(9, 2.0, "no") and m.pending
+
         d = AuthWatch()  # the worker drains while a refusal waits: the task goes back, unanswered
         d.refuse(7, 1.0, "no")
         held = asyncio.create_task(d.wait(7))
@@ -327,6 +335,15 @@ def test_auth_watch_tells_a_lost_key_from_one_task_refused() -> None:
             await asyncio.wait_for(held, 1)
 
     asyncio.run(go())
+
+
+def test_what_the_key_check_answer_says_of_the_key() -> None:
+    from evalsup.worker.probes import key_verdict
+
+    assert [key_verdict(s, True) for s in (200, 401, 403, 400, 404, 422, 429, 408, 500, 503, None)] == [
+        "taken", "lost", "lost", "taken", "taken", "taken", "taken", "unsure", "down", "down", "down"]
+    # GET /models: some servers serve it without a key, or have none; only a 2xx or a refusal says anything
+    assert [key_verdict(s, False) for s in (200, 401, 404, 429)] == ["taken", "lost", "unsure", "unsure"]
 
 
 def test_endpoint_breaker_tells_a_false_alarm_from_an_outage() -> None:

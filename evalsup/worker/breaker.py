@@ -66,16 +66,19 @@ class AuthWatch:
     (revoked mid-run, or not taken by this endpoint)? The run must not fail every task for a lost key.
 
     A refused request waits here for the verdict. The first refusal makes the client ask the endpoint itself
-    with the connection check's tiny request (``pending``: a check is wanted). A success of any request *sent
-    after the refusal came back*, that check's or a task's, shows the key still works: the refusal was that
-    task's own (written as a failed record). A success of a request sent earlier proves nothing: it may have
-    reached the server before the key was revoked, even if it left after the refused one (requests in flight
-    together arrive in any order). The check refused too (``check_refused``): the key is lost. A refused request
-    then waits until the supervisor either stops the run (the task is redone by the rerun) or, with other
-    endpoints still serving, leaves this one out (``release``: the task goes to another)."""
+    (``Client._key_check``: the tiny request of the connection check, for the path and model this endpoint
+    last served). A success of any request *sent after the refusal came back*, that check's or a task's, shows
+    the key still works: the refusal was that task's own (written as a failed record). A success of a request
+    sent earlier proves nothing: it may have reached the server before the key was revoked, even if it left
+    after the refused one (requests in flight together arrive in any order). The check refused too
+    (``check_refused``): the key is lost. A refused request then waits until the supervisor either stops the
+    run (the task is redone by the rerun) or, with other endpoints still serving, leaves this one out
+    (``release``). An endpoint ejected meanwhile (``move_on``) sends its waiting tasks elsewhere too, and a
+    draining worker hands them back (``hand_back``)."""
 
     def __init__(self) -> None:
-        self.refused: dict[int, tuple[float, asyncio.Event]] = {}  # task -> (when it was refused, verdict)
+        # task -> (when it was refused, its verdict: True its own, False go elsewhere, HandedBack)
+        self.refused: dict[int, tuple[float, asyncio.Future[bool]]] = {}
         self.message = ""  # what the endpoint said, for the line that reports a lost key
         self.lost = False
         self.released = False
@@ -87,7 +90,7 @@ class AuthWatch:
         start (none is under way, and no verdict on the key yet)."""
         if self.released or self.handed_back:
             return False  # (``wait`` sends it elsewhere, or back, at once)
-        self.refused[key] = (at, asyncio.Event())
+        self.refused[key] = (at, asyncio.get_running_loop().create_future())
         self.message = message
         return not self.lost and not self.checking
 
@@ -103,7 +106,8 @@ class AuthWatch:
         for key, (when, verdict) in list(self.refused.items()):
             if when < sent_at:
                 del self.refused[key]
-                verdict.set()
+                if not verdict.done():
+                    verdict.set_result(True)
 
     def check_refused(self) -> bool:
         """The key check was refused too: the key is lost. True the first time (tell the supervisor, once)."""
@@ -112,28 +116,34 @@ class AuthWatch:
         self.lost = True
         return True
 
-    def _wake_all(self) -> None:
-        for _, verdict in self.refused.values():
-            verdict.set()
-        self.refused.clear()
+    def move_on(self) -> None:
+        """The endpoint is ejected (or left out): every refused request waiting here goes to another endpoint
+        (or parks until one is up), no attempt counted."""
+        waiting, self.refused = self.refused, {}
+        for _, verdict in waiting.values():
+            if verdict.done():
+                continue
+            if self.handed_back:
+                verdict.set_exception(HandedBack())
+            else:
+                verdict.set_result(False)
 
     def release(self) -> None:
-        """The endpoint is left out of the run: every refused request waiting here goes to another."""
+        """The endpoint is left out of the run: what it refused goes to the others, now and from now on."""
         self.released = True
-        self._wake_all()
+        self.move_on()
 
     def hand_back(self) -> None:
         """The worker drains: every refused request waiting here goes back to the supervisor unanswered."""
         self.handed_back = True
-        self._wake_all()
+        self.move_on()
 
     async def wait(self, key: int) -> bool:
-        """True when the refusal was task ``key``'s own; False when the endpoint was left out meanwhile (the
-        task goes elsewhere); HandedBack when the worker drains. While the key is lost and the endpoint still
-        in the run, it does not return."""
+        """True when the refusal was task ``key``'s own; False when it is to go to another endpoint; raises
+        HandedBack when the worker drains. While the key is lost and nothing else happens, it does not return."""
         entry = self.refused.get(key)
-        if entry is not None and not (self.released or self.handed_back):
-            await entry[1].wait()
-        if self.handed_back:
-            raise HandedBack
-        return not self.released
+        if entry is None:  # refused after a release or a hand-back
+            if self.handed_back:
+                raise HandedBack
+            return False
+        return await entry[1]

@@ -18,7 +18,7 @@ from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pick_pa
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
-from evalsup.worker.probes import send_probe
+from evalsup.worker.probes import key_verdict, probe_request, send_probe
 from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
 from evalsup.worker.server_errors import request_id_of, text_body
 from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
@@ -230,8 +230,9 @@ class Client:
         payload = orjson.dumps(body)
         need = answer_key(path)
         model = body.get("model")
-        if isinstance(model, str):
-            self._last = (path, model)
+        last = (path, model) if isinstance(model, str) else None
+        if last is not None:
+            self._last = last
         estimate = estimate_tokens(body) if counts_tokens(self.pacer, self.endpoints) else 0
         start = time.monotonic()
         used = 0  # attempts counted against --max-attempts
@@ -270,6 +271,8 @@ class Client:
             if f is None:
                 ep.breaker.success()
                 ep.auth.success(t_a)
+                if last is not None:
+                    ep.last_ok = last
                 if estimate and isinstance(a.parsed, dict):  # --max-tokens-per-min: global and the endpoint's
                     usage = a.parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
@@ -354,21 +357,30 @@ class Client:
         t.add_done_callback(self._checks.discard)
 
     async def _key_check(self, ep: Endpoint) -> None:
-        """Refusals wait for a verdict: ask the endpoint with a request of our own, sent after they came back.
-        Refused too: the key is lost (the supervisor is told). Any other answer below 500: the refusals
-        received before it was sent were those tasks' own. No answer, or a 5xx: ask again, 1 to 5 s later."""
-        pause = 1.0
+        """Refusals wait for a verdict: ask the endpoint with a request of our own, sent after they came back,
+        for the path and model it last served (worker.probes.key_verdict). The key refused there too: lost,
+        and the supervisor is told. Taken: the refusals received before it was sent were those tasks' own.
+        No answer or a 5xx, three times running: the endpoint is tripped as down (the breaker's probes take
+        over, and the refused tasks go elsewhere or park). Else ask again, 1 to 5 s later; after 5 answers
+        that say nothing of the key, it is taken as taken (the endpoint serves; the tasks get their records)."""
+        pause, down, unsure = 1.0, 0, 0
         try:
             while ep.auth.pending:
                 sent = time.monotonic()
-                status, _ = await send_probe(self.session, self.headers, ep, self._last)
-                if status in (401, 403):
+                last = ep.last_ok or self._last
+                status, detail = await send_probe(self.session, self.headers, ep, last)
+                verdict = key_verdict(status, probe_request(ep, last) is not None)
+                if verdict == "lost":
                     if ep.auth.check_refused():
                         self.on_auth(ep.index, ep.auth.message)
                     return
-                if status is not None and status < 500:
+                if verdict == "taken" or (verdict == "unsure" and (unsure := unsure + 1) >= 5):
                     ep.auth.success(sent)
+                    pause, down, unsure = 1.0, 0, 0
                     continue  # (refusals received since it left wait for the next)
+                if verdict == "down" and (down := down + 1) >= 3 and ep.up:
+                    ep.breaker.set_open(True)
+                    self.on_trip(ep.index, f"the key check: {detail}")
                 await asyncio.sleep(pause)
                 pause = min(5.0, pause * 2)
         finally:
@@ -377,6 +389,7 @@ class Client:
     async def probe(self, index: int = 0) -> None:
         """The breaker's probe (worker.probes). Any answer but a 5xx (a 400, a 429 included) says the endpoint
         as a whole serves."""
-        status, detail = await send_probe(self.session, self.headers, self.endpoints.all[index], self._last)
+        ep = self.endpoints.all[index]
+        status, detail = await send_probe(self.session, self.headers, ep, ep.last_ok or self._last)
         ok = status is not None and status < 500
         self.on_probe(index, ok, detail)

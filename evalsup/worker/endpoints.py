@@ -21,8 +21,8 @@ from evalsup.worker.pacing import Pacer
 
 
 class Endpoint:
-    __slots__ = ("_urls", "adaptive", "auth", "base_url", "breaker", "index", "on_wire", "out", "pacer", "pending",
-                 "public")
+    __slots__ = ("_urls", "adaptive", "auth", "base_url", "breaker", "index", "last_ok", "on_wire", "out", "pacer",
+                 "pending", "public")
 
     def __init__(self, index: int, base_url: str, adaptive: AdaptiveLimit | None = None) -> None:
         self.index = index
@@ -30,6 +30,7 @@ class Endpoint:
         self.public = public_url(base_url)  # what records show: no credentials
         self.breaker = LocalBreaker()
         self.auth = AuthWatch()  # is the key refused here? (then the run stops, or goes on without it)
+        self.last_ok: tuple[str, str] | None = None  # (path, model) it last answered: what the key check asks
         self.adaptive = adaptive  # None: --concurrency fixes the limit
         self.on_wire = 0  # requests sent here and not yet answered
         self.out = False  # left out for the whole run (failed the connection check, or refused the key)
@@ -101,6 +102,8 @@ class EndpointPool:
         ep.out = ep.out or out
         if out:
             ep.auth.release()  # requests it refused go to the others
+        elif is_open:
+            ep.auth.move_on()  # ejected: they go to the others (or park until one is up)
         ep.breaker.set_open(is_open, was_down)
         if ep.up and self._back is not None:
             back, self._back = self._back, None

@@ -33,6 +33,19 @@ def probe_request(ep: Endpoint, last: tuple[str, str] | None) -> tuple[str, byte
     return ep.url(path), orjson.dumps(body)
 
 
+def key_verdict(status: int | None, posted: bool) -> str:
+    """What the key check's answer says of the key: "lost" (401/403), "taken" (a 2xx; or, to the tiny POST, an
+    answer only a server past its key check gives: 400, 404, 422, 429), "down" (no answer, a 5xx), or
+    "unsure" (anything else, or a non-2xx to GET /models, which some servers serve without a key or lack)."""
+    if status is None or status >= 500:
+        return "down"
+    if status in (401, 403):
+        return "lost"
+    if 200 <= status < 300 or (posted and status in (400, 404, 422, 429)):
+        return "taken"
+    return "unsure"
+
+
 async def send_probe(session: aiohttp.ClientSession, headers: dict[str, str], ep: Endpoint,
                      last: tuple[str, str] | None) -> tuple[int | None, str]:
     """(its HTTP status, or None when no answer came; what happened, for a log line: never the key)."""
@@ -46,5 +59,5 @@ async def send_probe(session: aiohttp.ClientSession, headers: dict[str, str], ep
         async with ctx as resp:
             await resp.read()
             return resp.status, f"{what}: HTTP {resp.status}"
-    except (aiohttp.ClientError, TimeoutError) as e:
+    except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError) as e:  # (a closed session at the end)
         return None, f"{what}: {type(e).__name__}: {e}"[:300]
