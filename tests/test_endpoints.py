@@ -151,6 +151,23 @@ def test_every_endpoint_refusing_the_key_stops_resumably(tmp_path: Path, mocks: 
     assert all(x["error"] is None for x in assert_exactly_once(tmp_path / "t.run", ids_of(600)))
 
 
+def test_a_replica_that_answers_only_429_holds_no_task_back(tmp_path: Path, mocks: list[MockThread],
+                                                            start: Callable[..., Run]) -> None:
+    # an overloaded replica says "wait 30 s": while the others have room its requests go to them at once (as
+    # LiteLLM's router moves a request off a deployment in cooldown); before, a task waited the 30 s, and again
+    mocks[2].configure(fail_429=1.0, retry_after_s=30.0)
+    tasks = write_tasks(tmp_path / "t.jsonl", 600, form="prompt")
+    p = start("run", "-w", "2", "--model", "mock-model", *(a for m in mocks for a in ("--base-url", m.url)),
+              str(tasks))
+    assert p.finish() == 0, p.stderr
+    recs = assert_exactly_once(tmp_path / "t.run", ids_of(600))
+    assert all(x["error"] is None for x in recs)
+    assert set(served_by(tmp_path / "t.run")) == {0, 1}
+    asked = int(mocks[2].stats()["statuses"].get("429", 0))
+    assert asked > 0, "the replica was never tried"
+    assert max(x["metrics"]["total_s"] for x in recs) < 30.0  # no task sat out a Retry-After
+
+
 def test_every_endpoint_failing_the_check_stops_the_run(tmp_path: Path, start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", 5, form="prompt")
     p = start("run", "--model", "mock-model", "--base-url", "http://127.0.0.1:9/v1", "--base-url",
@@ -203,6 +220,17 @@ def test_pick_goes_to_the_least_loaded_relative_to_its_limit() -> None:
     pool.set_open(0, True, out=True)
     pool.set_open(0, False)  # left out for good: a close does not bring it back
     assert not pool.all[0].up
+
+
+def test_a_request_asked_to_wait_goes_to_another_with_room() -> None:
+    pool = EndpointPool(["http://a/v1", "http://b/v1"])
+    a, b = pool.all
+    assert pool.pick(4, avoid=a) is b and pool.room_elsewhere(a, 4)
+    b.on_wire = 4
+    assert not pool.room_elsewhere(a, 4)  # b is full: the request waits as the server asked
+    assert pool.pick(4, avoid=a) is b  # and then still tries another first
+    pool.set_open(1, True)
+    assert pool.pick(4, avoid=a) is a and not pool.room_elsewhere(a, 4)  # the only one up: back to it
 
 
 def test_pick_weighs_each_endpoint_by_its_own_adaptive_limit() -> None:

@@ -66,7 +66,7 @@ class AuthWatch:
     (revoked mid-run, or not taken by this endpoint)? The run must not fail every task for a lost key.
 
     A refused request waits here for the verdict. The first refusal makes the client ask the endpoint itself
-    (``Client._key_check``: the tiny request of the connection check, for the path and model this endpoint
+    (``worker.probes.key_check``: the tiny request of the connection check, for the path and model this endpoint
     last served). A success of any request *sent after the refusal came back*, that check's or a task's, shows
     the key still works: the refusal was that task's own (written as a failed record). A success of a request
     sent earlier proves nothing: it may have reached the server before the key was revoked, even if it left

@@ -18,7 +18,7 @@ from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pick_pa
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
-from evalsup.worker.probes import key_verdict, probe_request, send_probe
+from evalsup.worker.probes import key_check, send_probe
 from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
 from evalsup.worker.server_errors import request_id_of, text_body
 from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
@@ -237,7 +237,8 @@ class Client:
         start = time.monotonic()
         used = 0  # attempts counted against --max-attempts
         limited_s = 0.0  # time spent waiting on the server's flow control (429)
-        waits = sent = moves = 0
+        waits = sent = moves = hops = 0
+        avoid: Endpoint | None = None  # the endpoint that just asked this request to wait (429): try another
         queued = server_s = 0.0
         policy = self.policy
         while True:
@@ -248,7 +249,8 @@ class Client:
                 await self.pacer.charge_tokens(estimate)
             # per attempt: a retry may go elsewhere (issue 21 item 1); then that endpoint's own rate limit, if any
             pool = self.endpoints
-            ep = await pick_paced(pool, self.cap(), estimate) if pool.paced else pool.pick(self.cap())
+            ep = await pick_paced(pool, self.cap(), estimate, avoid) if pool.paced else pool.pick(self.cap(), avoid)
+            avoid = None
             if ep is None:  # every endpoint was ejected while this task waited: park until one rejoins
                 await self._park()
                 continue
@@ -284,10 +286,18 @@ class Client:
             step = policy.step(f, used, limited_s)
             if step is Step.WAIT:
                 used -= 1  # the server's flow control is not the task's failure
-                waits += 1
-                w = policy.flow_wait_s(waits, f.retry_after, limited_s, self.rng)
-                limited_s += w
                 self.retries += 1
+                avoid = ep  # the next attempt goes to another endpoint, if one is up
+                w = policy.flow_wait_s(waits + 1, f.retry_after, limited_s, self.rng)
+                if hops < policy.max_attempts and len(self.endpoints) > 1:
+                    t_w = time.monotonic()
+                    moved = await self._room_elsewhere_within(ep, w)  # ... at once when one has room
+                    limited_s += time.monotonic() - t_w
+                    hops += moved
+                    waits += not moved
+                    continue
+                waits += 1
+                limited_s += w
                 await asyncio.sleep(w)
                 continue
             if step is Step.GIVE_UP:
@@ -350,41 +360,20 @@ class Client:
         return Outcome(a.status, body, len(a.raw), a.request_id, error, attempts, time.monotonic() - start,
                        a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent, *times)
 
+    async def _room_elsewhere_within(self, ep: Endpoint, seconds: float) -> bool:
+        """Sit out a wait ``ep`` asked for (429), or only until another endpoint has room: True then."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.endpoints.room_elsewhere(ep, self.cap()):
+                return True
+            await asyncio.sleep(min(0.02, left))
+        return False
+
     def _check_key(self, ep: Endpoint) -> None:
         ep.auth.checking = True
-        t = asyncio.create_task(self._key_check(ep))
+        t = asyncio.create_task(key_check(self.session, self.headers, ep, self._last, self.on_auth, self.on_trip))
         self._checks.add(t)
         t.add_done_callback(self._checks.discard)
-
-    async def _key_check(self, ep: Endpoint) -> None:
-        """Refusals wait for a verdict: ask the endpoint with a request of our own, sent after they came back,
-        for the path and model it last served (worker.probes.key_verdict). The key refused there too: lost,
-        and the supervisor is told. Taken: the refusals received before it was sent were those tasks' own.
-        No answer or a 5xx, three times running: the endpoint is tripped as down (the breaker's probes take
-        over, and the refused tasks go elsewhere or park). Else ask again, 1 to 5 s later; after 5 answers
-        that say nothing of the key, it is taken as taken (the endpoint serves; the tasks get their records)."""
-        pause, down, unsure = 1.0, 0, 0
-        try:
-            while ep.auth.pending:
-                sent = time.monotonic()
-                last = ep.last_ok or self._last
-                status, detail = await send_probe(self.session, self.headers, ep, last)
-                verdict = key_verdict(status, probe_request(ep, last) is not None)
-                if verdict == "lost":
-                    if ep.auth.check_refused():
-                        self.on_auth(ep.index, ep.auth.message)
-                    return
-                if verdict == "taken" or (verdict == "unsure" and (unsure := unsure + 1) >= 5):
-                    ep.auth.success(sent)
-                    pause, down, unsure = 1.0, 0, 0
-                    continue  # (refusals received since it left wait for the next)
-                if verdict == "down" and (down := down + 1) >= 3 and ep.up:
-                    ep.breaker.set_open(True)
-                    self.on_trip(ep.index, f"the key check: {detail}")
-                await asyncio.sleep(pause)
-                pause = min(5.0, pause * 2)
-        finally:
-            ep.auth.checking = False
 
     async def probe(self, index: int = 0) -> None:
         """The breaker's probe (worker.probes). Any answer but a 5xx (a 400, a 429 included) says the endpoint

@@ -47,11 +47,11 @@ async def pace(p: Pacer, estimate: int) -> None:
         await p.charge_tokens(estimate)
 
 
-async def pick_paced(pool: EndpointPool, cap: int, estimate: int) -> Endpoint | None:
-    """The endpoint for the next attempt, once its own pacer lets the request go (None: every endpoint is
-    ejected). An endpoint ejected while the request waited is not sent to: it picks again."""
+async def pick_paced(pool: EndpointPool, cap: int, estimate: int, avoid: Endpoint | None = None) -> Endpoint | None:
+    """The endpoint for the next attempt (``EndpointPool.pick``), once its own pacer lets the request go (None:
+    every endpoint is ejected). An endpoint ejected while the request waited is not sent to: it picks again."""
     while True:
-        ep = pool.pick(cap)
+        ep = pool.pick(cap, avoid)
         if ep is None or ep.pacer is None:
             return ep
         ep.pending += 1

@@ -79,20 +79,26 @@ class EndpointPool:
         """For the heartbeat, with several endpoints: [limit, requests on the wire] of each (None with one)."""
         return [[ep.limit(cap), ep.on_wire] for ep in self.all] if len(self.all) > 1 else None
 
-    def pick(self, cap: int) -> Endpoint | None:
+    def pick(self, cap: int, avoid: Endpoint | None = None) -> Endpoint | None:
         """The endpoint for the next attempt: fewest on the wire relative to its limit (then fewest on the
-        wire, then the first), among those not ejected; None when every one is ejected. Requests waiting on
-        an endpoint's own pacer count as on its wire, so a rate-limited endpoint is not heaped with them."""
+        wire, then the first), among those not ejected, and other than ``avoid`` (the one that just asked
+        this request to wait) if another is up; None when every one is ejected. Requests waiting on an
+        endpoint's own pacer count as on its wire, so a rate-limited endpoint is not heaped with them."""
         best: Endpoint | None = None
         best_key = (0.0, 0, 0)
         for ep in self.all:
-            if not ep.up:
+            if not ep.up or ep is avoid:
                 continue
             load = ep.on_wire + ep.pending
             key = (load / ep.limit(cap), load, ep.index)
             if best is None or key < best_key:
                 best, best_key = ep, key
-        return best
+        return best if best is not None or avoid is None or not avoid.up else avoid
+
+    def room_elsewhere(self, ep: Endpoint, cap: int) -> bool:
+        """Another endpoint is up and has room under its limit now (a request ``ep`` asked to wait, with a
+        429, goes there at once rather than wait)."""
+        return any(o is not ep and o.up and o.on_wire + o.pending < o.limit(cap) for o in self.all)
 
     def set_open(self, index: int, is_open: bool, was_down: bool = False, out: bool = False) -> None:
         """The supervisor's BREAKER_OPEN / BREAKER_CLOSE for one endpoint (``out``: left out for good)."""

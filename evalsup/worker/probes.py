@@ -4,6 +4,9 @@ of the last task seen (GET /models before any task)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -61,3 +64,37 @@ async def send_probe(session: aiohttp.ClientSession, headers: dict[str, str], ep
             return resp.status, f"{what}: HTTP {resp.status}"
     except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError) as e:  # (a closed session at the end)
         return None, f"{what}: {type(e).__name__}: {e}"[:300]
+
+
+async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep: Endpoint,
+                    fallback: tuple[str, str] | None, on_auth: Callable[[int, str], None],
+                    on_trip: Callable[[int, str], None]) -> None:
+    """Refusals at ``ep`` wait for a verdict (worker.breaker.AuthWatch): ask the endpoint with a request of our
+    own, sent after they came back, for the path and model it last served (else ``fallback``, the worker's
+    last task's). The key refused there too: lost, and the supervisor is told (``on_auth``). Taken: the
+    refusals received before it was sent were those tasks' own. No answer or a 5xx, three times running: the
+    endpoint is tripped as down (``on_trip``: the breaker's probes take over, and the refused tasks go
+    elsewhere or park). Else ask again, 1 to 5 s later; after 5 answers that say nothing of the key, it is
+    taken as taken (the endpoint serves; the tasks get their records)."""
+    pause, down, unsure = 1.0, 0, 0
+    try:
+        while ep.auth.pending:
+            sent = time.monotonic()
+            last = ep.last_ok or fallback
+            status, detail = await send_probe(session, headers, ep, last)
+            verdict = key_verdict(status, probe_request(ep, last) is not None)
+            if verdict == "lost":
+                if ep.auth.check_refused():
+                    on_auth(ep.index, ep.auth.message)
+                return
+            if verdict == "taken" or (verdict == "unsure" and (unsure := unsure + 1) >= 5):
+                ep.auth.success(sent)
+                pause, down, unsure = 1.0, 0, 0
+                continue  # (refusals received since it left wait for the next)
+            if verdict == "down" and (down := down + 1) >= 3 and ep.up:
+                ep.breaker.set_open(True)
+                on_trip(ep.index, f"the key check: {detail}")
+            await asyncio.sleep(pause)
+            pause = min(5.0, pause * 2)
+    finally:
+        ep.auth.checking = False
