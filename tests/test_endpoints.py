@@ -168,6 +168,25 @@ def test_a_replica_that_answers_only_429_holds_no_task_back(tmp_path: Path, mock
     assert max(x["metrics"]["total_s"] for x in recs) < 30.0  # no task sat out a Retry-After
 
 
+def test_a_429_storm_on_every_endpoint_is_waited_out_not_bounced(tmp_path: Path, mocks: list[MockThread],
+                                                                  start: Callable[..., Run]) -> None:
+    # both replicas say "wait 3 s": a request may try the other once, then it waits as asked; it must not go
+    # back and forth, sending many times what the servers asked for
+    for m in mocks[:2]:
+        m.configure(fail_429=1.0, retry_after_s=3.0)
+    tasks = write_tasks(tmp_path / "t.jsonl", 20, form="prompt")
+    p = start("run", "-w", "1", "-c", "20", "--model", "mock-model", "--base-url", mocks[0].url, "--base-url",
+              mocks[1].url, str(tasks))
+    wait_until(lambda: sum(int(m.stats()["statuses"].get("429", 0)) for m in mocks[:2]) >= 20, "the storm's answers")
+    time.sleep(1.5)  # well inside the 3 s asked for
+    during = sum(int(m.stats()["statuses"].get("429", 0)) for m in mocks[:2])
+    for m in mocks[:2]:
+        m.configure(fail_429=0.0)
+    assert p.finish() == 0, p.stderr
+    assert during <= 2 * 20, f"{during} requests answered 429 for 20 tasks within one Retry-After"
+    assert all(x["error"] is None for x in assert_exactly_once(tmp_path / "t.run", ids_of(20)))
+
+
 def test_every_endpoint_failing_the_check_stops_the_run(tmp_path: Path, start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", 5, form="prompt")
     p = start("run", "--model", "mock-model", "--base-url", "http://127.0.0.1:9/v1", "--base-url",
@@ -223,14 +242,23 @@ def test_pick_goes_to_the_least_loaded_relative_to_its_limit() -> None:
 
 
 def test_a_request_asked_to_wait_goes_to_another_with_room() -> None:
-    pool = EndpointPool(["http://a/v1", "http://b/v1"])
-    a, b = pool.all
-    assert pool.pick(4, avoid=a) is b and pool.room_elsewhere(a, 4)
+    pool = EndpointPool(["http://a/v1", "http://b/v1", "http://c/v1"])
+    a, b, c = pool.all
+    c.out = True
+    assert pool.pick(4, avoid=a, now=1.0) is b and pool.room_elsewhere(a, 4, now=1.0)
     b.on_wire = 4
-    assert not pool.room_elsewhere(a, 4)  # b is full: the request waits as the server asked
-    assert pool.pick(4, avoid=a) is b  # and then still tries another first
+    assert not pool.room_elsewhere(a, 4, 1.0)  # b is full: the request waits as the server asked
+    assert pool.pick(4, avoid=a, now=1.0) is b  # (a request moved anyway still tries another first)
+    b.on_wire = 0
+    b.cool_until = 6.0  # b asked for a wait too (a 429 storm on both): no bouncing between them meanwhile
+    assert not pool.room_elsewhere(a, 4, 1.0) and pool.room_elsewhere(a, 4, 6.0)
+    a.cool_until = 5.0
+    assert pool.pick(4, now=1.0) is a and pool.pick(4, now=5.5) is a  # both asked: the least loaded, the first
+    a.on_wire = 1
+    assert pool.pick(4, now=5.5) is a  # b's wait still runs: it comes last, even with less on the wire
+    assert pool.pick(4, now=6.5) is b and pool.pick(4, now=1.0) is b  # none (or both) waiting: the least loaded
     pool.set_open(1, True)
-    assert pool.pick(4, avoid=a) is a and not pool.room_elsewhere(a, 4)  # the only one up: back to it
+    assert pool.pick(4, avoid=a, now=9.0) is a and not pool.room_elsewhere(a, 4, 9.0)  # the only one up
 
 
 def test_pick_weighs_each_endpoint_by_its_own_adaptive_limit() -> None:

@@ -249,7 +249,9 @@ class Client:
                 await self.pacer.charge_tokens(estimate)
             # per attempt: a retry may go elsewhere (issue 21 item 1); then that endpoint's own rate limit, if any
             pool = self.endpoints
-            ep = await pick_paced(pool, self.cap(), estimate, avoid) if pool.paced else pool.pick(self.cap(), avoid)
+            now = time.monotonic()
+            ep = (await pick_paced(pool, self.cap(), estimate, avoid, now) if pool.paced
+                  else pool.pick(self.cap(), avoid, now))
             avoid = None
             if ep is None:  # every endpoint was ejected while this task waited: park until one rejoins
                 await self._park()
@@ -287,14 +289,17 @@ class Client:
             if step is Step.WAIT:
                 used -= 1  # the server's flow control is not the task's failure
                 self.retries += 1
-                avoid = ep  # the next attempt goes to another endpoint, if one is up
                 w = policy.flow_wait_s(waits + 1, f.retry_after, limited_s, self.rng)
                 if hops < policy.max_attempts and len(self.endpoints) > 1:
                     t_w = time.monotonic()
-                    moved = await self._room_elsewhere_within(ep, w)  # ... at once when one has room
+                    ep.cool_until = max(ep.cool_until, t_w + w)  # new requests go to the others meanwhile
+                    moved = await self._room_elsewhere_within(ep, w)  # another with room: there, not wait
                     limited_s += time.monotonic() - t_w
-                    hops += moved
-                    waits += not moved
+                    if moved:
+                        hops += 1
+                        avoid = ep
+                    else:
+                        waits += 1
                     continue
                 waits += 1
                 limited_s += w
@@ -361,12 +366,15 @@ class Client:
                        a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent, *times)
 
     async def _room_elsewhere_within(self, ep: Endpoint, seconds: float) -> bool:
-        """Sit out a wait ``ep`` asked for (429), or only until another endpoint has room: True then."""
+        """Sit out a wait ``ep`` asked for (429), or only until another endpoint has room and asked for no wait
+        itself: True then. Looked at at once, 20 ms later, then less and less often (every 0.5 s at most)."""
         end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            if self.endpoints.room_elsewhere(ep, self.cap()):
+        step = 0.02
+        while (left := end - (now := time.monotonic())) > 0:
+            if self.endpoints.room_elsewhere(ep, self.cap(), now):
                 return True
-            await asyncio.sleep(min(0.02, left))
+            await asyncio.sleep(min(step, left))
+            step = min(0.5, step * 1.5)
         return False
 
     def _check_key(self, ep: Endpoint) -> None:

@@ -9,6 +9,7 @@ rather than queueing them behind a slow limit. The time waited is the client's, 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -47,11 +48,12 @@ async def pace(p: Pacer, estimate: int) -> None:
         await p.charge_tokens(estimate)
 
 
-async def pick_paced(pool: EndpointPool, cap: int, estimate: int, avoid: Endpoint | None = None) -> Endpoint | None:
+async def pick_paced(pool: EndpointPool, cap: int, estimate: int, avoid: Endpoint | None = None,
+                     now: float = math.inf) -> Endpoint | None:
     """The endpoint for the next attempt (``EndpointPool.pick``), once its own pacer lets the request go (None:
     every endpoint is ejected). An endpoint ejected while the request waited is not sent to: it picks again."""
     while True:
-        ep = pool.pick(cap, avoid)
+        ep = pool.pick(cap, avoid, now)
         if ep is None or ep.pacer is None:
             return ep
         ep.pending += 1

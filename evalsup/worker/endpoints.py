@@ -12,6 +12,7 @@ No I/O and no clock: the client asks, and says what it sent (``sent``/``answered
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 
 from evalsup.tasks import join_url, public_url
@@ -21,8 +22,8 @@ from evalsup.worker.pacing import Pacer
 
 
 class Endpoint:
-    __slots__ = ("_urls", "adaptive", "auth", "base_url", "breaker", "index", "last_ok", "on_wire", "out", "pacer",
-                 "pending", "public")
+    __slots__ = ("_urls", "adaptive", "auth", "base_url", "breaker", "cool_until", "index", "last_ok", "on_wire",
+                 "out", "pacer", "pending", "public")
 
     def __init__(self, index: int, base_url: str, adaptive: AdaptiveLimit | None = None) -> None:
         self.index = index
@@ -31,6 +32,7 @@ class Endpoint:
         self.breaker = LocalBreaker()
         self.auth = AuthWatch()  # is the key refused here? (then the run stops, or goes on without it)
         self.last_ok: tuple[str, str] | None = None  # (path, model) it last answered: what the key check asks
+        self.cool_until = 0.0  # it asked for a wait (429, Retry-After) until then: others first, meanwhile
         self.adaptive = adaptive  # None: --concurrency fixes the limit
         self.on_wire = 0  # requests sent here and not yet answered
         self.out = False  # left out for the whole run (failed the connection check, or refused the key)
@@ -79,26 +81,28 @@ class EndpointPool:
         """For the heartbeat, with several endpoints: [limit, requests on the wire] of each (None with one)."""
         return [[ep.limit(cap), ep.on_wire] for ep in self.all] if len(self.all) > 1 else None
 
-    def pick(self, cap: int, avoid: Endpoint | None = None) -> Endpoint | None:
+    def pick(self, cap: int, avoid: Endpoint | None = None, now: float = math.inf) -> Endpoint | None:
         """The endpoint for the next attempt: fewest on the wire relative to its limit (then fewest on the
-        wire, then the first), among those not ejected, and other than ``avoid`` (the one that just asked
-        this request to wait) if another is up; None when every one is ejected. Requests waiting on an
-        endpoint's own pacer count as on its wire, so a rate-limited endpoint is not heaped with them."""
+        wire, then the first), among those not ejected; None when every one is ejected. Those that asked for
+        a wait (429) still running at ``now`` come last, and ``avoid`` (the one that just asked this request
+        to wait) is chosen only if no other is up. Requests waiting on an endpoint's own pacer count as on its
+        wire, so a rate-limited endpoint is not heaped with them."""
         best: Endpoint | None = None
-        best_key = (0.0, 0, 0)
+        best_key = (True, 0.0, 0, 0)
         for ep in self.all:
             if not ep.up or ep is avoid:
                 continue
             load = ep.on_wire + ep.pending
-            key = (load / ep.limit(cap), load, ep.index)
+            key = (ep.cool_until > now, load / ep.limit(cap), load, ep.index)
             if best is None or key < best_key:
                 best, best_key = ep, key
         return best if best is not None or avoid is None or not avoid.up else avoid
 
-    def room_elsewhere(self, ep: Endpoint, cap: int) -> bool:
-        """Another endpoint is up and has room under its limit now (a request ``ep`` asked to wait, with a
-        429, goes there at once rather than wait)."""
-        return any(o is not ep and o.up and o.on_wire + o.pending < o.limit(cap) for o in self.all)
+    def room_elsewhere(self, ep: Endpoint, cap: int, now: float) -> bool:
+        """Another endpoint is up, has room under its limit, and has not asked for a wait still running at
+        ``now`` (a request ``ep`` asked to wait, with a 429, goes there rather than wait)."""
+        return any(o is not ep and o.up and o.cool_until <= now and o.on_wire + o.pending < o.limit(cap)
+                   for o in self.all)
 
     def set_open(self, index: int, is_open: bool, was_down: bool = False, out: bool = False) -> None:
         """The supervisor's BREAKER_OPEN / BREAKER_CLOSE for one endpoint (``out``: left out for good)."""
