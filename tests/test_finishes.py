@@ -170,18 +170,26 @@ def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockTh
     assert "hung" not in err
 
 
-class _NotAnAnswer(http.server.BaseHTTPRequestHandler):
+class _JsonServer(http.server.BaseHTTPRequestHandler):
+    def answer(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        raise NotImplementedError
+
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = orjson.dumps({"id": "x", "object": "chat.completion", "model": "m"})  # no "choices"
-        self.send_response(200)
+        status, body = self.answer(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        data = orjson.dumps(body)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(data)
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+class _NotAnAnswer(_JsonServer):
+    def answer(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        return 200, {"id": "x", "object": "chat.completion", "model": "m"}  # no "choices"
 
 
 @pytest.fixture
@@ -206,27 +214,18 @@ def test_a_200_without_choices_is_an_invalid_response_record(tmp_path: Path, not
     assert summary(tmp_path / "t.run")["succeeded"] == 0
 
 
-class _RefusesThenFalls(http.server.BaseHTTPRequestHandler):
+class _RefusesThenFalls(_JsonServer):
     """Answers tasks, refuses the one asking "bad" (401), and gives 500 to everything else: evalsup's own
     requests (the key check, the breaker's probe) find a server that has just gone wrong."""
 
-    def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    def answer(self, raw: bytes) -> tuple[int, dict[str, Any]]:
         status, body = 200, {"id": "x", "object": "chat.completion", "model": "m", "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
         if b'"bad"' in raw:
             status, body = 401, {"error": {"message": "no", "type": "invalid_request_error", "code": "x"}}
         elif b'"q' not in raw:
             status, body = 500, {"error": {"message": "broken", "type": "server_error"}}
-        data = orjson.dumps(body)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        return status, body
 
 
 def test_a_refusal_whose_key_check_finds_the_server_down_still_ends_the_run(tmp_path: Path) -> None:
