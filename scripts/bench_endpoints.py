@@ -2,11 +2,12 @@
 """Benchmark of many endpoints (issue 21 item 1): three mock endpoints, one killed mid-run and restarted.
 
 Three `evalsup mock --capacity K --latency-ms L` processes (each at most K / L tasks/s), N simple tasks, the
-default `evalsup run` (adaptive) with the three as --base-url. Two runs:
+default `evalsup run` (adaptive) with the three as --base-url. Three runs:
 
 * all three up (the baseline);
 * endpoint 1 killed (SIGKILL: connections refused) ``--kill-at`` seconds into the run and started again on the
-  same port ``--down-for`` seconds later.
+  same port ``--down-for`` seconds later;
+* endpoint 1 answering every request 429 with Retry-After 1 s (an overloaded replica in the pool).
 
 Per run: wall time, tasks/s, failed tasks, every task exactly once, results per endpoint, whether the run ever
 paused (every endpoint down), and for the outage run when endpoint 1 was ejected and rejoined (events.jsonl)
@@ -55,6 +56,7 @@ def _stats(base: str) -> dict[str, Any]:
 
 class Mock:
     def __init__(self, port: int, args: argparse.Namespace) -> None:
+        self.extra: list[str] = []  # more `evalsup mock` options (faults)
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.args = args
@@ -64,7 +66,7 @@ class Mock:
         a = self.args
         self.p = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(self.port), "--latency-ms",
                                    str(a.latency_ms), "--jitter-ms", str(a.jitter_ms), "--capacity", str(a.capacity),
-                                   "--queue", str(a.capacity)], env=_env(), stdout=subprocess.DEVNULL,
+                                   "--queue", str(a.capacity), *self.extra], env=_env(), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
@@ -82,8 +84,8 @@ class Mock:
             self.p.wait(10)
 
 
-def run_one(mocks: list[Mock], tasks: Path, n: int, out: Path, outage: tuple[float, float] | None
-            ) -> dict[str, Any]:
+def run_one(mocks: list[Mock], tasks: Path, n: int, out: Path, outage: tuple[float, float] | None,
+            name: str) -> dict[str, Any]:
     cmd = [PY, "-m", "evalsup", "run", str(tasks), "--model", "mock-model", "--out", str(out), "--fresh", "--quiet",
            *[a for m in mocks for a in ("--base-url", m.base + "/v1")]]
     t0 = time.time()
@@ -109,7 +111,7 @@ def run_one(mocks: list[Mock], tasks: Path, n: int, out: Path, outage: tuple[flo
     summary = json.loads((out / "summary.json").read_text())
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines() if x]
     row: dict[str, Any] = {
-        "name": "one killed" if outage else "all up", "exit": p.returncode, "wall_s": round(wall, 2),
+        "name": name, "exit": p.returncode, "retries": summary.get("retries"), "wall_s": round(wall, 2),
         "tasks_per_s": round(n / wall, 1), "failed": failed, "exactly_once": len(ids) == n and max(ids.values()) == 1,
         "by_endpoint": [by_ep.get(i, 0) for i in range(len(mocks))], "paused": summary["breaker"]["opened"],
         "endpoints": summary["endpoints"],
@@ -144,25 +146,31 @@ def main() -> None:
     try:
         for m in mocks:
             m.start()
-        rows.append(run_one(mocks, tasks, args.n, work / "all-up.run", None))
+        rows.append(run_one(mocks, tasks, args.n, work / "all-up.run", None, "all up"))
         print(json.dumps(rows[-1]), flush=True)
         mocks[1].kill()
         mocks[1].start()  # fresh counters
-        rows.append(run_one(mocks, tasks, args.n, work / "one-killed.run", (args.kill_at, args.down_for)))
+        rows.append(run_one(mocks, tasks, args.n, work / "one-killed.run", (args.kill_at, args.down_for),
+                            "one killed"))
+        print(json.dumps(rows[-1]), flush=True)
+        mocks[1].kill()
+        mocks[1].extra = ["--fail-429", "1.0", "--retry-after", "1"]
+        mocks[1].start()
+        rows.append(run_one(mocks, tasks, args.n, work / "one-429.run", None, "one answers only 429"))
         print(json.dumps(rows[-1]), flush=True)
     finally:
         for m in mocks:
             m.kill()
     print(f"\n3 mocks x (K={args.capacity}, {args.latency_ms:.0f} ms): at most "
           f"{3 * args.capacity / args.latency_ms * 1000:.0f} tasks/s; {args.n:,} tasks\n")
-    print("| run | exit | tasks/s | failed | exactly once | results by endpoint | run paused "
+    print("| run | exit | tasks/s | failed | exactly once | results by endpoint | retries | run paused "
           "| endpoint 1 out / back at |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         when = (f"{r['endpoint_out_at_s']} s / {r['endpoint_back_at_s']} s, then {r['served_after_restart']} served"
                 if "endpoint_out_at_s" in r else "-")
         print(f"| {r['name']} | {r['exit']} | {r['tasks_per_s']:.0f} | {r['failed']} | {r['exactly_once']} | "
-              f"{' / '.join(f'{x:,}' for x in r['by_endpoint'])} | {r['paused']} | {when} |")
+              f"{' / '.join(f'{x:,}' for x in r['by_endpoint'])} | {r['retries']} | {r['paused']} | {when} |")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows},
                                         indent=2))

@@ -73,7 +73,7 @@ def test_sigkill_whole_supervisor_at_random_moments(tmp_path: Path, mock: MockTh
                                                     start: Callable[..., Run]) -> None:
     print(f"chaos seed {SEED} (EVALSUP_CHAOS_SEED={SEED} replays the same choices)")
     rng = random.Random(SEED)
-    n, kills = 8000, 6
+    n, kills = 6000, 4
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     run_dir = tmp_path / "tasks.run"
     # 40-120 ms a request: about 800 a second at 64 in flight, so that a budget of requests spans 0.2-2 s of

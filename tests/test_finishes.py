@@ -152,7 +152,7 @@ def test_a_task_refused_for_itself_gets_its_record_and_the_run_finishes(tmp_path
 
 
 def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockThread) -> None:
-    rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.02}} for i in range(1500)]
+    rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.02}} for i in range(900)]
     tasks = lines(tmp_path / "t.jsonl", rows)
     p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "8", "--hang-timeout", "2", "--model", "mock-model",
                                      "--base-url", mock.url, str(tasks)),
@@ -164,7 +164,7 @@ def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockTh
     os.killpg(p.pid, signal.SIGCONT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
-    assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(1500)})
+    assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(900)})
     s = summary(tmp_path / "t.run")
     assert s["worker_restarts"] == 0, err
     assert "hung" not in err
