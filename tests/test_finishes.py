@@ -236,7 +236,7 @@ def test_a_refusal_whose_key_check_finds_the_server_down_still_ends_the_run(tmp_
     try:
         rows = [{"id": f"t{i}", "prompt": f"q{i}"} for i in range(5)] + [{"id": "bad", "prompt": "bad"}]
         tasks = lines(tmp_path / "t.jsonl", rows)
-        r = run_cli("run", "-w", "1", "-c", "1", "--no-check", "--max-wait-down", "2", "--model", "m",
+        r = run_cli("run", "-w", "1", "-c", "1", "--no-check", "--max-wait-down", "1", "--model", "m",
                     "--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1", str(tasks), timeout=60)
     finally:
         server.shutdown()

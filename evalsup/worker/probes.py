@@ -74,9 +74,9 @@ async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep:
     last task's). The key refused there too: lost, and the supervisor is told (``on_auth``). Taken: the
     refusals received before it was sent were those tasks' own. No answer or a 5xx, three times running: the
     endpoint is tripped as down (``on_trip``: the breaker's probes take over, and the refused tasks go
-    elsewhere or park). Else ask again, 1 to 5 s later; after 5 answers that say nothing of the key, it is
+    elsewhere or park). Else ask again, 0.5 to 5 s later; after 5 answers that say nothing of the key, it is
     taken as taken (the endpoint serves; the tasks get their records)."""
-    pause, down, unsure = 1.0, 0, 0
+    pause, down, unsure = 0.5, 0, 0
     try:
         while ep.auth.pending:
             sent = time.monotonic()
@@ -89,7 +89,7 @@ async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep:
                 return
             if verdict == "taken" or (verdict == "unsure" and (unsure := unsure + 1) >= 5):
                 ep.auth.success(sent)
-                pause, down, unsure = 1.0, 0, 0
+                pause, down, unsure = 0.5, 0, 0
                 continue  # (refusals received since it left wait for the next)
             if verdict == "down" and (down := down + 1) >= 3 and ep.up:
                 ep.breaker.set_open(True)
