@@ -4,8 +4,7 @@ An endpoint whose breaker opens is ejected: the workers send it nothing, and it 
 probe succeeds, when it rejoins. The run pauses dispatch only while every endpoint is down (``open``), and
 ``--max-wait-down`` counts from the moment the last one went down. An endpoint that failed the connection
 check, or that refuses the API key while others take it, is left out of the run (never probed, never
-rejoins). With one endpoint this is exactly the single
-breaker it was: open, probe, close, give up.
+rejoins). With one endpoint this is exactly the single breaker it was: open, probe, close, give up.
 
 No I/O and no clock: the supervisor passes the time in and carries out what it returns.
 """

@@ -164,7 +164,8 @@ class Inbox(SupervisorCore):
     # ----- the endpoints: a breaker each (supervisor.endpoints, issue 21) -----
 
     def _leave_out(self, failed: dict[int, str]) -> None:
-        """Endpoints that failed the connection check: one line each, and the run goes on without them."""
+        """Endpoints that failed the connection check or refused the key: a line each, and the run goes on
+        without them."""
         eps = self.endpoints
         for e, why in failed.items():
             was_open = eps.open
@@ -227,7 +228,7 @@ class Inbox(SupervisorCore):
         if e in eps.left_out:
             return  # another worker said so first
         self.events("auth_refused", pid=w.pid, **({"endpoint": e} if eps.many else {}))
-        if len([i for i in eps.live() if i != e]) > 0:
+        if any(i != e for i in eps.live()):
             self._leave_out({e: f"it refused the API key ({said}); the others take its requests"})
             return
         what = "no endpoint left in the run takes" if eps.many else "the endpoint refused"

@@ -290,9 +290,9 @@ class Client:
                 used -= 1  # the server's flow control is not the task's failure
                 self.retries += 1
                 w = policy.flow_wait_s(waits + 1, f.retry_after, limited_s, self.rng)
+                t_w = time.monotonic()
+                ep.cool_until = max(ep.cool_until, t_w + w)  # new requests go to other endpoints meanwhile
                 if hops < policy.max_attempts and len(self.endpoints) > 1:
-                    t_w = time.monotonic()
-                    ep.cool_until = max(ep.cool_until, t_w + w)  # new requests go to the others meanwhile
                     moved = await self._room_elsewhere_within(ep, w)  # another with room: there, not wait
                     limited_s += time.monotonic() - t_w
                     if moved:
@@ -317,7 +317,7 @@ class Client:
                     own = await ep.auth.wait(key)  # returns only when the refusal was this task's own, or
                 finally:
                     self.parked -= 1
-                if not own:  # ... when its endpoint was left out for the key: to another, not counted
+                if not own:  # ... when it is to go elsewhere (its endpoint left out, or ejected): not counted
                     used -= 1
                     self.retries += 1
                     continue
