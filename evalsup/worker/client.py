@@ -18,7 +18,7 @@ from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pick_pa
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
-from evalsup.worker.probes import key_check, send_probe
+from evalsup.worker.probes import key_check, probe_request, send_probe
 from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
 from evalsup.worker.server_errors import request_id_of, text_body
 from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
@@ -387,6 +387,6 @@ class Client:
         """The breaker's probe (worker.probes). Any answer but a 5xx (a 400, a 429 included) says the endpoint
         as a whole serves."""
         ep = self.endpoints.all[index]
-        status, detail = await send_probe(self.session, self.headers, ep, ep.last_ok or self._last)
+        status, detail = await send_probe(self.session, self.headers, ep, probe_request(ep, ep.last_ok or self._last))
         ok = status is not None and status < 500
         self.on_probe(index, ok, detail)

@@ -50,9 +50,9 @@ def key_verdict(status: int | None, posted: bool) -> str:
 
 
 async def send_probe(session: aiohttp.ClientSession, headers: dict[str, str], ep: Endpoint,
-                     last: tuple[str, str] | None) -> tuple[int | None, str]:
-    """(its HTTP status, or None when no answer came; what happened, for a log line: never the key)."""
-    req = probe_request(ep, last)
+                     req: tuple[str, bytes] | None) -> tuple[int | None, str]:
+    """Send ``probe_request``'s request (GET /models for None): (its HTTP status, or None when no answer came;
+    what happened, for a log line: never the key)."""
     what = "a 1-token request" if req is not None else "GET /models"
     try:
         if req is not None:
@@ -80,9 +80,9 @@ async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep:
     try:
         while ep.auth.pending:
             sent = time.monotonic()
-            last = ep.last_ok or fallback
-            status, detail = await send_probe(session, headers, ep, last)
-            verdict = key_verdict(status, probe_request(ep, last) is not None)
+            req = probe_request(ep, ep.last_ok or fallback)
+            status, detail = await send_probe(session, headers, ep, req)
+            verdict = key_verdict(status, req is not None)
             if verdict == "lost":
                 if ep.auth.check_refused():
                     on_auth(ep.index, ep.auth.message)
