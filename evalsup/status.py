@@ -281,7 +281,8 @@ def _dur(s: float) -> str:
     return fmt_duration(s)
 
 
-_EP_STATE = {"down": "down (ejected; probed until it answers)", "out": "left out (failed the connection check)"}
+_EP_STATE = {"down": "down (ejected; probed until it answers)",
+             "out": "left out of this run (it failed the connection check, or refused the API key)"}
 
 
 def format_run(st: RunStatus) -> str:

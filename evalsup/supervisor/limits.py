@@ -23,7 +23,8 @@ class _Limited(Protocol):
 
 class EndpointLoad(TypedDict):
     url: str  # its public URL (no credentials)
-    state: str  # "up", "down" (ejected: its breaker is open, probed until it answers) or "out" (failed the check)
+    state: str  # "up", "down" (ejected: its breaker is open, probed until it answers) or "out" (left out: it
+    # failed the connection check, or refused the key)
     limit: int  # requests the live workers may send it now (their limits for it, summed)
     in_flight: int  # requests on the wire to it
 

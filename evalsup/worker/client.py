@@ -14,7 +14,7 @@ import orjson
 
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
-from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pick_paced
+from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pace, pick_paced
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
@@ -243,10 +243,8 @@ class Client:
         policy = self.policy
         while True:
             t_q = time.monotonic()
-            if self.pacer.rps is not None:  # (no coroutine to make and await per request without a limit)
-                await self.pacer.request_slot()
-            if self.pacer.tpm is not None:
-                await self.pacer.charge_tokens(estimate)
+            if self.pacer.rps is not None or self.pacer.tpm is not None:  # (no coroutine without a limit)
+                await pace(self.pacer, estimate)
             # per attempt: a retry may go elsewhere (issue 21 item 1); then that endpoint's own rate limit, if any
             pool = self.endpoints
             now = time.monotonic()
