@@ -14,13 +14,15 @@ __all__ = ["BadInput", "BadSettings", "EndpointUnavailable", "EvalsupError", "Re
            "read_results", "run", "to_pandas"]
 
 if TYPE_CHECKING:
-    from evalsup.api import RunResult, run
-    from evalsup.errors import BadInput, BadSettings, EndpointUnavailable, EvalsupError, RunStopped
-    from evalsup.results import Record, read_results, to_pandas
+    from evalsup.api.exceptions import BadInput, BadSettings, EndpointUnavailable, EvalsupError, RunStopped
+    from evalsup.api.results import Record, read_results, to_pandas
+    from evalsup.api.run import RunResult, run
 
-_WHERE = {"run": "api", "RunResult": "api", "read_results": "results", "to_pandas": "results", "Record": "results",
-          "BadInput": "errors", "BadSettings": "errors", "EndpointUnavailable": "errors", "EvalsupError": "errors",
-          "RunStopped": "errors"}
+_WHERE = {"run": "api.run", "RunResult": "api.run", "read_results": "api.results", "to_pandas": "api.results",
+          "Record": "api.results",
+          "BadInput": "api.exceptions", "BadSettings": "api.exceptions", "EndpointUnavailable": "api.exceptions",
+          "EvalsupError": "api.exceptions",
+          "RunStopped": "api.exceptions"}
 
 
 def __getattr__(name: str) -> Any:

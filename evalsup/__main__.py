@@ -1,5 +1,5 @@
 """``python -m evalsup`` is the ``evalsup`` command."""
 
-from evalsup.cli import main
+from evalsup.cli.main import main
 
 main()

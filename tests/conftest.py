@@ -20,7 +20,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from evalsup.mock.server import MockConfig, MockThread
-from evalsup.rundir import LOCK_NAME
+from evalsup.rundir.lock import LOCK_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 

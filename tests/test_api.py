@@ -328,7 +328,7 @@ def test_the_demo_prints_next_steps_that_work(tmp_path: Path) -> None:
 def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
     """df.to_dict("records") holds numpy scalars, NaN and timestamps: each task line is still plain JSON."""
     pd = pytest.importorskip("pandas")
-    from evalsup.inputs import iter_lines
+    from evalsup.rundir.inputs import iter_lines
 
     df = pd.DataFrame({"id": ["a", "b"], "prompt": ["p", "q"], "n": [1, 2], "x": [0.5, float("nan")],
                        "when": pd.to_datetime(["2026-01-01", "2026-01-02"])})
@@ -339,8 +339,8 @@ def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
 
 
 def test_exit_codes_map_to_exceptions_in_one_place() -> None:
-    """The codes the CLI may end with (evalsup.exitcodes) and the exception each becomes."""
-    from evalsup.errors import BadInput, BadSettings, EndpointUnavailable, RunStopped, error_for_exit
+    """The codes the CLI may end with (evalsup.config.exitcodes) and the exception each becomes."""
+    from evalsup.api.exceptions import BadInput, BadSettings, EndpointUnavailable, RunStopped, error_for_exit
 
     assert error_for_exit(0, "") is None
     cases = [(2, "t.jsonl:4: malformed JSON", BadInput), (2, "--shard 5/4: need 0 <= K < N", BadSettings),

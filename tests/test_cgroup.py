@@ -9,14 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evalsup.supervisor.cgroup import (
-    CgroupProbe,
-    CgroupSample,
-    parse_keyed,
-    parse_limit,
-    parse_proc_cgroup,
-    parse_psi,
-)
+from evalsup.config.cgroup import CgroupProbe, CgroupSample, parse_keyed, parse_limit, parse_proc_cgroup, parse_psi
 from evalsup.supervisor.rss import rss_bytes, tree_rss_bytes
 
 V1_UNLIMITED = "9223372036854771712"

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import Run, assert_exactly_once, evalsup_cmd, memory_samples, summary, write_tasks
 
+from evalsup.config.cgroup import parse_keyed, parse_proc_cgroup
 from evalsup.mock.server import MockThread
-from evalsup.supervisor.cgroup import parse_keyed, parse_proc_cgroup
 
 MIB = 1 << 20
 LIMIT = 512 * MIB

@@ -14,10 +14,10 @@ import pytest
 from conftest import assert_exactly_once, mock_endpoints, run_cli, write_tasks
 
 import evalsup
-from evalsup.config import ConfigError, build_config
+from evalsup.config.options import BY_NAME
+from evalsup.config.ratelimits import EndpointRate, parse_rate_limits, rate_share
+from evalsup.config.run_config import ConfigError, build_config
 from evalsup.mock.server import MockThread
-from evalsup.options import BY_NAME
-from evalsup.ratelimits import EndpointRate, parse_rate_limits, rate_share
 from evalsup.worker.endpoint_pacing import apply_rate, correct_usage, counts_tokens, pick_paced
 from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer

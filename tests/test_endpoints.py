@@ -25,12 +25,12 @@ from conftest import (
     write_tasks,
 )
 
-from evalsup.config import ConfigError, build_config, resolve_base_urls
+from evalsup.config.run_config import ConfigError, build_config, resolve_base_urls
 from evalsup.mock.server import MockThread
-from evalsup.report import write_report
-from evalsup.status import status_text
 from evalsup.supervisor.endpoints import Endpoints
-from evalsup.tasks import public_url
+from evalsup.tasks.requests import public_url
+from evalsup.tools.report import write_report
+from evalsup.tools.status import status_text
 from evalsup.worker.adaptive import AdaptiveLimit, AdaptiveSettings
 from evalsup.worker.endpoints import EndpointPool
 

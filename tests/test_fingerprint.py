@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from evalsup.tasks import fingerprint, grew_at_line_end, same_input
+from evalsup.tasks.fingerprint import fingerprint, grew_at_line_end, same_input
 
 
 def _file(p: Path, data: bytes) -> Path:

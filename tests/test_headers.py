@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from evalsup import __version__
-from evalsup.headers import HeaderError, build_headers, resolve, secret_values, user_agent
 from evalsup.mock.server import MockConfig, MockThread
+from evalsup.tasks.headers import HeaderError, build_headers, resolve, secret_values, user_agent
 from tests.conftest import read_results, run_cli, write_tasks
 
 

@@ -17,8 +17,8 @@ import psutil
 import pytest
 from conftest import LIVENESS_S, assert_exactly_once, env_for, evalsup_cmd, run_cli, wait_until, write_tasks
 
+from evalsup.config.options import DEFAULTS, RUN_OPTIONS
 from evalsup.mock.server import MockConfig, MockThread
-from evalsup.options import DEFAULTS, RUN_OPTIONS
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def test_bad_inputs_are_one_clear_line(tmp_path: Path, mock: MockThread, case: s
 # --------------------------------------------------------------------------------- options defined once
 
 def test_every_run_option_comes_from_the_one_table() -> None:
-    from evalsup.cli import run as run_command
+    from evalsup.cli.main import run as run_command
 
     params = {p.name: p for p in run_command.params if p.name != "tasks"}
     assert set(params) == {o.name for o in RUN_OPTIONS}
@@ -186,15 +186,15 @@ def test_every_run_option_comes_from_the_one_table() -> None:
 
 
 def _config(*args: str) -> object:
-    from evalsup.cli import run as run_command
-    from evalsup.config import build_config
+    from evalsup.cli.main import run as run_command
+    from evalsup.config.run_config import build_config
 
     ctx = run_command.make_context("run", ["t.jsonl", "--base-url", "http://127.0.0.1:1/v1", *args])
     return build_config(Path("t.jsonl"), {k: v for k, v in ctx.params.items() if k != "tasks"})
 
 
 def test_an_explicit_zero_is_honoured() -> None:
-    from evalsup.config import RunConfig
+    from evalsup.config.run_config import RunConfig
 
     cfg = _config("--max-wait-down", "0", "--scorer-timeout", "0", "--monitor-interval", "0", "--log-interval", "0")
     assert isinstance(cfg, RunConfig)
@@ -218,7 +218,7 @@ def test_scorer_timeout_zero_in_a_run_times_every_scorer_out(tmp_path: Path, moc
 
 def test_copy_is_checked_by_its_content_even_without_input_json(tmp_path: Path) -> None:
     """A kill between the copy's rename and input.json's write: the copy is hashed again, not trusted or lost."""
-    from evalsup.inputs import InputError, Source, materialize
+    from evalsup.rundir.inputs import InputError, Source, materialize
 
     run_dir = tmp_path / "r"
     src = Source("stdin", "stdin")
@@ -236,7 +236,7 @@ def test_copy_is_checked_by_its_content_even_without_input_json(tmp_path: Path) 
 
 def test_a_compressed_input_is_not_copied_into_a_run_directory_another_run_holds(tmp_path: Path,
                                                                                     mock: MockThread) -> None:
-    from evalsup.rundir import RunDirLock
+    from evalsup.rundir.lock import RunDirLock
 
     src = tmp_path / "t.jsonl.gz"
     src.write_bytes(gzip.compress(write_tasks(tmp_path / "t.jsonl", 20).read_bytes()))

@@ -145,7 +145,7 @@ def test_garbage_is_a_protocol_error() -> None:
 
 
 def test_an_output_line_written_around_its_body_is_the_same_line() -> None:
-    from evalsup.tasks import output_line, output_line_around
+    from evalsup.tasks.records import output_line, output_line_around
 
     body = orjson.dumps({"choices": [{"message": {"content": "x" * 50_000 + "\u0000 nul \n escaped"}}]})
     fields: dict[str, object] = {

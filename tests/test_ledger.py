@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from evalsup.supervisor.ledger import LedgerError, TaskLedger
-from evalsup.tasks import TaskRef
+from evalsup.tasks.reader import TaskRef
 
 
 def ref(i: int, crashes: int = 0) -> TaskRef:

@@ -27,8 +27,8 @@ from conftest import (
     write_tasks,
 )
 
+from evalsup.config.cgroup import CgroupProbe
 from evalsup.mock.server import MockThread
-from evalsup.supervisor.cgroup import CgroupProbe
 
 MIB = 1 << 20
 PLUGINS = ROOT / "tests" / "plugins"

@@ -36,7 +36,7 @@ from conftest import (
     mount as _mount,
 )
 
-from evalsup.exitcodes import RESUMABLE
+from evalsup.config.exitcodes import RESUMABLE
 from evalsup.mock.server import MockThread
 
 # ------------------------------------------------------------------------------------------- helpers

@@ -34,9 +34,9 @@ from conftest import (
     write_tasks,
 )
 
-from evalsup.idset import id_hash
 from evalsup.mock.server import MockConfig, MockThread
-from evalsup.results_file import iter_records
+from evalsup.rundir.results_file import iter_records
+from evalsup.tasks.idset import id_hash
 
 # ------------------------------------------------------------------------------ resume by content
 
@@ -307,7 +307,7 @@ def test_ids_bin_longer_than_its_checkpoint_is_cut_and_stays_consistent(tmp_path
 
 def test_a_run_directory_of_the_previous_evalsup_resumes(tmp_path: Path, mock: MockThread) -> None:
     """A checkpoint with the old fingerprint (size, mtime, ends) and no line count or CRC, and no run.json."""
-    from evalsup.tasks import _legacy_fingerprint
+    from evalsup.tasks.fingerprint import _legacy_fingerprint
 
     tasks, run_dir, args = finished_run(tmp_path, mock, 40)
     cp = orjson.loads((run_dir / "checkpoint.json").read_bytes())

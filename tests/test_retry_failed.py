@@ -30,7 +30,7 @@ from conftest import (
 )
 
 from evalsup.mock.server import MockThread
-from evalsup.results_file import iter_records
+from evalsup.rundir.results_file import iter_records
 
 
 def test_retry_failed_replaces_the_failed_records(tmp_path: Path, mock: MockThread) -> None:
@@ -81,13 +81,13 @@ def test_kill_during_retry_failed_then_rerun_is_exactly_once(tmp_path: Path, moc
 
 @pytest.mark.parametrize("step", ["written", "committed", "results_renamed"])
 def test_a_crash_inside_the_rewrite_is_completed_or_undone(tmp_path: Path, mock: MockThread, step: str) -> None:
-    """The states a crash between the rewrite's steps leaves (evalsup.rebuild): the next run finishes a
+    """The states a crash between the rewrite's steps leaves (evalsup.rundir.rewrite): the next run finishes a
     committed rewrite and drops one that was not; either way every task ends up once."""
     bad = {1, 5, 9}
     _tasks, run_dir, args = finished_run(tmp_path, mock, 30, "--max-attempts", "1", tasks_extra=fail_once(bad))
     done = tmp_path / "done.run"
     shutil.copytree(run_dir, done)
-    from evalsup.rebuild import NEXT, rewrite
+    from evalsup.rundir.rewrite import NEXT, rewrite
 
     rewrite(done, lambda rec: rec["error"] is not None)  # the rewrite, finished, on a copy
     if step == "written":  # step 1 done, no commit: undone

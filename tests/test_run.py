@@ -200,7 +200,7 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, mock: MockThread) -> None:
     p, workers = _start_slow_run(tmp_path, mock)
     os.kill(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=30)
-    assert p.returncode == 75, err  # resumable (evalsup.exitcodes.RESUMABLE)
+    assert p.returncode == 75, err  # resumable (evalsup.config.exitcodes.RESUMABLE)
     assert "Traceback" not in err
     assert "resume" in err
     assert _wait_gone(workers) == []

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from conftest import ROOT, assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli, write_tasks
 
-from evalsup.config import ConfigError, parse_shard
+from evalsup.config.run_config import ConfigError, parse_shard
 from evalsup.mock.server import MockThread
 
 

@@ -92,7 +92,7 @@ def test_cpu_seconds_reads_this_process() -> None:
 def test_a_lone_worker_may_hold_the_share_of_one_and_is_recycled_once_it_has_company(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from evalsup.config import RunConfig, WorkerConfig
+    from evalsup.config.run_config import RunConfig, WorkerConfig
     from evalsup.supervisor.memory import MemoryControl
 
     mib = 1 << 20

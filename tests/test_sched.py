@@ -24,10 +24,10 @@ from conftest import (
     write_tasks,
 )
 
-from evalsup import exitcodes
+from evalsup.config import exitcodes
+from evalsup.config.shards import ShardError, parse_shard, shard_from_env, shard_mismatch
 from evalsup.mock.server import MockThread
-from evalsup.rundir import LOCK_NAME, RunDirBusy, RunDirLock, held_by
-from evalsup.shards import ShardError, parse_shard, shard_from_env, shard_mismatch
+from evalsup.rundir.lock import LOCK_NAME, RunDirBusy, RunDirLock, held_by
 
 
 def _chat(mock: MockThread) -> int:

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, read_results, run_cli
 
 from evalsup.mock.server import MockThread
-from evalsup.scorers import ScorerOptions, choice, extract_choice, json_valid, regex, wilson
+from evalsup.scoring.scorers import ScorerOptions, choice, extract_choice, json_valid, regex, wilson
 
 PLUGIN = ROOT / "tests" / "plugins" / "score_user.py"
 

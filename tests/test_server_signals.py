@@ -142,7 +142,7 @@ def test_the_scraper_reads_the_mocks_metrics_and_skips_a_server_without_them() -
 def test_mock_cli_refuses_a_negative_capacity(flag: str) -> None:
     from click.testing import CliRunner
 
-    from evalsup.cli import main
+    from evalsup.cli.main import main
 
     r = CliRunner().invoke(main, ["mock", flag, "-1"])
     assert r.exit_code == 2

@@ -13,7 +13,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response
 
-from evalsup.tasks import output_line
+from evalsup.tasks.records import output_line
 from evalsup.worker.server_errors import http_error, request_id_of, server_error, text_body
 from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
 

@@ -18,10 +18,10 @@ import orjson
 import pytest
 from conftest import communicate, popen, read_results, run_cli, wait_until, write_tasks
 
-from evalsup.cli import main as cli_main
+from evalsup.cli.main import main as cli_main
 from evalsup.mock.server import MockThread
-from evalsup.report.scan import MAX_FAILED_ROWS, SLOWEST, ResultScan
 from evalsup.supervisor.progress import LineCounter, RateWindow
+from evalsup.tools.report.scan import MAX_FAILED_ROWS, SLOWEST, ResultScan
 
 
 def status_json(path: Path) -> dict[str, Any]:

@@ -148,7 +148,7 @@ class WorkerConfig:
     adaptive: bool = False  # no --concurrency: the worker's limit moves between 1 and its concurrency
     adaptive_start: int = 0  # a replacement starts from its predecessor's limit (0: slow start)
     server_metrics: str | None = None  # --server-metrics URL; None: try the server root's /metrics; "off"
-    headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.headers), never values
+    headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.tasks.headers), never values
     # many endpoints (issue 21 item 1): every --base-url, in the order given; () means just base_url
     base_urls: tuple[str, ...] = ()
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
-from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.check import CheckFailed, check_endpoints
+from evalsup.common.process import quiet_gc
+from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.ipc import Kind
-from evalsup.journal import JournalError
-from evalsup.process import quiet_gc
+from evalsup.rundir.checkpoint import JournalError
+from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.inbox import Inbox, RunStopped
 from evalsup.supervisor.limits import endpoint_loads, limit_total
@@ -31,7 +31,7 @@ from evalsup.supervisor.progress import show_progress
 from evalsup.supervisor.progress import snapshot as progress_snapshot
 from evalsup.supervisor.scaling import cpu_seconds
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
-from evalsup.tasks import TaskError, TaskRef, read_line_at
+from evalsup.tasks.reader import TaskError, TaskRef, read_line_at
 
 MIB = 1 << 20
 

@@ -9,13 +9,15 @@ import random
 import time
 from typing import Any
 
-from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.config import RunConfig
+from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
+from evalsup.config.ratelimits import rate_share
+from evalsup.config.run_config import RunConfig
 from evalsup.ipc import Kind
 from evalsup.ipc.frames import BufferPool
 from evalsup.ipc.ring import ring_size_from_env
-from evalsup.journal import Checkpoint, Journal, JournalError, ResumeState, previous_fingerprint
-from evalsup.ratelimits import rate_share
+from evalsup.rundir.checkpoint import Checkpoint, JournalError, previous_fingerprint
+from evalsup.rundir.journal import Journal
+from evalsup.rundir.results_file import ResumeState
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.memory import MemoryControl
@@ -24,7 +26,9 @@ from evalsup.supervisor.progress import LineCounter, RateWindow
 from evalsup.supervisor.scaling import ScaleUp
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.workers import Exit, WorkerHandle
-from evalsup.tasks import TaskReader, TaskRef, fingerprint, output_line
+from evalsup.tasks.fingerprint import fingerprint
+from evalsup.tasks.reader import TaskReader, TaskRef
+from evalsup.tasks.records import output_line
 
 MIB = 1 << 20
 
@@ -208,7 +212,7 @@ class SupervisorCore:
 
     def _send_rates(self) -> None:
         """Split the rate limits, global and per endpoint, among the live workers: together they never exceed
-        them (evalsup.ratelimits)."""
+        them (evalsup.config.ratelimits)."""
         cfg = self.cfg
         live = [w for w in self.workers if w.alive]
         share = rate_share(cfg.max_requests_per_s, cfg.max_tokens_per_min, cfg.endpoint_rates, cfg.arrivals, len(live))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from evalsup.supervisor.breaker import EndpointBreaker
-from evalsup.tasks import public_url
+from evalsup.tasks.requests import public_url
 
 MANY_MAX_PROBE_S = 5.0  # the longest gap between probes of an ejected endpoint while others serve
 

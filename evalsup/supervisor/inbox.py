@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from evalsup import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.config import RunConfig
+from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
+from evalsup.config.run_config import RunConfig
 from evalsup.ipc import Kind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, ProtocolError
 from evalsup.ipc.messages import Auth, ResultMeta
 from evalsup.ipc.ring import ring_size_from_env
-from evalsup.journal import Journal
+from evalsup.rundir.journal import Journal
 from evalsup.supervisor.core import RunStopped, SupervisorCore
 from evalsup.supervisor.events import write_leaks
 from evalsup.supervisor.policies import task_count_step

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Iterator
 
-from evalsup.tasks import TaskRef
+from evalsup.tasks.reader import TaskRef
 
 
 class LedgerError(Exception):

@@ -17,8 +17,8 @@ from typing import IO, Any
 
 import orjson
 
-from evalsup.config import RunConfig
-from evalsup.supervisor.cgroup import CgroupProbe, CgroupSample
+from evalsup.config.cgroup import CgroupProbe, CgroupSample
+from evalsup.config.run_config import RunConfig
 from evalsup.supervisor.policies import InflightBudget, PressureSignal, RecyclePolicy, Watermark
 from evalsup.supervisor.rss import rss_bytes
 from evalsup.supervisor.workers import State, WorkerView

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from evalsup.common.text import fmt_duration
 from evalsup.supervisor.limits import EndpointLoad, endpoint_loads, limit_total
 
 if TYPE_CHECKING:
@@ -117,15 +118,6 @@ def snapshot(sup: Any, now: float) -> dict[str, Any]:
         # with several endpoints, each one's state, limit and requests on the wire
         "endpoints": endpoint_loads(sup.workers, sup.endpoints) if sup.endpoints.many else None,
     }
-
-
-def fmt_duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _eta(s: dict[str, Any]) -> str:

@@ -11,14 +11,16 @@ from typing import Any
 import orjson
 import uvloop
 
-from evalsup import earlysignals, exitcodes
-from evalsup.config import RunConfig
-from evalsup.journal import EXIT_DISK, JournalError, OpenOptions, load_checkpoint, write_atomic
-from evalsup.rundir import RunDirBusy, RunDirError, RunDirLock
-from evalsup.shards import shard_mismatch
+from evalsup.config import exitcodes
+from evalsup.config.run_config import RunConfig
+from evalsup.config.shards import shard_mismatch
+from evalsup.rundir.checkpoint import EXIT_DISK, JournalError, load_checkpoint, write_atomic
+from evalsup.rundir.journal import OpenOptions
+from evalsup.rundir.lock import RunDirBusy, RunDirError, RunDirLock
+from evalsup.supervisor import early_signals as earlysignals
 from evalsup.supervisor.arbiter import RunStopped, Supervisor
 from evalsup.supervisor.summary import build_summary, print_summary, summary_line
-from evalsup.tasks import public_url
+from evalsup.tasks.requests import public_url
 
 
 def _logger(cfg: RunConfig) -> Any:
@@ -36,14 +38,14 @@ def _logger(cfg: RunConfig) -> Any:
 
 
 def run(cfg: RunConfig) -> int:
-    """Run a job to its end (or a stop); returns the process exit code (evalsup.exitcodes). With
+    """Run a job to its end (or a stop); returns the process exit code (evalsup.config.exitcodes). With
     ``cfg.retry_failed``, the records of those error codes are taken out and their tasks sent again (see
-    evalsup.rebuild).
+    evalsup.rundir.rewrite).
 
     The run directory's lock is taken before anything else (before the endpoint check, whose request a second,
     refused run must not send) and held until the end; a run refused for any reason leaves no directory of
     its own making behind."""
-    from evalsup.settings import request_settings
+    from evalsup.rundir.run_json import request_settings
 
     log = _logger(cfg)
     lock = RunDirLock(cfg.run_dir)
@@ -88,7 +90,7 @@ async def _with_early_signals(sup: Supervisor) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, sup._on_signal, sig)  # replaced by the supervisor's own in Supervisor.run
-    for early in earlysignals.take():  # came in before the loop ran (evalsup.earlysignals)
+    for early in earlysignals.take():  # came in before the loop ran (evalsup.supervisor.early_signals)
         sup._on_signal(early)
     return await sup.run()
 
@@ -136,8 +138,8 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
 
 def _counts_from_disk(sup: Supervisor, log: Any) -> None:
     """After a failed write some results counted were never written: count what a rerun will find instead."""
-    from evalsup.journal import JournalError
-    from evalsup.results_file import counts_on_disk
+    from evalsup.rundir.checkpoint import JournalError
+    from evalsup.rundir.results_file import counts_on_disk
 
     try:
         before = sup.stats.done

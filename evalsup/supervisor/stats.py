@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsup.ipc.messages import ResultMeta
-from evalsup.scorers import ScoreStats
+from evalsup.scoring.scorers import ScoreStats
 
 _RATIO = 1.02  # 2 % bucket width
 _LOW = 1e-4  # seconds

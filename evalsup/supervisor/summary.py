@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-from evalsup.settings import recorded_settings
+from evalsup.rundir.run_json import recorded_settings
 
 MB = 1 << 20
 
@@ -52,7 +52,7 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         **(sup.memory.summary() if sup.memory is not None else {}),
         "finished": sup.finished,
         "stopped": sup.stop_message or None,
-        "settings": recorded_settings(sup.cfg.run_dir),  # the request settings of run.json (evalsup.settings)
+        "settings": recorded_settings(sup.cfg.run_dir),  # the request settings of run.json (evalsup.rundir.run_json)
         "run_dir": str(sup.cfg.run_dir),
     }
 

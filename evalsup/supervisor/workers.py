@@ -17,7 +17,7 @@ from evalsup.ipc import FrameWriter, Kind, encode_json
 from evalsup.ipc.frames import BufferPool, encode_frame, encode_meta, widen_pipe
 from evalsup.ipc.ring import POS, SupervisorRing
 from evalsup.supervisor.pipes import PipeReader
-from evalsup.tasks import TaskRef
+from evalsup.tasks.reader import TaskRef
 
 
 class State(enum.Enum):

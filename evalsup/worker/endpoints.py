@@ -15,7 +15,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 
-from evalsup.tasks import join_url, public_url
+from evalsup.tasks.requests import join_url, public_url
 from evalsup.worker.adaptive import AdaptiveLimit
 from evalsup.worker.breaker import AuthWatch, HandedBack, LocalBreaker
 from evalsup.worker.pacing import Pacer

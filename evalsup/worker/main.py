@@ -20,15 +20,16 @@ from typing import Any
 import aiohttp
 import orjson
 
-from evalsup.headers import api_key, build_headers, secret_values
+from evalsup.common.process import quiet_gc
 from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
-from evalsup.plugin import load_callable
-from evalsup.process import quiet_gc
-from evalsup.scorers import ScorerOptions
-from evalsup.tasks import RequestDefaults, output_line, output_line_around, to_request
+from evalsup.scoring.plugin import load_callable
+from evalsup.scoring.scorers import ScorerOptions
+from evalsup.tasks.headers import api_key, build_headers, secret_values
+from evalsup.tasks.records import output_line, output_line_around
+from evalsup.tasks.requests import RequestDefaults, to_request
 from evalsup.worker.adaptive import adaptive_from_config
 from evalsup.worker.adaptive_hook import watch
 from evalsup.worker.bodies import UsageOnly

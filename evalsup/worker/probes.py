@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from evalsup.tasks import join_url
+from evalsup.tasks.requests import join_url
 from evalsup.worker.endpoints import Endpoint
 
 

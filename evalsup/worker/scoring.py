@@ -11,7 +11,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from evalsup.scorers import ScoreFn, ScorerOptions, load_scorer, to_scores
+from evalsup.scoring.scorers import ScoreFn, ScorerOptions, load_scorer, to_scores
 
 
 class Scoring:
@@ -36,16 +36,3 @@ class Scoring:
                 errors[name] = f"{type(e).__name__}: {e}"[:500]
         return scores, errors
 
-
-def score_sync(scorers: list[tuple[str, ScoreFn]], task: dict[str, Any], body: Any
-               ) -> tuple[dict[str, float | None], dict[str, str]]:
-    """The same, in the calling thread (for `evalsup score`, which runs in its own processes)."""
-    scores: dict[str, float | None] = {}
-    errors: dict[str, str] = {}
-    for name, fn in scorers:
-        try:
-            scores.update(to_scores(name, fn(task, body)))
-        except Exception as e:
-            scores[name] = None
-            errors[name] = f"{type(e).__name__}: {e}"[:500]
-    return scores, errors

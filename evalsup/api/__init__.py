@@ -1,0 +1,1 @@
+"""The Python API: evalsup.run, read_results / to_pandas, and the exceptions they raise."""

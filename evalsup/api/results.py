@@ -1,0 +1,187 @@
+"""Reading a run's results from Python: ``read_results`` streams them, ``to_pandas`` makes a DataFrame."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, overload
+
+import orjson
+
+from evalsup.api.exceptions import BadInput
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One line of results.jsonl, typed. ``raw`` is the whole record as a dict."""
+
+    custom_id: str
+    ok: bool  # the request succeeded (HTTP 200); scores may still be low
+    status_code: int | None
+    body: Any  # the endpoint's response body (a dict), or None
+    error: dict[str, Any] | None  # {"code", "message"} of a task that finally failed
+    scores: dict[str, Any]
+    metadata: dict[str, Any]
+    metrics: dict[str, Any]
+    raw: dict[str, Any]
+
+    @property
+    def text(self) -> str | None:
+        """The answer's text: the first choice's message content (chat) or text (completions), if any."""
+        try:
+            choice = self.body["choices"][0]
+        except (TypeError, KeyError, IndexError):
+            return None
+        if isinstance(choice.get("message"), dict):
+            content = choice["message"].get("content")
+            return content if isinstance(content, str) else None
+        return choice.get("text") if isinstance(choice.get("text"), str) else None
+
+    @classmethod
+    def from_dict(cls, rec: dict[str, Any]) -> Record:
+        resp = rec.get("response") or {}
+        return cls(custom_id=str(rec["custom_id"]), ok=rec.get("error") is None and resp.get("status_code") == 200,
+                   status_code=resp.get("status_code"), body=resp.get("body"), error=rec.get("error"),
+                   scores=rec.get("scores") or {}, metadata=rec.get("metadata") or {},
+                   metrics=rec.get("metrics") or {}, raw=rec)
+
+
+def _results_path(where: str | Path) -> tuple[Path, Path | None]:
+    """(results file, its run directory or None)."""
+    p = Path(where)
+    if p.is_dir():
+        if not (p / "results.jsonl").is_file():
+            raise BadInput(f"{p}: no results.jsonl in it (not a run directory)")
+        return p / "results.jsonl", p
+    if not p.is_file():
+        raise BadInput(f"{p}: no such file or run directory")
+    return p, None
+
+
+def _complete_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(offset, line) of each complete line; a torn last line (a run killed mid-write) is not a result."""
+    pos = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                return
+            yield pos, line
+            pos += len(line)
+
+
+def _task_file(run_dir: Path | None, tasks: str | Path | None) -> Path:
+    if tasks is not None:
+        return Path(tasks)
+    if run_dir is not None:
+        from evalsup.rundir.inputs import load_info
+
+        info = load_info(run_dir)
+        if info and Path(info["tasks"]).is_file():
+            return Path(info["tasks"])
+        if info and (run_dir / "tasks.jsonl").is_file():  # the run directory's own copy, moved with it
+            return run_dir / "tasks.jsonl"
+        name = run_dir.name[: -len(".run")] if run_dir.name.endswith(".run") else None
+        if name and (run_dir.parent / f"{name}.jsonl").is_file():  # the CLI's default: TASKS.run beside TASKS
+            return run_dir.parent / f"{name}.jsonl"
+    raise BadInput(f"ordered=True needs the task file (the input order): pass tasks=PATH ({run_dir or 'a file'} "
+                   "does not say where it is)")
+
+
+def _in_input_order(results: Path, tasks: Path) -> Iterator[bytes]:
+    """The result lines in the order of the task file, via a compact id -> offset index (16 bytes an id, no
+    strings kept) of the results; tasks without a result are skipped."""
+    from evalsup.tasks.idset import IdSet
+    from evalsup.tasks.reader import TaskError, TaskReader
+
+    index = IdSet()
+    with open(results, "rb") as peek:
+        def id_at(offset: int) -> str | None:
+            peek.seek(offset)
+            return str(orjson.loads(peek.readline())["custom_id"])
+
+        def line_at(offset: int) -> bytes:
+            peek.seek(offset)
+            return peek.readline()
+
+        for pos, line in _complete_lines(results):
+            index.add(str(orjson.loads(line)["custom_id"]), pos, id_at)
+        try:
+            reader = TaskReader(tasks, 1 << 30)
+        except OSError as e:
+            raise BadInput(f"{tasks}: {e.strerror}") from None
+        with reader:
+            while True:
+                try:
+                    got = reader.next()
+                except TaskError:
+                    continue  # an invalid line has no result
+                if got is None:
+                    return
+                at = index.find(got[0].id, id_at)
+                if at is not None:
+                    yield line_at(at)
+
+
+@overload
+def read_results(where: str | Path, *, ordered: bool = ..., typed: Literal[False] = ...,
+                 tasks: str | Path | None = ...) -> Iterator[dict[str, Any]]: ...
+@overload
+def read_results(where: str | Path, *, ordered: bool = ..., typed: Literal[True],
+                 tasks: str | Path | None = ...) -> Iterator[Record]: ...
+
+
+def read_results(where: str | Path, *, ordered: bool = False, typed: bool = False,
+                 tasks: str | Path | None = None) -> Iterator[dict[str, Any]] | Iterator[Record]:
+    """Stream the records of a run directory (or a results.jsonl file), one at a time.
+
+    ``ordered=False``: in file order (the order tasks finished). ``ordered=True``: in the task file's order,
+    without loading either file (``tasks`` defaults to the run directory's own copy, or TASKS beside
+    TASKS.run). ``typed=True`` yields ``Record`` objects (``.custom_id``, ``.ok``, ``.body``, ``.error``,
+    ``.scores``, ``.text``) instead of dicts. A run still going can be read: its last line is read only once
+    complete.
+    """
+    results, run_dir = _results_path(where)
+    task_file = _task_file(run_dir, tasks) if ordered else None
+
+    def lines() -> Iterator[bytes]:
+        if task_file is not None:
+            yield from _in_input_order(results, task_file)
+        else:
+            for _, line in _complete_lines(results):
+                yield line
+
+    if typed:
+        return (Record.from_dict(orjson.loads(line)) for line in lines())
+    return (orjson.loads(line) for line in lines())
+
+
+def _flat(rec: dict[str, Any]) -> dict[str, Any]:
+    r = Record.from_dict(rec)
+    row: dict[str, Any] = {"custom_id": r.custom_id, "ok": r.ok, "status_code": r.status_code, "text": r.text,
+                           "error_code": (r.error or {}).get("code"), "error_message": (r.error or {}).get("message"),
+                           "latency_s": r.metrics.get("latency_s"), "attempts": r.metrics.get("attempts")}
+    usage = r.body.get("usage") if isinstance(r.body, dict) else None
+    if isinstance(usage, dict):
+        row["prompt_tokens"] = usage.get("prompt_tokens")
+        row["completion_tokens"] = usage.get("completion_tokens")
+    for k, v in r.scores.items():
+        row[f"score.{k}"] = v
+    for k, v in r.metadata.items():
+        row[f"metadata.{k}"] = v
+    return row
+
+
+def to_pandas(where: str | Path, *, ordered: bool = False, tasks: str | Path | None = None) -> Any:
+    """A pandas DataFrame of a run's records, one row each: custom_id, ok, status_code, text, error_code,
+    error_message, latency_s, attempts, tokens, ``score.NAME`` and ``metadata.KEY`` columns. Needs pandas
+    (``pip install pandas``; evalsup does not require it)."""
+    import importlib
+
+    try:
+        pd = importlib.import_module("pandas")  # optional: not a dependency of evalsup
+    except ImportError:
+        raise ImportError("evalsup.to_pandas needs pandas: pip install pandas") from None
+    return pd.DataFrame.from_records(_flat(r) for r in read_results(where, ordered=ordered, tasks=tasks))
+
+

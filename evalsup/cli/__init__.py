@@ -1,0 +1,1 @@
+"""The command line: click commands that parse, build the config and call in."""

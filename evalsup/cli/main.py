@@ -1,0 +1,343 @@
+"""The `evalsup` command: parse, build the config, call in. Nothing else lives here."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from evalsup.cli.mock import mock_command
+from evalsup.config.options import RUN_OPTIONS, Option
+from evalsup.config.run_config import ConfigError, build_config
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"evalsup: {msg}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="evalsup")
+def main() -> None:
+    """Push 10k-1M requests through an OpenAI-compatible endpoint without running out of memory,
+    losing results or starting over after a crash.
+
+    \b
+    evalsup demo                              try it against the built-in mock endpoint
+    evalsup run --workers 4 tasks.jsonl       the real job, against $OPENAI_BASE_URL
+    evalsup status tasks.run                  progress of a run, from another shell
+    """
+
+
+def _click_option(o: Option) -> Any:
+    """The click decorator for one run option of the table in evalsup/config/options.py."""
+    kw: dict[str, Any] = {"help": o.help, "hidden": o.hidden}
+    if o.show_default:
+        kw["show_default"] = True
+    if o.metavar:
+        kw["metavar"] = o.metavar
+    if o.kind == "flag":
+        return click.option(*o.flags, o.name, is_flag=True, default=o.default, **kw)
+    types: dict[str, Any] = {"int": int, "float": float, "str": None, "path": click.Path(path_type=Path),
+                             "file": click.Path(exists=True, dir_okay=False), "bool": None}
+    if o.kind == "int" and (o.lo is not None or o.hi is not None):
+        kw["type"] = click.IntRange(o.lo, o.hi)
+    elif o.kind == "choice":
+        kw["type"] = click.Choice(list(o.choices))
+    elif types[o.kind] is not None:
+        kw["type"] = types[o.kind]
+    if o.flag_value is not None:
+        kw.update(is_flag=False, flag_value=o.flag_value)
+    return click.option(*o.flags, o.name, default=o.default, multiple=o.multiple, **kw)
+
+
+def run_options(f: Any) -> Any:
+    """Every option of `evalsup run`, from evalsup.config.options.RUN_OPTIONS (the one definition)."""
+    for o in reversed(RUN_OPTIONS):
+        f = _click_option(o)(f)
+    return f
+
+
+def _move_aside(run_dir: Path) -> None:
+    """--fresh: move the run directory aside (never deleted), never from under a run that holds it."""
+    from evalsup.config.exitcodes import BAD_INPUT, LOCKED
+    from evalsup.rundir.lock import RunDirBusy, RunDirError, move_aside
+
+    try:
+        dest = move_aside(run_dir)
+    except RunDirBusy as e:
+        _fail(str(e), LOCKED)
+    except (RunDirError, OSError) as e:
+        _fail(str(e), BAD_INPUT)
+    if dest is not None:
+        click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
+
+
+@main.command()
+@click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False), required=False)
+@run_options
+def run(tasks: Path | None, **kw: Any) -> None:
+    """Send every task in TASKS (JSONL) to the endpoint; results go to TASKS.run/results.jsonl.
+
+    TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
+    ({"id", "messages"} or {"id", "prompt"}, sent to /v1/chat/completions with --model). Other keys of
+    a line are copied to its record's "metadata". Rerunning the same command after a crash or a stop
+    resumes where the run left off: every task ends up in results.jsonl exactly once.
+
+    TASKS may also be gzip or zstandard compressed (.jsonl.gz, .jsonl.zst), a FIFO, or - for stdin (with
+    --out): it is streamed once into the run directory's own copy, RUN_DIR/tasks.jsonl, which the run reads.
+
+    Exit codes: 0 every task has its record (failed requests are records, not errors); 75 stopped before
+    the end (signal, endpoint down, key refused, crash loop, disk full): rerun to resume; 2 bad input or
+    settings; 73 another evalsup holds the run directory; 1 anything else.
+    """
+    from evalsup.rundir.inputs import InputError, classify, materialize
+    from evalsup.rundir.rewrite import retry_codes
+    from evalsup.supervisor import early_signals as earlysignals
+
+    earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
+    tasks, codes = retry_codes(tasks, kw["retry_failed"])  # `--retry-failed tasks.jsonl`: the flag without codes
+    kw["retry_failed"] = None if codes is None else ",".join(sorted(codes)) or "*"
+    if tasks is None:
+        _fail("missing TASKS (the task file); see evalsup run --help")
+    assert tasks is not None
+    try:
+        cfg = build_config(tasks, kw)
+        src = classify(tasks)
+        if src.kind == "stdin" and kw["out"] is None:
+            raise ConfigError("reading tasks from stdin (-) needs --out RUN_DIR (where its copy and the results go)")
+    except (ConfigError, InputError) as e:
+        _fail(str(e))
+    if cfg.fresh:
+        _move_aside(cfg.run_dir)
+    if src.kind != "file":
+        from evalsup.config.exitcodes import LOCKED
+        from evalsup.rundir.lock import RunDirBusy, RunDirError, holding
+
+        try:
+            with holding(cfg.run_dir, "copy of the input"):  # never under a run that reads the directory
+                cfg = dataclasses.replace(cfg, tasks_path=materialize(src, cfg.run_dir, log=_note))
+        except RunDirBusy as e:
+            _fail(str(e), LOCKED)
+        except (InputError, RunDirError) as e:
+            _fail(str(e))
+    from evalsup.supervisor.run import run as run_job
+
+    if codes is not None and cfg.fresh:
+        _fail("--retry-failed needs the run to retry; it cannot go with --fresh")
+    sys.exit(run_job(cfg))
+
+
+def _note(msg: str) -> None:
+    click.echo(f"evalsup: {msg}", err=True)
+
+
+@main.command()
+@click.option("--tasks", "n", type=click.IntRange(1, 10_000_000), default=2000, show_default=True,
+              help="Sample tasks to make.")
+@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Worker processes (as for `evalsup run --workers`).")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True,
+              help="Requests in flight in total, split among the workers.")
+@click.option("--latency-ms", type=float, default=20.0, show_default=True, help="Mock latency per request.")
+@click.option("--response-kb", type=float, default=1.0, show_default=True, help="Mock response size.")
+@click.option("--dir", "where", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Where to put the task file and run directory (default: a new temporary folder).")
+def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb: float, where: Path | None) -> None:
+    """Run N sample tasks against the built-in mock endpoint on 127.0.0.1 and print the summary."""
+    import orjson
+
+    from evalsup.mock.server import MockConfig, MockThread
+
+    base = where or Path(tempfile.mkdtemp(prefix="evalsup-demo-"))
+    base.mkdir(parents=True, exist_ok=True)
+    tasks = base / "tasks.jsonl"
+    with open(tasks, "wb") as f:
+        for i in range(n):
+            f.write(orjson.dumps({"id": f"demo-{i}", "messages": [{"role": "user", "content": f"Question {i}?"}],
+                                  "expected": str(i % 7)}) + b"\n")
+    run_dir = base / "tasks.run"
+    if run_dir.exists():
+        _move_aside(run_dir)
+    with MockThread(MockConfig(latency_ms=latency_ms, jitter_ms=latency_ms / 4, response_kb=response_kb)) as mock:
+        click.echo(f"evalsup demo: {n:,} tasks in {tasks}, mock endpoint on {mock.url}", err=True)
+        cfg = build_config(tasks, {"base_url": mock.url, "workers": workers, "concurrency": concurrency,
+                                   "model": "mock-model", "api_key_env": "EVALSUP_DEMO_NO_KEY"})
+        from evalsup.supervisor.run import run as run_job
+
+        code = run_job(cfg)
+    if code == 0:
+        _next_steps(cfg.run_dir)
+    sys.exit(code)
+
+
+def _next_steps(run_dir: Path) -> None:
+    click.echo(f"""
+next steps:
+  evalsup status {run_dir}      progress of a run (from another shell, while it goes)
+  evalsup report {run_dir}      one HTML page: memory, request rate, latency
+  evalsup run --base-url http://HOST:PORT/v1 --model MODEL tasks.jsonl      against your own server
+  python: evalsup.run(tasks, ...) runs a job, evalsup.read_results("{run_dir}") streams its records
+          (README: Python)""",
+               err=True)
+
+
+main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("--scorer", "scorers", multiple=True, required=True, metavar="NAME|module:fn|file.py:fn",
+              help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
+@click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Processes scoring in parallel.")
+@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively.")
+@click.option("--no-strip", is_flag=True, help="Do not strip surrounding white space.")
+@click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Where to write (default: RUN_DIR/results.scored.jsonl).")
+def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
+          pattern: str | None, output: Path | None) -> None:
+    """Score an existing run's results again, without sending any request.
+
+    Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
+    to a new file beside it; prints the per-scorer summary (also written to scores.json).
+    """
+    from evalsup.config.exitcodes import LOCKED
+    from evalsup.rundir.lock import RunDirBusy, RunDirError, locked
+    from evalsup.tools.rescore import rescore
+
+    try:
+        with contextlib.ExitStack() as stack:
+            # not while a run writes results.jsonl; a run directory we cannot write in is scored unlocked
+            with contextlib.suppress(RunDirError):
+                stack.enter_context(locked(run_dir, create=False, command="score"))
+            summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output)
+    except RunDirBusy as e:
+        _fail(str(e), LOCKED)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    from rich.console import Console
+
+    from evalsup.supervisor.summary import print_scores
+
+    print_scores(summary, Console())
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="The merged results file; its summary goes beside it as NAME.summary.json.")
+@click.option("--tasks", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="The task file: check that the shards were made from this very file and that every task "
+                   "appears exactly once.")
+@click.option("--sort", is_flag=True, help="Write results in input order (needs --tasks).")
+def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bool) -> None:
+    """Merge the results of shard runs (RUN_DIRs, or a directory holding shard-K-of-N/ run directories).
+
+    Before writing anything it proves coverage from the checkpoints: every shard-K-of-N for K in 0..N-1
+    present and finished, all made from the same input (and from --tasks, if given). Otherwise, or when an
+    id is missing or appears twice, it exits 1 listing each missing or incomplete shard (done/total) or the
+    ids, and leaves an earlier OUTPUT untouched (the merge is written to a temporary file, renamed at the end).
+    Moved-aside directories (*.old-*, from run --fresh) are left out.
+    """
+    import orjson
+
+    from evalsup.rundir.checkpoint import write_atomic
+    from evalsup.tools.coverage import coverage_problems
+    from evalsup.tools.merge import MergeError, find_run_dirs, merged_summary
+    from evalsup.tools.merge import merge as do_merge
+
+    try:
+        dirs = find_run_dirs(list(run_dirs))
+        problems = coverage_problems(dirs, tasks)
+        if problems:
+            click.echo(f"evalsup: merge refused: the run directories do not cover the input ({len(problems)} "
+                       f"problem(s)); {output} was not written", err=True)
+            for p in problems:
+                click.echo(f"  {p}", err=True)
+            sys.exit(1)
+        rep = do_merge(dirs, output, tasks, sort)
+    except (MergeError, OSError) as e:
+        _fail(str(e), 1)
+    if rep.complete:
+        summary = merged_summary(rep, dirs)
+        write_atomic(output.with_name(output.stem + ".summary.json"), orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        click.echo(f"merged {len(dirs)} run directories: {rep.records:,} results ({rep.succeeded:,} ok, "
+                   f"{rep.failed:,} failed) -> {output}")
+    else:
+        click.echo(f"evalsup: merge failed; {output} was not written", err=True)
+    if rep.duplicate_count:
+        click.echo(f"evalsup: {rep.duplicate_count} duplicated id(s): {', '.join(rep.duplicates)}", err=True)
+    if rep.missing_count:
+        click.echo(f"evalsup: {rep.missing_count} task(s) of {tasks} have no result: {', '.join(rep.missing)}"
+                   + (" ..." if rep.missing_count > len(rep.missing) else ""), err=True)
+    if not rep.complete:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object (for scripts).")
+def status(run_dir: Path, as_json: bool) -> None:
+    """Where a run stands, read-only: state and why, done/ok/failed/invalid, outstanding task ids, rate and
+    ETA while it runs, its settings. RUN_DIR may also be the parent of shard-K-of-N/ directories (one row a
+    shard, a total and the missing shards). Fast on any size: figures come from the checkpoint and the tails
+    of the files, never a full read of results.jsonl.
+    """
+    from evalsup.rundir.results_file import check_run_dir
+
+    damaged = check_run_dir(run_dir)  # a damaged results.jsonl: one line naming results.jsonl:LINE, exit 2
+    if damaged is not None:
+        _fail(damaged)
+    if as_json:
+        import orjson
+
+        from evalsup.tools.status import status as status_dict
+
+        click.echo(orjson.dumps(status_dict(run_dir), option=orjson.OPT_INDENT_2).decode())
+    else:
+        from evalsup.tools.status import status_text
+
+        click.echo(status_text(run_dir))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Where to write the page (default: RUN_DIR/report.html).")
+def report(run_dir: Path, output: Path | None) -> None:
+    """Write one self-contained HTML page (opens offline) of a run: figures and settings, throughput whole and
+    per session, finish reasons, rate/tokens/errors over time, latency, TTFT/ITL, output lengths, failed and
+    slowest tasks, memory."""
+    from evalsup.tools.report import ReportError, write_report
+
+    try:
+        click.echo(f"report written to {write_report(run_dir, output)}")
+    except ReportError as e:
+        _fail(str(e), 1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+def repair(run_dir: Path) -> None:
+    """Move the damaged lines of RUN_DIR/results.jsonl (not a record, or a second record for a task) to
+    damaged.jsonl, so that the next `evalsup run` of the same command sends their tasks again, exactly once.
+
+    Crash-safe; changes nothing when nothing is damaged. Exit 0 when done, 1 when it cannot write.
+    """
+    from evalsup.rundir.rewrite import repair as do_repair
+
+    text, code = do_repair(run_dir)
+    if code:
+        _fail(text, code)
+    click.echo(text)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""Commands over run directories, offline: status, report, merge with its coverage proof, rescore."""

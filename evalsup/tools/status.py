@@ -1,0 +1,411 @@
+"""`evalsup status`: where a run stands, read-only, from its checkpoint and the tails of its files.
+
+One source for the counts: the checkpoint's (what results.jsonl held up to its fsynced length L), plus the
+complete lines written after L (bounded by one checkpoint interval of work), each classified ok or failed from
+the end of its line, where the record's top-level "error" sits. Nothing reads a large file whole: the rate and
+the ETA come from the checkpoint's recent history, why a run stopped from the tail of events.jsonl and from
+summary.json, the settings from run.json (when the run wrote one). A parent of `shard-K-of-N` directories gets
+one row a shard (below).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evalsup.common.text import fmt_duration
+from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
+from evalsup.rundir.results_file import json_file as _json_file
+
+TAIL_EVENTS = 1 << 20  # bytes of events.jsonl read from its end
+SHOW_IDS = 10
+OK_MARK = b',"error":null,"metrics":'  # a record without error (tasks.output_line writes this order)
+ID_HEAD = re.compile(rb'^\{"id":("(?:[^"\\]|\\.)*")')
+SECRET_KEYS = re.compile(r"(?i)^(api_?key|authorization|password|secret|token)$")
+
+
+@dataclass
+class RunStatus:
+    run_dir: str
+    state: str  # not started, running, finished, stopped, unreadable
+    why: str | None = None  # stopped by SIGTERM; waiting for the endpoint (down since ...); ...
+    done: int = 0
+    ok: int = 0
+    failed: int = 0
+    invalid: int = 0
+    outstanding: int = 0  # dispatched at the checkpoint and not in results.jsonl
+    outstanding_ids: list[str] = field(default_factory=list)  # the first few
+    input_line: int = 0  # the task file's lines read (dispatched) so far
+    total: int | None = None  # tasks in the input: exact once all is read, else estimated (total_estimated)
+    total_estimated: bool = False
+    rate: float | None = None  # results a second over the last minute (running), or the session's (ended)
+    eta_s: float | None = None
+    checkpoint_age_s: float | None = None
+    in_flight: int | None = None  # running: requests on the wire at the last memory sample
+    concurrency_limit: int | None = None  # running: the workers' (adaptive) limits summed, same sample
+    endpoints: list[dict[str, Any]] | None = None  # running, several endpoints: url, state, limit, in_flight each
+    pid: int | None = None
+    exit_code: int | None = None
+    restarts: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _alive(pid: int) -> bool:
+    """Is the supervisor that wrote the checkpoint still running (and still evalsup)?"""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"evalsup" in f.read()
+    except OSError:
+        return False
+
+
+def settings_of(run_dir: Path) -> dict[str, Any] | None:
+    """run.json's settings (written by the run, when it does), values of secret-sounding keys hidden."""
+    obj = _json_file(run_dir / "run.json")
+    s = obj.get("settings") if obj is not None else None
+    if not isinstance(s, dict):
+        return None
+    return {k: ("[hidden]" if SECRET_KEYS.match(str(k)) and v else v) for k, v in s.items()}
+
+
+def _lines_after(path: Path, start: int) -> list[bytes]:
+    """The complete lines of `path` from byte `start` (bounded: what was written after a checkpoint)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return []
+    end = data.rfind(b"\n")
+    return data[:end].split(b"\n") if end >= 0 else []
+
+
+def _record_id(line: bytes) -> str | None:
+    m = ID_HEAD.match(line[:4096])
+    if m is None:
+        return None
+    try:
+        v = orjson.loads(m.group(1))
+    except orjson.JSONDecodeError:
+        return None
+    return str(v)
+
+
+def tail_events(run_dir: Path, limit: int = TAIL_EVENTS) -> list[dict[str, Any]]:
+    """The events of the last `limit` bytes of events.jsonl (the first, maybe partial, line dropped)."""
+    path = run_dir / "events.jsonl"
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if size > limit:
+        lines = lines[1:]
+    out = []
+    for line in lines:
+        try:
+            ev = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _why_running(events: list[dict[str, Any]], now: float) -> str | None:
+    """Waiting for the endpoint, or throttled for memory, from the last events of the session."""
+    down: dict[str, Any] | None = None
+    paused = False
+    for ev in events:
+        kind = ev.get("event")
+        if kind == "start":
+            down, paused = None, False
+        elif kind == "breaker_open":
+            down = ev
+        elif kind == "breaker_close":
+            down = None
+        elif kind in ("pause", "resume"):
+            paused = kind == "pause"
+    if down is not None:
+        t = float(down.get("t") or now)
+        return (f"waiting for the endpoint: down since {_clock(t)} ({now - t:,.0f}s)"
+                + (f": {down['reason']}" if down.get("reason") else ""))
+    if paused:
+        return "throttled: dispatch paused for memory"
+    return None
+
+
+def _why_stopped(run_dir: Path, cp: Checkpoint, events: list[dict[str, Any]]) -> tuple[str, int | None]:
+    """Why a run that is not running stopped, and its exit code when known."""
+    end: dict[str, Any] | None = None
+    for ev in events:
+        if ev.get("event") == "start":
+            end = None
+        elif ev.get("event") == "end":
+            end = ev
+    summary = _json_file(run_dir / "summary.json")
+    try:  # a summary.json of an earlier session says nothing of this one
+        if summary is not None and (run_dir / "summary.json").stat().st_mtime < cp.time - 1:
+            summary = None
+    except OSError:
+        summary = None
+    code = None
+    for src in (summary, end):
+        if src is None:
+            continue
+        for k in ("exit_code", "code"):
+            if isinstance(src.get(k), int):
+                code = src[k]
+                break
+        if code is not None:
+            break
+    reason = None
+    for src in (summary, end):
+        if src is not None:
+            r = src.get("stop_reason") or src.get("stopped")
+            if r:
+                reason = str(r)
+                break
+    if reason is None:
+        reason = ("ended without a word (killed, or the machine went down)" if end is None and summary is None
+                  else "stopped")
+    return reason + "; rerun the same command to resume", code
+
+
+def _total(cp: Checkpoint, done: int, outstanding: int) -> tuple[int | None, bool]:
+    """Tasks in the input: exact once the reader reached the end it knew of, else extrapolated from the bytes
+    read (the fingerprint's size), divided among the shards."""
+    size = int(cp.fingerprint.get("size") or 0)
+    shards = cp.fingerprint.get("shard")
+    n = int(shards[1]) if isinstance(shards, list) and len(shards) == 2 else 1
+    if cp.finished or (size and cp.frontier >= size):
+        return done + outstanding + cp.invalid, False
+    if cp.frontier <= 0 or cp.index <= 0 or not size:
+        return None, True
+    return max(done + outstanding, round(cp.index * size / cp.frontier / n)), True
+
+
+def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
+    now = time.time() if now is None else now
+    st = RunStatus(str(run_dir), "not started", settings=settings_of(run_dir))
+    try:
+        cp = load_checkpoint(run_dir)
+    except JournalError as e:
+        st.state, st.why = "unreadable", str(e)
+        return st
+    results = run_dir / "results.jsonl"
+    if cp is None:
+        tail = _lines_after(results, 0) if results.exists() and results.stat().st_size < 64 << 20 else []
+        st.done = len(tail)
+        st.ok = sum(OK_MARK in ln for ln in tail)
+        st.failed = st.done - st.ok
+        st.why = "no checkpoint yet (the run is starting, or died before its first)"
+        return st
+    tail = _lines_after(results, cp.results_len)
+    ok_after = sum(OK_MARK in ln for ln in tail)
+    st.ok, st.failed = cp.succeeded + ok_after, cp.failed + len(tail) - ok_after
+    st.done = st.ok + st.failed
+    after_ids = {i for ln in tail if (i := _record_id(ln)) is not None}
+    left = [r.id for r in cp.outstanding if r.id not in after_ids]
+    st.outstanding, st.outstanding_ids = len(left), left[:SHOW_IDS]
+    st.invalid = cp.invalid + len(_lines_after(run_dir / "invalid.jsonl", cp.invalid_len))
+    st.input_line, st.pid = cp.line_no, cp.pid
+    st.checkpoint_age_s = round(max(0.0, now - cp.time), 1)
+    st.restarts = {k: int(v) for k, v in (cp.counters.get("restarts") or {}).items() if v}
+    st.total, st.total_estimated = _total(cp, st.done, st.outstanding)
+    events = tail_events(run_dir)
+    if cp.finished:
+        st.state = "finished"
+        summary = _json_file(run_dir / "summary.json") or {}
+        st.rate = summary.get("requests_per_s")
+        st.exit_code = summary.get("exit_code") if isinstance(summary.get("exit_code"), int) else None
+    elif _alive(cp.pid):
+        st.state = "running"
+        st.why = _why_running(events, now)
+        hist = cp.counters.get("history") or []
+        if len(hist) >= 2 and float(hist[-1][0]) > float(hist[0][0]):
+            st.rate = round((int(hist[-1][1]) - int(hist[0][1])) / (float(hist[-1][0]) - float(hist[0][0])), 2)
+        if st.rate and st.total is not None:
+            st.eta_s = round(max(0, st.total - st.done - st.invalid) / st.rate, 1)
+        last = _last_sample(run_dir)
+        if last.get("concurrency_limit"):
+            st.in_flight, st.concurrency_limit = int(last.get("in_flight") or 0), int(last["concurrency_limit"])
+        if isinstance(last.get("endpoints"), list):
+            st.endpoints = [e for e in last["endpoints"] if isinstance(e, dict)]
+        if st.checkpoint_age_s > 30:
+            st.why = ((st.why + "; ") if st.why else "") + f"no checkpoint for {st.checkpoint_age_s:,.0f}s (stuck?)"
+    else:
+        st.state = "stopped"
+        st.why, st.exit_code = _why_stopped(run_dir, cp, events)
+    return st
+
+
+def _last_sample(run_dir: Path) -> dict[str, Any]:
+    """The last complete line of memory.jsonl (read from its tail), or {}."""
+    try:
+        with open(run_dir / "memory.jsonl", "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - 16384))
+            tail = f.read()
+    except OSError:
+        return {}
+    for line in reversed(tail[: tail.rfind(b"\n") + 1].splitlines()):
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        return obj if isinstance(obj, dict) else {}
+    return {}
+
+
+_EP_STATE = {"down": "down (ejected; probed until it answers)",
+             "out": "left out of this run (it failed the connection check, or refused the API key)"}
+
+
+def format_run(st: RunStatus) -> str:
+    head = f"{st.run_dir}: {st.state}" + (f" ({st.why})" if st.why else "")
+    if st.state in ("unreadable",):
+        return head
+    lines = [head]
+    total = ""
+    if st.total is not None:
+        total = f" of {'~' if st.total_estimated else ''}{st.total:,}"
+        if st.total:
+            total += f" ({100 * (st.done + st.invalid) / st.total:.1f}%)"
+    lines.append(f"  done        {st.done:,}{total}: {st.ok:,} ok, {st.failed:,} failed, {st.invalid:,} invalid"
+                 + (" (in invalid.jsonl)" if st.invalid else ""))
+    if st.state == "not started":
+        return "\n".join(lines)
+    lines.append(f"  outstanding {st.outstanding:,} (dispatched, no result yet); input read to line {st.input_line:,}")
+    if st.outstanding_ids:
+        more = f" and {st.outstanding - len(st.outstanding_ids):,} more" if st.outstanding > SHOW_IDS else ""
+        lines.append(f"              {', '.join(st.outstanding_ids)}{more}")
+    if st.rate is not None:
+        what = "over the last minute" if st.state == "running" else "in the last session"
+        eta = f", ETA {fmt_duration(st.eta_s)}" if st.eta_s is not None else ""
+        lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
+    if st.concurrency_limit is not None:
+        lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}")
+    for e in st.endpoints or ():
+        what = (f"{int(e.get('in_flight') or 0):,} in flight, limit {int(e.get('limit') or 0):,}"
+                if e.get("state") == "up" else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
+        lines.append(f"  endpoint    {e.get('url')}: {what}")
+    pid = f" (pid {st.pid})" if st.state == "running" else ""
+    lines.append(f"  checkpoint  {st.checkpoint_age_s:,.1f}s ago{pid}")
+    if st.exit_code is not None:
+        lines.append(f"  exit code   {st.exit_code}")
+    if st.restarts:
+        lines.append("  restarts    " + ", ".join(f"{k} {v}" for k, v in st.restarts.items()))
+    if st.settings:
+        lines.append("  settings    " + ", ".join(f"{k}={v}" for k, v in st.settings.items() if v is not None))
+    return "\n".join(lines)
+
+
+# ----- the parent of shard run directories (`--shard`: TASKS.run/shard-K-of-N/) -----
+
+SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
+
+
+def find_shards(parent: Path) -> dict[int, dict[int, Path]]:
+    """{N: {K: directory}} of the shard directories in `parent`."""
+    out: dict[int, dict[int, Path]] = {}
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return out
+    for p in entries:
+        m = SHARD_DIR.match(p.name)
+        if m is not None and p.is_dir():
+            k, n = int(m.group(1)), int(m.group(2))
+            if 0 <= k < n:
+                out.setdefault(n, {})[k] = p
+    return out
+
+
+def shards_status(parent: Path) -> dict[str, Any]:
+    """{"parent", "groups": [{"shards": N, "rows": [...], "total": {...}, "missing": [...]}]}: one group per
+    shard count found (normally one)."""
+    groups = []
+    for n, found in sorted(find_shards(parent).items()):
+        rows = []
+        for k in sorted(found):
+            st = run_status(found[k]).as_dict()
+            st["shard"] = f"shard-{k}-of-{n}"
+            rows.append(st)
+        running = [r for r in rows if r["state"] == "running"]
+        total: dict[str, Any] = {
+            "done": sum(r["done"] for r in rows), "ok": sum(r["ok"] for r in rows),
+            "failed": sum(r["failed"] for r in rows), "invalid": sum(r["invalid"] for r in rows),
+            "outstanding": sum(r["outstanding"] for r in rows),
+            "rate": round(sum(r["rate"] or 0.0 for r in running), 2) if running else None,
+            "finished": sum(r["state"] == "finished" for r in rows), "running": len(running),
+        }
+        known = [r["total"] for r in rows]
+        if len(rows) == n and all(t is not None for t in known):
+            total["total"] = sum(known)
+            total["total_estimated"] = any(r["total_estimated"] for r in rows)
+        groups.append({"shards": n, "rows": rows, "total": total,
+                       "missing": [f"shard-{k}-of-{n}" for k in range(n) if k not in found]})
+    return {"parent": str(parent), "groups": groups}
+
+
+def format_shards(s: dict[str, Any]) -> str:
+    lines = []
+    for g in s["groups"]:
+        n = g["shards"]
+        t = g["total"]
+        state = "finished" if t["finished"] == n else f"{t['finished']} of {n} shards finished, {t['running']} running"
+        lines.append(f"{s['parent']}: {n} shards, {state}")
+        lines.append(f"  {'shard':<16} {'state':<12} {'done':>10} {'failed':>8} {'req/s':>8} {'checkpoint':>11}  why")
+        for r in g["rows"]:
+            rate = "-" if r["rate"] is None else f"{r['rate']:,.1f}"
+            age = "-" if r["checkpoint_age_s"] is None else f"{r['checkpoint_age_s']:,.0f}s ago"
+            lines.append(f"  {r['shard']:<16} {r['state']:<12} {r['done']:>10,} {r['failed']:>8,} {rate:>8} "
+                         f"{age:>11}  {r['why'] or ''}".rstrip())
+        rate = "-" if t["rate"] is None else f"{t['rate']:,.1f}"
+        tot = f" of {'~' if t.get('total_estimated') else ''}{t['total']:,}" if t.get("total") is not None else ""
+        lines.append(f"  {'total':<16} {'':<12} {t['done']:>10,} {t['failed']:>8,} {rate:>8}"
+                     f"   {t['ok']:,} ok, {t['invalid']:,} invalid, {t['outstanding']:,} outstanding{tot}")
+        if g["missing"]:
+            lines.append(f"  missing     {len(g['missing'])} of {n}: {', '.join(g['missing'])} (not started)")
+    if len(s["groups"]) > 1:
+        lines.append("  note: shard directories for more than one shard count N are here")
+    return "\n".join(lines)
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / n).exists() for n in ("checkpoint.json", "results.jsonl", "events.jsonl"))
+
+
+def status(path: Path) -> dict[str, Any]:
+    """The status of a run directory, or of a parent of shard directories (`{"shards": ...}`)."""
+    if not is_run_dir(path) and find_shards(path):
+        return shards_status(path)
+    return run_status(path).as_dict()
+
+
+def status_text(path: Path) -> str:
+    if not is_run_dir(path):
+        if find_shards(path):
+            return format_shards(shards_status(path))
+        if not os.path.exists(path / "run.json"):
+            return f"{path}: not a run directory (no checkpoint.json, results.jsonl or shard-K-of-N/ in it)"
+    return format_run(run_status(path))
