@@ -118,7 +118,24 @@ class TaskLedger:
         poisoned.reverse()
         return poisoned
 
+    # ----- the queues, as the dispatcher takes from them -----
+
+    def take_redo(self) -> TaskRef | None:
+        """The next task to redo (handed back or left outstanding by an earlier run), before any new task."""
+        return self.redo.popleft() if self.redo else None
+
+    def take_suspect(self) -> TaskRef | None:
+        """The next suspect, for a worker that holds no other suspect (``holds_suspect``)."""
+        return self.suspects.popleft() if self.suspects else None
+
     # ----- questions -----
+
+    def has_redo(self) -> bool:
+        return bool(self.redo)
+
+    def has_suspects(self) -> bool:
+        return bool(self.suspects)
+
 
     def holds_suspect(self, holder: int) -> bool:
         return any(r.crashes for r in self._held.get(holder, {}).values())
