@@ -73,9 +73,9 @@ def arbiter_violations(source: str, verbs: set[str] = VERBS, cls: str = ARBITER_
     out: list[str] = []
     owner: dict[int, str] = {}  # id(node) -> the method of cls it is in
     methods: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            for item in node.body:
+    for top in tree.body:
+        if isinstance(top, ast.ClassDef) and top.name == cls:
+            for item in top.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     methods.add(item.name)
                     for sub in ast.walk(item):
