@@ -15,6 +15,7 @@ What is decided, and where:
 - which workers are hung: ``hang.HangWatch``;
 - may a worker be added: ``scaling.ScaleUp.may_add`` with a ``scaling.ScaleGate``;
 - what a RESULT changes (wake the dispatcher, warm or recycle the worker, hold the pipes): ``after_result``;
+- what a worker's exit leads to (stop, nothing, a restart counted against the intensity): ``after_exit``;
 - memory (throttle, in-flight cap, recycles): ``memory.MemoryControl`` and ``policies``; the endpoints' breakers:
   ``endpoints.Endpoints``; restart intensity: ``policies.RestartIntensity``;
 - what a person sees: ``progress.snapshot`` and ``summary.build_summary``, from a ``view.RunView``.
@@ -44,6 +45,7 @@ from evalsup.ipc.ring import ring_size_from_env
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, previous_fingerprint
 from evalsup.rundir.journal import Journal
 from evalsup.rundir.results_file import ResumeState
+from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
@@ -745,17 +747,19 @@ class Supervisor:
             self.poison(ref)
         self.credit.set()
         self._send_rates()
-        if w.fatal and self.stopping is None:
+        then = after_exit(how, fatal=bool(w.fatal), stopping=self.stopping is not None, intensity=self.intensity,
+                          now=time.monotonic())
+        if then.step == "stop_fatal":
             self.stop(f"worker could not start: {w.fatal}", ex.BAD_INPUT, "now")
             return
-        if self.stopping is not None or how.planned:
+        cause = then.cause
+        if cause is None:
             return
-        cause = "hung" if how is Exit.HUNG else "crashed"
         self.stats.restarts[cause] += 1
         self.events("restart", cause=cause, pid=w.pid, exit=rc)
         if self.metrics is not None:
             self.metrics.restarts.labels(cause).inc()
-        if self.intensity.record(time.monotonic()):
+        if then.step == "stop_crash_loop":
             self.stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
                       f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", ex.RESUMABLE, "now")
             return

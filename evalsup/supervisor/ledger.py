@@ -6,6 +6,7 @@ Design invariants 1, 2 and 4 live here (see docs/architecture.md):
 - when a worker goes, what it held goes back to the front of the queues, its crash count raised if the worker
   died while working on it; at ``max_crashes`` it is handed out no more (the arbiter writes it as
   ``worker_crashed``);
+- the queues are taken from only here (``take_redo``, ``take_suspect``): the arbiter asks, it never pops them;
 - the checkpoint's O is everything held or waiting; D (ids finished after an earlier run's checkpoint) is
   skipped once when the reader meets it, and kept as ``done_ahead`` until then.
 """
