@@ -29,7 +29,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, cast
 
 import orjson
@@ -368,7 +368,8 @@ class Supervisor:
         cap = self.cfg.concurrency if self.memory is None else self.memory.cap
         return max(1, min(w.share, cap * w.share // self.cfg.concurrency))
 
-    def _in_background(self, spawning: Any) -> None:
+    def _in_background(self, spawning: Coroutine[Any, Any, WorkerHandle]) -> None:
+        """A worker started off the loop's path; the dispatcher looks again once it is up (or failed)."""
         t = asyncio.create_task(spawning)
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
