@@ -1,144 +1,492 @@
-"""The supervisor's one loop: read tasks, hand them to workers by credit, write results, and spawn, reap and
-replace workers (after gunicorn's arbiter).
+"""The supervisor's arbiter: one loop that reads tasks, hands them to workers by credit, writes results, and
+spawns, reaps and replaces workers (after gunicorn's arbiter); the rooms decide, it only acts (after tenacity:
+a policy returns what to do, the loop does it).
 
-Rooms decide, the arbiter acts. Who holds which task is the ledger's (``ledger.TaskLedger``); a worker's life is
-its handle's state machine (``workers.WorkerHandle``); memory, scaling, the breaker, restart intensity and
-recycling are small policy objects that return decisions. Only the verbs here send frames, spawn, kill or
-append to the journal: ``spawn``, ``replace``, ``recycle``, ``poison``, ``checkpoint``, ``stop``. Frames from a
-worker go through one table, ``{Kind: handler}``.
+Only the verbs send a worker a frame, spawn or kill one, hold its pipe, or append to the journal: ``spawn``,
+``replace``, ``add_worker``, ``recycle``, ``kill``, ``hand``, ``send``, ``broadcast``, ``release_rings``,
+``hold_results``, ``release_results``, ``append``, ``append_invalid``, ``poison``, ``flush``, ``checkpoint``,
+``stop``, ``shutdown_workers``, ``close`` (tests/test_verbs.py reads this file to keep it so). Everything else here
+is the loop (dispatch, the ticker, the memory monitor, the run's start and end) and the frame handlers (one
+table, ``{Kind: handler}``), which decide nothing of their own beyond bookkeeping and call the verbs.
+
+What is decided, and where:
+- who holds which task, the redo and suspect queues: ``ledger.TaskLedger``;
+- a worker's life: ``workers.WorkerHandle`` (states and their moves, ``Exit``);
+- which workers are hung: ``hang.HangWatch``;
+- may a worker be added: ``scaling.ScaleUp.may_add`` with a ``scaling.ScaleGate``;
+- what a RESULT changes (wake the dispatcher, warm or recycle the worker, hold the pipes): ``after_result``;
+- what a worker's exit leads to (stop, nothing, a restart counted against the intensity): ``after_exit``;
+- memory (throttle, in-flight cap, recycles): ``memory.MemoryControl`` and ``policies``; the endpoints' breakers:
+  ``endpoints.Endpoints``; restart intensity: ``policies.RestartIntensity``;
+- what a person sees: ``progress.snapshot`` and ``summary.build_summary``, from a ``view.RunView``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import random
 import signal
 import time
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, cast
 
 import orjson
 
 from evalsup.common.process import quiet_gc
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.ipc import Kind
-from evalsup.rundir.checkpoint import JournalError
+from evalsup.config.ratelimits import rate_share
+from evalsup.config.run_config import RunConfig
+from evalsup.ipc import Kind, decode_json, split_meta
+from evalsup.ipc.frames import KEY, BufferPool, ProtocolError
+from evalsup.ipc.messages import Auth, ResultMeta
+from evalsup.ipc.ring import ring_size_from_env
+from evalsup.rundir.checkpoint import Checkpoint, JournalError, previous_fingerprint
+from evalsup.rundir.journal import Journal
+from evalsup.rundir.results_file import ResumeState
+from evalsup.supervisor.after_exit import after_exit
+from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.check import CheckFailed, check_endpoints
-from evalsup.supervisor.events import EventLog
-from evalsup.supervisor.inbox import Inbox, RunStopped
+from evalsup.supervisor.endpoints import Endpoints
+from evalsup.supervisor.events import EventLog, write_leaks
+from evalsup.supervisor.hang import HangWatch
+from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.limits import endpoint_loads, limit_total
 from evalsup.supervisor.memory import MemoryControl
-from evalsup.supervisor.progress import show_progress
+from evalsup.supervisor.policies import RestartIntensity
+from evalsup.supervisor.progress import LineCounter, RateWindow, show_progress
 from evalsup.supervisor.progress import snapshot as progress_snapshot
-from evalsup.supervisor.scaling import cpu_seconds
+from evalsup.supervisor.scaling import ScaleGate, ScaleUp, cpu_seconds
+from evalsup.supervisor.stats import RunStats
+from evalsup.supervisor.view import RunView
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
-from evalsup.tasks.reader import TaskError, TaskRef, read_line_at
+from evalsup.tasks.fingerprint import fingerprint
+from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
+from evalsup.tasks.records import output_line
 
 MIB = 1 << 20
+TICK_S = 0.25  # the ticker's period: checkpoints, flushes, the breaker's probes, hang detection
+Handler = Callable[[WorkerHandle, memoryview], None]
 
 __all__ = ["RunStopped", "Supervisor"]
 
 
-class Supervisor(Inbox):
-    # ----- memory and scaling -----
+class RunStopped(Exception):
+    """The run ended early; ``code`` is the exit code and the message says why and what to do."""
 
-    async def _monitor(self) -> None:
-        assert self.memory is not None
-        mem = self.memory
-        while True:
-            await asyncio.sleep(self.cfg.monitor_interval_s)
-            mem.concurrency_limit = limit_total(self.workers)  # into memory.jsonl (issue 21)
-            mem.on_wire = sum(w.wire for w in self.workers if w.alive)
-            mem.endpoints = endpoint_loads(self.workers, self.endpoints) if self.endpoints.many else None
-            dec = mem.tick(self.workers, self.paused, self.stats.done)
-            for note in dec.notes:
-                self.log(note)
-            by_id = {w.id: w for w in self.workers}
-            for wid, rss in dec.rss.items():
-                if (w := by_id.get(wid)) is not None:
-                    w.rss, w.peak_rss = rss, max(w.peak_rss, rss)
-            self.stats.on_memory(mem.last_supervisor_rss, [w.rss for w in self.workers])
-            if self.metrics is not None:
-                self._update_gauges()
-            if dec.throttle == "pause":
-                self.paused = True
-                self.events("pause", working_set=mem.last_ws)
-                why = "above the high mark" if mem.watermark and mem.last_ws >= mem.watermark.high_bytes else \
-                    f"kernel reports pressure ({', '.join(mem.pressure.reasons)})"
-                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, {why}; pausing dispatch")
-                self._broadcast(Kind.PAUSE)
-            elif dec.throttle == "resume":
-                self.paused = False
-                self.events("resume", working_set=mem.last_ws)
-                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, below the low mark; resuming")
-                self._broadcast(Kind.RESUME)
-                self.credit.set()
-            if dec.inflight_cap is not None:
-                for w in self.workers:
-                    w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
-            for wid, cause in dec.recycle:
-                if (w := by_id.get(wid)) is not None:
-                    self.recycle(w, cause)
-            big = mem.give_back(time.monotonic(), self.paused and self.stopping is None, self.ledger.any_started(),
-                                self.workers)
-            if big is not None:
-                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use with nothing in flight (above the low mark); "
-                         f"recycling the largest worker ({big.rss / MIB:,.0f} MiB) to give memory back")
-                self.recycle(by_id[big.id], "rss")
-            if self.cfg.autoscale:
-                self._maybe_scale(mem)
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
-    def _update_gauges(self) -> None:
-        mem = self.memory
-        assert self.metrics is not None and mem is not None
-        self.metrics.update(sum(w.wire for w in self.workers if w.alive), self.paused, self.endpoints.open,
-                            {w.slot: w.rss for w in self.workers if w.alive}, mem.last_supervisor_rss, mem.last_ws,
-                            mem.limit, limit_total(self.workers), endpoint_loads(self.workers, self.endpoints))
 
-    def _maybe_scale(self, mem: MemoryControl) -> None:
-        """Automatic worker count (supervisor.scaling): one more while each worker is CPU-bound and there is
-        work left, memory to spare and no worker starting."""
-        now = time.monotonic()
-        takers = [w for w in self.workers if w.state is State.READY and not w.recycling]
-        self.scaler.observe(now, ((w.pid, c) for w in takers if (c := cpu_seconds(w.pid)) is not None))
-        if (self.active >= self.cfg.workers or self.paused or self.stopping is not None or self.exhausted
-                or any(w.state is State.STARTING for w in self.workers)
-                or mem.cap < self.cfg.concurrency
-                or not self.scaler.wants_more(now)):
+class Supervisor:
+    def __init__(self, cfg: RunConfig, log: Any = None) -> None:
+        self.cfg = cfg
+        self.log = log or (lambda msg: None)
+        self.journal = Journal(cfg.run_dir)
+        self.stats = RunStats()
+        self.ledger = TaskLedger(cfg.max_task_crashes)
+        self.frame_buffers = BufferPool()  # large results from the pipe are read into these, reused once written
+        self.workers: list[WorkerHandle] = []
+        self.active = cfg.first_workers  # worker slots in use (grows with autoscale, see supervisor.scaling)
+        self.scaler = ScaleUp()
+        self.hang = HangWatch(cfg.hang_timeout_s, TICK_S)
+        self.reader: TaskReader | None = None
+        self.fp: dict[str, Any] = {}
+        self.credit = asyncio.Event()  # set when a credit returns or the set of workers changes
+        self.stopping: str | None = None  # None, "drain" or "now"
+        self.stop_code = 0
+        self.stop_message = ""
+        self.exhausted = False
+        self.paused = False  # dispatch gate (memory throttle)
+        self.resumed_from: ResumeState | None = None
+        self._signals = 0
+        self.finished = False
+        self.memory: MemoryControl | None = None
+        self.intensity = RestartIntensity(cfg.max_restarts, 60.0)
+        self.endpoints = Endpoints(cfg.worker.endpoints, cfg.max_wait_down_s)  # a breaker each (issue 21)
+        self.events: Any = lambda kind, **fields: None
+        self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
+        self.rate = RateWindow(time.monotonic())  # results a second, for the progress (supervisor.progress)
+        self.metrics: Any = None
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._backlogged = False  # reading results is held until the journal's writer catches up
+        if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
+            self.journal.on_written = self.release_rings  # a ring's space is free once its lines are written
+        self.journal.on_error = lambda message: self.stop(
+            f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, "now")
+        self.journal.on_backlog_low = self.release_results
+        self.handlers: dict[Kind, Handler] = {
+            Kind.RESULT: self._on_result, Kind.RETURNED: self._on_returned, Kind.STARTED: self._on_started,
+            Kind.HEARTBEAT: self._on_heartbeat, Kind.TRIP: self._on_trip, Kind.PROBE_RESULT: self._on_probe_result,
+            Kind.READY: self._on_ready, Kind.FATAL: self._on_fatal, Kind.LEAKS: self._on_leaks,
+            Kind.AUTH: self._on_auth,
+        }
+
+    # ----- set-up -----
+
+    def _open(self) -> None:
+        cfg = self.cfg
+        if not cfg.tasks_path.is_file():
+            raise RunStopped(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
+        self.fp = fingerprint(cfg.tasks_path, previous_fingerprint(cfg.run_dir))  # resume: hash only if written
+        if cfg.shard is not None:
+            self.fp["shard"] = list(cfg.shard)
+        try:
+            state = self.journal.prepare(self.fp, str(cfg.tasks_path))
+        except JournalError as e:
+            raise RunStopped(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
+        if state is None:
+            self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
             return
-        loads = [round(v, 3) for v in self.scaler.loads.values()]
-        self.scaler.changed(now)
+        cp = state.checkpoint
+        self.resumed_from = state
+        self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, cp.frontier, cp.line_no, cp.index)
+        if cp.ids_len:
+            self.reader.ids.load(self.journal.read_ids(cp.ids_len))
+        self.stats.succeeded = cp.succeeded + state.succeeded_after
+        self.stats.failed = cp.failed + state.failed_after
+        self.stats.invalid = cp.invalid
+        self.stats.restore(cp.counters)
+        self.ledger.restore(cp.outstanding, state.done_after)
+
+    # ----- verbs: the only code that spawns, kills, sends frames, holds pipes or writes the journal -----
+
+    async def spawn(self, slot: int) -> WorkerHandle:
+        share = self.cfg.per_worker_concurrency(self.active)[slot]
+        # with autoscale, a worker can take all of --concurrency: its share shrinks as workers are added
+        conc = self.cfg.concurrency if self.cfg.autoscale else share
+        w = WorkerHandle(slot, conc, self.cfg.window_for(share), {}, share)
+        w.held = self.ledger.open(w.id)
+        # a replacement starts from its predecessor's adaptive limit, not from scratch (issue 21)
+        start = max((x.conc_limit for x in self.workers if x.slot == slot), default=0)
+        config = self.cfg.worker.to_wire() | {"concurrency": conc, "limit": self._worker_cap(w),
+                                              "adaptive_start": start}
+        await w.spawn(config, lambda kind, payload: self._on_frame(w, kind, payload), self.frame_buffers,
+                      ring_size_from_env(self.active))  # a first worker alone gets all of the rings' budget
+        if self.memory is not None:
+            w.task_limit = self.memory.recycle.task_limit_for_new_worker()
+        elif self.cfg.max_tasks_per_worker:  # the first workers start before the memory control exists
+            w.task_limit = self.cfg.max_tasks_per_worker + random.randint(0, self.cfg.max_tasks_jitter)
+        if self.paused:
+            w.send(Kind.PAUSE)
+        if self._backlogged and w.stream is not None:
+            w.stream.hold("backlog")
+        for ejected in self.endpoints.open_frames():  # endpoints ejected or left out (issue 21)
+            w.send(Kind.BREAKER_OPEN, ejected)
+        self.workers.append(w)
+        self._send_rates()
+        w.reader_task = asyncio.create_task(self._reap(w))
+        return w
+
+    def replace(self, w: WorkerHandle) -> None:
+        """Start the worker that will take w's place (once), e.g. ahead of a recycle on task count."""
+        if w.replaced or self.stopping is not None:
+            return
+        w.replaced = True
+        self._in_background(self.spawn(w.slot))
+
+    def add_worker(self, takers: list[WorkerHandle], loads: list[float]) -> None:
+        """One more worker slot (autoscale): the workers taking tasks get their smaller shares at once."""
         self.active += 1
-        mem.set_workers(self.active)
+        assert self.memory is not None
+        self.memory.set_workers(self.active)
         shares = self.cfg.per_worker_concurrency(self.active)
         for w in takers:
             w.share = shares[w.slot]
             w.window = self.cfg.window_for(w.share)
-            w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+        self._send_limits(takers)
         self.events("scale", workers=self.active, loads=loads)
         self.log(f"workers: each one busy ({', '.join(f'{v:.0%}' for v in loads)} of a core); adding worker "
                  f"{self.active} of at most {self.cfg.workers}")
-        t = asyncio.create_task(self.spawn(self.active - 1))
+        self._in_background(self.spawn(self.active - 1))
+
+    def recycle(self, w: WorkerHandle, cause: str) -> None:
+        """Past the hard RSS limit a worker is killed at once; otherwise it gets no new task and is drained
+        (finishes what it holds, then exits). Its replacement starts at once, if not already."""
+        if self.stopping is not None or not w.alive or (w.recycling and cause != "hard_kill"):
+            return
+        w.recycling = True
+        self.stats.recycles[cause] += 1
+        self.events("recycle", cause=cause, pid=w.pid, rss=w.rss, done=w.done)
+        if self.metrics is not None:
+            self.metrics.recycles.labels(cause).inc()
+        if cause == "hard_kill":
+            self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; killing and replacing it")
+            self.kill(w, Exit.HARD_KILL)
+        else:
+            why = f"RSS {w.rss / MIB:,.0f} MiB" if cause == "rss" else f"{w.done} tasks done"
+            self.log(f"worker {w.pid}: {why}; recycling it (drain, a fresh one takes its place)")
+            w.drain(report=cause == "rss" and self.cfg.worker.trace_memory)
+        self.replace(w)
+        self.credit.set()
+
+    def kill(self, w: WorkerHandle, cause: Exit) -> None:
+        """SIGKILL; what it held is handed on when its process is reaped (``_on_exit``)."""
+        w.kill(cause)
+
+    def hand(self, w: WorkerHandle, ref: TaskRef, line: bytes) -> None:
+        """Give w a task: the ledger records who holds it, then the TASK frame goes (in the next write)."""
+        self.ledger.assign(w.id, ref)
+        w.send_task(ref, line)
+
+    def send(self, w: WorkerHandle, kind: Kind, obj: Any = None) -> None:
+        w.send(kind, obj)
+
+    def broadcast(self, kind: Kind, obj: Any = None) -> None:
+        for w in self.workers:
+            w.send(kind, obj)
+
+    def release_rings(self) -> None:
+        """After each write of the journal (``on_written``), the only time ``written`` moves: tell each worker
+        which part of its ring is free."""
+        written = self.journal.written
+        for w in self.workers:
+            w.release_ring(written)
+
+    def hold_results(self) -> None:
+        """The disk is behind: give the writer all there is (its progress is what releases the hold), and read
+        no more results until it catches up."""
+        self.journal.flush()
+        self._backlogged = True
+        self.events("disk_behind", backlog=self.journal.backlog)
+        for x in self.workers:
+            if x.stream is not None:
+                x.stream.hold("backlog")
+
+    def release_results(self) -> None:
+        """The journal's backlog fell low (``on_backlog_low``): read results again."""
+        if self._backlogged:
+            self._backlogged = False
+            for x in self.workers:
+                if x.stream is not None:
+                    x.stream.release("backlog")
+
+    def append(self, line: bytes | memoryview) -> None:
+        """A task's record, to results.jsonl (through the journal's writer)."""
+        self.journal.append(line)
+
+    def append_invalid(self, e: TaskError) -> None:
+        """A bad input line skipped (--on-invalid skip), to invalid.jsonl."""
+        self.stats.invalid += 1
+        self.journal.append_invalid(orjson.dumps({"line": e.line_no, "offset": e.offset, "error": e.reason},
+                                                 option=orjson.OPT_APPEND_NEWLINE))
+
+    def poison(self, ref: TaskRef) -> None:
+        """A task that killed its worker --max-task-crashes times is written as failed (worker_crashed)."""
+        msg = f"the worker died {ref.crashes} times while holding this task (line {ref.line_no})"
+        line = output_line(ref.id, status=None, request_id=None, body=None,
+                           error={"code": "worker_crashed", "message": msg},
+                           metrics={"latency_s": None, "attempts": ref.crashes, "worker": None}, metadata=None)
+        self.append(line)
+        self.stats.on_poisoned(ref.id)
+        self.log(f"task {ref.id!r} (line {ref.line_no}) killed its worker {ref.crashes} times; "
+                 "written as failed (worker_crashed)")
+
+    def flush(self) -> None:
+        """Hand the writer what is buffered (between checkpoints)."""
+        self.journal.flush()
+
+    async def checkpoint(self, finished: bool = False) -> None:
+        """Snapshot F/O and the counts with no await in between; the journal's writer makes every result
+        handed over before it durable and writes checkpoint.json with the results length that covers them."""
+        assert self.reader is not None
+        led = self.ledger
+        self.journal.append_ids(self.reader.ids.take_log())
+        cp = Checkpoint(
+            fingerprint=self.fp, frontier=self.reader.offset, line_no=self.reader.line_no, index=self.reader.index,
+            outstanding=list(led.outstanding()), ids_len=self.journal.ids_length(),
+            invalid_len=self.journal.invalid_length(), succeeded=self.stats.succeeded, failed=self.stats.failed,
+            invalid=self.stats.invalid, counters=self.stats.counters(),
+            finished=finished, done_ahead=sorted(led.done_ahead), pid=os.getpid(),
+        )
+        self.events("progress", **self.stats.progress())  # the report's time series (tokens, errors by code)
+        await self.journal.checkpoint(cp)
+
+    def stop(self, message: str, code: int, mode: str, hand_back: bool = False) -> None:
+        """Stop dispatching: "now" ends the workers; "drain" lets them finish what they hold (within --grace),
+        or with ``hand_back`` (SIGTERM) only the requests on the wire: the tasks queued in them and requests
+        parked for an outage come back at once, outstanding for the rerun."""
+        if self.stopping == "now" or (self.stopping == "drain" and mode == "drain"):
+            return
+        if self.stopping is None:
+            self.stop_message, self.stop_code = message, code
+        self.stopping = mode
+        if mode == "drain" and hand_back:
+            for w in self.workers:
+                w.drain()
+        self.credit.set()
+
+    async def shutdown_workers(self) -> None:
+        """At the end: "now" kills the workers; otherwise their input is closed and they exit when done (killed
+        after 5 s)."""
+        for w in self.workers:
+            if self.stopping == "now":
+                w.kill(Exit.STOPPED)
+            else:
+                w.close_input()
+        procs = [w.proc for w in self.workers if w.proc is not None]
+        if procs:
+            _, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in procs], timeout=5)
+            if pending:
+                for w in self.workers:
+                    w.kill(Exit.STOPPED)
+                await asyncio.wait(pending, timeout=5)
+        readers = [w.reader_task for w in list(self.workers) if w.reader_task is not None]
+        if readers:
+            await asyncio.wait(readers, timeout=5)
+
+    def close(self) -> None:
+        """The run's files, after the last checkpoint."""
+        self.journal.close()
+        assert self.memory is not None
+        self.memory.close()
+        self.events.close()
+        if self.reader is not None:
+            self.reader.close()
+
+    # helpers of the verbs (they act only through them)
+
+    def _send_rates(self) -> None:
+        """Split the rate limits, global and per endpoint, among the live workers: together they never exceed
+        them (evalsup.config.ratelimits)."""
+        cfg = self.cfg
+        live = [w for w in self.workers if w.alive]
+        share = rate_share(cfg.max_requests_per_s, cfg.max_tokens_per_min, cfg.endpoint_rates, cfg.arrivals, len(live))
+        if share is None:
+            return
+        for w in live:
+            self.send(w, Kind.RATE, share)
+
+    def _send_limits(self, workers: Iterable[WorkerHandle]) -> None:
+        for w in workers:
+            self.send(w, Kind.LIMIT, {"inflight": self._worker_cap(w)})
+
+    def _worker_cap(self, w: WorkerHandle) -> int:
+        """Requests w may have in flight: its share, less under the memory control's cap."""
+        cap = self.cfg.concurrency if self.memory is None else self.memory.cap
+        return max(1, min(w.share, cap * w.share // self.cfg.concurrency))
+
+    def _in_background(self, spawning: Coroutine[Any, Any, WorkerHandle]) -> None:
+        """A worker started off the loop's path; the dispatcher looks again once it is up (or failed)."""
+        t = asyncio.create_task(spawning)
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
         t.add_done_callback(lambda _: self.credit.set())
+
+    # ----- the run -----
+
+    async def run(self) -> int:
+        await self._prepare()
+        quiet_gc()
+        self._start_watching()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.on_signal, sig)
+        cfg = self.cfg
+        try:
+            try:
+                await self.checkpoint()  # from the start, the run directory says where the run is
+            except JournalError as e:
+                self.stop(str(e), e.code, "now")
+            loops = [asyncio.create_task(c) for c in (
+                self._ticker(), self._monitor(),
+                show_progress(cfg.quiet, cfg.log_format, cfg.log_interval_s, self.snapshot, self.log))]
+            await self._dispatch()
+            if self.stopping == "drain":
+                try:
+                    await asyncio.wait_for(self._drain_outstanding(), cfg.grace_s)
+                except TimeoutError:
+                    self.log(f"grace of {cfg.grace_s:g}s over; {self.ledger.in_flight()} task(s) left for the rerun")
+                    self.stopping = "now"
+            for t in loops:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            await self.shutdown_workers()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        self.finished = self.stopping is None and self.exhausted and self.ledger.settled()
+        try:
+            await self.checkpoint(finished=self.finished)
+        except JournalError as e:
+            if self.stop_code == 0 or not self.journal.broken:  # keep the first cause (the failed write) if any
+                self.stop_message, self.stop_code = str(e), e.code
+        self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code,
+                    stopped=self.stop_message or None)  # why, for `evalsup status`
+        self.close()
+        return self.stop_code
+
+    async def _prepare(self) -> None:
+        """Start the workers while the endpoint is checked (their interpreters take a moment to start); open
+        the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
+        check = asyncio.create_task(check_endpoints(self.cfg)) if self.cfg.check else None
+        try:
+            for slot in range(self.active):
+                await self.spawn(slot)
+            if check is not None:
+                try:
+                    found, failed = await check
+                except CheckFailed as e:
+                    raise RunStopped(str(e), ex.BAD_INPUT) from None
+                if not self.cfg.quiet:
+                    self.log("; ".join(found))
+                self._leave_out(failed)  # endpoints that failed the check: reported, the run goes on without
+            self._open()
+        except BaseException:
+            if check is not None:
+                check.cancel()
+            for w in self.workers:
+                self.kill(w, Exit.STOPPED)
+            raise
+
+    def _start_watching(self) -> None:
+        """memory.jsonl, events.jsonl, the line count and the metrics server, once the run directory is open."""
+        cfg = self.cfg
+        self.memory = MemoryControl(cfg, cfg.run_dir / "memory.jsonl")
+        self.events = EventLog(cfg.run_dir / "events.jsonl")
+        self.counter.start()
+        if cfg.metrics_port is not None:
+            from evalsup.supervisor.metrics import Metrics
+
+            self.metrics = Metrics()
+            try:
+                self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
+            except OSError as e:
+                raise RunStopped(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: "
+                                 f"{e.strerror}", ex.BAD_INPUT) from None
+            self.log(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
+            self._update_gauges()
+        self.events("start", workers=self.active, max_workers=cfg.workers, concurrency=cfg.concurrency,
+                    resumed=self.resumed_from is not None)
+        if not cfg.quiet:
+            self.log(self.memory.describe())
+        if self.memory.cap < cfg.concurrency:
+            self.log(f"memory: capping requests in flight at {self.memory.cap} of --concurrency {cfg.concurrency} "
+                     "until response sizes are known (1 MiB each assumed); the cap follows what they turn out to be")
+            self._send_limits(self.workers)  # started before the memory control existed
+        if self.resumed_from is not None:
+            rs = self.resumed_from
+            extra = f", cut a torn last line of {rs.torn_bytes} bytes" if rs.torn_bytes else ""
+            self.log(f"resuming: {rs.done:,} done, {self.ledger.waiting():,} to redo, reading on from line "
+                     f"{rs.checkpoint.line_no + 1:,}{extra}")
 
     # ----- dispatch -----
 
     def _next_task(self) -> tuple[TaskRef, bytes] | None:
         cfg = self.cfg
         assert self.reader is not None
-        if self.ledger.redo:
-            ref = self.ledger.redo.popleft()
+        ref = self.ledger.take_redo()
+        if ref is not None:
             return ref, read_line_at(cfg.tasks_path, ref.offset, cfg.max_line_bytes)
         while not self.exhausted:
             try:
                 got = self.reader.next()
             except TaskError as e:
                 if cfg.on_invalid == "skip":
-                    self.stats.invalid += 1
-                    self.journal.append_invalid(orjson.dumps(
-                        {"line": e.line_no, "offset": e.offset, "error": e.reason},
-                        option=orjson.OPT_APPEND_NEWLINE))
+                    self.append_invalid(e)
                     continue
                 self.reader.unread()  # a rerun must meet this line again, not read on past it
                 self.stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", ex.BAD_INPUT,
@@ -174,10 +522,6 @@ class Supervisor(Inbox):
     def _may_dispatch(self) -> bool:
         return self.stopping is None and not self.paused and not self.endpoints.open
 
-    def _hand(self, w: WorkerHandle, ref: TaskRef, line: bytes) -> None:
-        self.ledger.assign(w.id, ref)
-        w.send_task(ref, line)
-
     async def _dispatch(self) -> None:
         """Hand out tasks until the input is done and nothing is outstanding, or a stop is asked."""
         led = self.ledger
@@ -185,14 +529,15 @@ class Supervisor(Inbox):
             if not self._may_dispatch():
                 await self._wait_credit()
                 continue
-            if led.suspects:
+            if led.has_suspects():
                 sw = self._pick_worker(suspect_free=True)
                 if sw is not None:
-                    ref = led.suspects.popleft()
-                    self._hand(sw, ref, read_line_at(self.cfg.tasks_path, ref.offset, self.cfg.max_line_bytes))
+                    ref = led.take_suspect()
+                    assert ref is not None
+                    self.hand(sw, ref, read_line_at(self.cfg.tasks_path, ref.offset, self.cfg.max_line_bytes))
                     await sw.pipe_room()
                     continue
-            if self.exhausted and not led.redo:
+            if self.exhausted and not led.has_redo():
                 if led.settled():
                     return
                 await self._wait_credit()  # a result or a dead worker's tasks coming back
@@ -209,7 +554,7 @@ class Supervisor(Inbox):
             task = self._next_task()
             if task is None:
                 return
-            self._hand(w, *task)
+            self.hand(w, *task)
             if w.out is not None and w.out.must_drain():
                 await w.pipe_room()
 
@@ -223,33 +568,293 @@ class Supervisor(Inbox):
         cfg = self.cfg
         last_flush = last_cp = prev = time.monotonic()
         while True:
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(TICK_S)
             now = time.monotonic()
-            missed = now - prev - 0.25
+            frozen = self.hang.frozen_for(prev, now)
             prev = now
-            if missed > 2.0:
-                # the supervisor itself did not run (the tree was frozen: docker pause, SIGSTOP, a suspended
-                # laptop): its workers could not beat either, and must not be taken for hung
+            if frozen:
+                # the supervisor itself did not run (the tree was frozen): its workers could not beat either
                 for w in self.workers:
-                    w.last_beat += missed
-                    w.started += missed
+                    w.last_beat += frozen
+                    w.started += frozen
             try:
                 if now - last_cp >= cfg.checkpoint_interval_s:
                     await self.checkpoint()
                     last_cp = last_flush = now
                 elif now - last_flush >= cfg.flush_interval_s:
-                    self.journal.flush()
+                    self.flush()
                     last_flush = now
             except JournalError as e:
                 self.stop(str(e), e.code, "now")
                 return
             self._breaker_tick(now)
-            for w in list(self.workers):
-                if w.alive and w.state is not State.STARTING and now - w.last_beat > cfg.hang_timeout_s:
-                    self.log(f"worker {w.pid} sent no heartbeat for {now - w.last_beat:.0f}s (hung); killing it")
-                    w.kill(Exit.HUNG)
-                elif w.state is State.STARTING and now - w.started > max(30.0, cfg.hang_timeout_s):
-                    w.kill(Exit.HUNG)
+            by_id = {w.id: w for w in self.workers}
+            for hung in self.hang.hung(self.workers, now):
+                w = by_id[hung.id]
+                if not hung.starting:
+                    self.log(f"worker {w.pid} sent no heartbeat for {hung.silent_s:.0f}s (hung); killing it")
+                self.kill(w, Exit.HUNG)
+
+    async def _monitor(self) -> None:
+        """Every --monitor-interval: the memory control decides (``MemoryControl.tick``), this applies it."""
+        assert self.memory is not None
+        mem = self.memory
+        while True:
+            await asyncio.sleep(self.cfg.monitor_interval_s)
+            mem.concurrency_limit = limit_total(self.workers)  # into memory.jsonl (issue 21)
+            mem.on_wire = sum(w.wire for w in self.workers if w.alive)
+            mem.endpoints = endpoint_loads(self.workers, self.endpoints) if self.endpoints.many else None
+            dec = mem.tick(self.workers, self.paused, self.stats.done)
+            for note in dec.notes:
+                self.log(note)
+            by_id = {w.id: w for w in self.workers}
+            for wid, rss in dec.rss.items():
+                if (w := by_id.get(wid)) is not None:
+                    w.rss, w.peak_rss = rss, max(w.peak_rss, rss)
+            self.stats.on_memory(mem.last_supervisor_rss, [w.rss for w in self.workers])
+            if self.metrics is not None:
+                self._update_gauges()
+            if dec.throttle == "pause":
+                self.paused = True
+                self.events("pause", working_set=mem.last_ws)
+                why = "above the high mark" if mem.watermark and mem.last_ws >= mem.watermark.high_bytes else \
+                    f"kernel reports pressure ({', '.join(mem.pressure.reasons)})"
+                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, {why}; pausing dispatch")
+                self.broadcast(Kind.PAUSE)
+            elif dec.throttle == "resume":
+                self.paused = False
+                self.events("resume", working_set=mem.last_ws)
+                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, below the low mark; resuming")
+                self.broadcast(Kind.RESUME)
+                self.credit.set()
+            if dec.inflight_cap is not None:
+                self._send_limits(self.workers)
+            for wid, cause in dec.recycle:
+                if (w := by_id.get(wid)) is not None:
+                    self.recycle(w, cause)
+            big = mem.give_back(time.monotonic(), self.paused and self.stopping is None, self.ledger.any_started(),
+                                self.workers)
+            if big is not None:
+                self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use with nothing in flight (above the low mark); "
+                         f"recycling the largest worker ({big.rss / MIB:,.0f} MiB) to give memory back")
+                self.recycle(by_id[big.id], "rss")
+            if self.cfg.autoscale:
+                self._maybe_scale(mem)
+
+    def _update_gauges(self) -> None:
+        mem = self.memory
+        assert self.metrics is not None and mem is not None
+        self.metrics.update(sum(w.wire for w in self.workers if w.alive), self.paused, self.endpoints.open,
+                            {w.slot: w.rss for w in self.workers if w.alive}, mem.last_supervisor_rss, mem.last_ws,
+                            mem.limit, limit_total(self.workers), endpoint_loads(self.workers, self.endpoints))
+
+    def _maybe_scale(self, mem: MemoryControl) -> None:
+        """Automatic worker count: the workers' CPU is sampled here, ``ScaleUp.may_add`` decides."""
+        now = time.monotonic()
+        takers = [w for w in self.workers if w.state is State.READY and not w.recycling]
+        self.scaler.observe(now, ((w.pid, c) for w in takers if (c := cpu_seconds(w.pid)) is not None))
+        gate = ScaleGate(active=self.active, max_workers=self.cfg.workers, paused=self.paused,
+                         stopping=self.stopping is not None, input_done=self.exhausted,
+                         starting=any(w.state is State.STARTING for w in self.workers), memory_cap=mem.cap,
+                         concurrency=self.cfg.concurrency)
+        if self.scaler.may_add(now, gate):
+            loads = [round(v, 3) for v in self.scaler.loads.values()]
+            self.scaler.changed(now)  # measure afresh from here
+            self.add_worker(takers, loads)
+
+    # ----- what workers say -----
+
+    async def _reap(self, w: WorkerHandle) -> None:
+        assert w.proc is not None and w.stream is not None
+        err = await w.stream.closed
+        if err is not None:
+            self.log(f"worker {w.pid}: broken pipe ({err})")
+            self.kill(w, Exit.CRASHED)
+        rc = await w.proc.wait()
+        self._on_exit(w, rc)
+
+    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: memoryview) -> None:
+        handler = self.handlers.get(kind)
+        if handler is not None:
+            handler(w, payload)
+
+    def _on_result(self, w: WorkerHandle, payload: memoryview) -> None:
+        raw, line = split_meta(payload)
+        meta = cast(ResultMeta, raw)
+        ref = self.ledger.finished(w.id, meta["k"])
+        if ref is None:
+            return  # not ours any more (cannot happen while one worker holds each task)
+        sh = meta.get("sh")
+        if sh is not None:  # the line is in the worker's ring: the journal writes it from there
+            try:
+                if w.ring is None:
+                    raise ProtocolError("a result in a ring that was never made")
+                line = w.ring.line(int(sh[0]), int(sh[1]), self.journal.appended + int(sh[1]))
+            except (ProtocolError, TypeError, ValueError, IndexError) as e:
+                # the task stays the worker's, so it is handed on with the others when the broken worker goes
+                self.ledger.unfinish(w.id, ref)
+                raise ProtocolError(f"bad ring reference {sh!r}") from e
+            self.stats.ring_results += 1
+        self.append(line)
+        self.stats.on_result(meta)
+        if self.metrics is not None:
+            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
+        if self.memory is not None and meta["ok"]:
+            self.memory.budget.observe(int(meta.get("rb", 0)))
+        w.done += 1
+        then = after_result(w, input_done=self.exhausted, suspects_waiting=self.ledger.has_suspects(),
+                            stopping=self.stopping is not None, backlog=self.journal.backlog,
+                            backlog_high=Journal.BACKLOG_HIGH, held=self._backlogged)
+        if then.wake:
+            self.credit.set()  # wake the dispatcher only when it has something to do: a refill, the end
+        if then.step == "recycle":
+            self.recycle(w, "tasks")
+        elif then.step == "warm":
+            self.replace(w)  # warm up its successor, so the recycle costs no throughput
+        if then.hold:
+            self.hold_results()
+
+    def _on_returned(self, w: WorkerHandle, payload: memoryview) -> None:
+        self.ledger.returned(w.id, decode_json(payload).get("keys", []))
+        self.credit.set()
+
+    def _on_started(self, w: WorkerHandle, payload: memoryview) -> None:
+        for (k,) in KEY.iter_unpack(payload):
+            self.ledger.started(w.id, k)
+
+    def _on_heartbeat(self, w: WorkerHandle, payload: memoryview) -> None:
+        beat = decode_json(payload)
+        w.last_beat = time.monotonic()
+        w.parked = int(beat.get("parked", 0))
+        w.wire = int(beat.get("wire", 0))
+        w.conc_limit = int(beat.get("limit") or 0)  # the adaptive limit, summed for display (issue 21)
+        w.ep_load = beat.get("eps")  # and each endpoint's, with several
+
+    def _on_ready(self, w: WorkerHandle, payload: memoryview) -> None:
+        w.ready()
+        self.credit.set()
+
+    def _on_fatal(self, w: WorkerHandle, payload: memoryview) -> None:
+        w.fatal = str(decode_json(payload).get("message"))
+
+    def _on_leaks(self, w: WorkerHandle, payload: memoryview) -> None:
+        self.log(write_leaks(self.cfg.run_dir, w.pid, str(decode_json(payload).get("text", ""))))
+
+    def _on_exit(self, w: WorkerHandle, rc: int) -> None:
+        how = w.exited()
+        if w in self.workers:
+            self.workers.remove(w)
+        for ref in self.ledger.gone(w.id, died=how.died):
+            self.poison(ref)
+        self.credit.set()
+        self._send_rates()
+        then = after_exit(how, fatal=bool(w.fatal), stopping=self.stopping is not None, intensity=self.intensity,
+                          now=time.monotonic())
+        if then.step == "stop_fatal":
+            self.stop(f"worker could not start: {w.fatal}", ex.BAD_INPUT, "now")
+            return
+        cause = then.cause
+        if cause is None:
+            return
+        self.stats.restarts[cause] += 1
+        self.events("restart", cause=cause, pid=w.pid, exit=rc)
+        if self.metrics is not None:
+            self.metrics.restarts.labels(cause).inc()
+        if then.step == "stop_crash_loop":
+            self.stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
+                      f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", ex.RESUMABLE, "now")
+            return
+        self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
+                 f"{self.ledger.waiting()} task(s) handed on; "
+                 + ("its successor was already starting" if w.replaced else "starting a new one"))
+        self.replace(w)
+
+    # ----- the endpoints: a breaker each (supervisor.endpoints, issue 21) -----
+
+    def _leave_out(self, failed: dict[int, str]) -> None:
+        """Endpoints that failed the connection check or refused the key: a line each, and the run goes on
+        without them."""
+        eps = self.endpoints
+        for e, why in failed.items():
+            was_open = eps.open
+            eps.leave_out(e, why, time.monotonic())
+            self.log(f"{eps.name(e)} left out of this run: {why}")
+            self.broadcast(Kind.BREAKER_OPEN, {"e": e, "out": True})
+            if eps.open and not was_open:  # the others left are all ejected just now
+                self._all_down(eps.reason)
+
+    def _on_trip(self, w: WorkerHandle, payload: memoryview) -> None:
+        t = decode_json(payload)
+        reason, e = str(t.get("reason", "")), int(t.get("e", 0))
+        eps = self.endpoints
+        if eps.trip(e, time.monotonic(), reason):
+            self.broadcast(Kind.BREAKER_OPEN, {"e": e})
+            if eps.open:
+                self._all_down(reason)
+            else:
+                self.log(f"{eps.name(e)} looks down ({reason}); ejected: the others take its requests, it is "
+                         f"probed on its own ({len(eps.up())} of {len(eps.urls)} up)")
+            if eps.many:
+                self.events("endpoint_out", endpoint=e, reason=reason)
+        elif 0 <= e < len(eps.breakers) and eps.breakers[e].open:
+            self.send(w, Kind.BREAKER_OPEN, {"e": e})
+
+    def _all_down(self, reason: str) -> None:
+        every = "every endpoint is down" if self.endpoints.many else "endpoint looks down"
+        self.log(f"{every} ({reason}); pausing dispatch and probing, no task is failed meanwhile "
+                 f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
+        self.events("breaker_open", reason=reason)
+
+    def _on_probe_result(self, w: WorkerHandle, payload: memoryview) -> None:
+        r = decode_json(payload)
+        ok, detail, e = bool(r.get("ok")), str(r.get("detail", "")), int(r.get("e", 0))
+        now = time.monotonic()
+        eps = self.endpoints
+        paused, since = eps.open, eps.opened_at
+        if eps.probe_result(e, ok, now):
+            b = eps.breakers[e]
+            if b.was_down:
+                self.log(f"{eps.name(e)} is back after {now - b.opened_at:.1f}s; "
+                         + ("resuming" if paused else "it rejoins"))
+            else:
+                self.log(f"{eps.name(e)} answers ({detail}): the failures were those tasks' own; they use up their "
+                         "attempts (--max-attempts)")
+            if paused:
+                self.events("breaker_close", down_s=round(now - since, 3), was_down=b.was_down)
+            if eps.many:
+                self.events("endpoint_back", endpoint=e, down_s=round(now - b.opened_at, 3), was_down=b.was_down)
+            self.broadcast(Kind.BREAKER_CLOSE, {"was_down": b.was_down, "e": e})
+            self.credit.set()
+        elif 0 <= e < len(eps.breakers) and eps.breakers[e].open and not ok:
+            self.log(f"{eps.name(e)} still down ({detail}); next probe in {eps.breakers[e].interval:g}s")
+
+    def _on_auth(self, w: WorkerHandle, payload: memoryview) -> None:
+        """A worker judged the key lost at endpoint e: with others still in the run it is left out (its refused
+        requests go to them); else the run stops, resumably, and fails no task for it."""
+        m = cast(Auth, decode_json(payload))
+        said, e, eps = str(m.get("message", ""))[:200], int(m.get("e", 0)), self.endpoints
+        if e in eps.left_out:
+            return  # another worker said so first
+        self.events("auth_refused", pid=w.pid, **({"endpoint": e} if eps.many else {}))
+        if any(i != e for i in eps.live()):
+            self._leave_out({e: f"it refused the API key ({said}); the others take its requests"})
+            return
+        what = "no endpoint left in the run takes" if eps.many else "the endpoint refused"
+        self.stop(f"{what} the API key ({said}); no task was failed for it: fix the key "
+                  "(OPENAI_API_KEY or --api-key-file)", ex.RESUMABLE, "now")
+
+    def _breaker_tick(self, now: float) -> None:
+        eps = self.endpoints
+        if eps.down_too_long(now):
+            what = "every endpoint has" if eps.many else "the endpoint has"
+            self.stop(f"{what} been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
+                      f"({eps.reason})", ex.RESUMABLE, "now")
+            return
+        for e in eps.probes_due(now):
+            ready = [w for w in self.workers if w.state is State.READY]
+            if ready:
+                self.send(max(ready, key=lambda x: x.parked), Kind.PROBE, {"e": e})
+                eps.probe_sent(e, now)
 
     # ----- what a person sees -----
 
@@ -262,13 +867,23 @@ class Supervisor(Inbox):
             return "throttled"
         return "running"
 
+    def view(self) -> RunView:
+        """The run as progress and the summary read it."""
+        cfg = self.cfg
+        return RunView(state=self.state(), stats=self.stats, rate=self.rate, in_flight=self.ledger.in_flight(),
+                       total=self.counter.total, workers=tuple(self.workers), memory=self.memory,
+                       endpoints=self.endpoints, active=self.active, first_workers=cfg.first_workers,
+                       max_workers=cfg.workers, autoscale=cfg.autoscale, concurrency=cfg.concurrency,
+                       adaptive=cfg.adaptive, run_dir=cfg.run_dir, finished=self.finished,
+                       stop_message=self.stop_message)
+
     def snapshot(self) -> dict[str, Any]:
         """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""
-        return progress_snapshot(self, time.monotonic())
+        return progress_snapshot(self.view(), time.monotonic())
 
-    # ----- stopping -----
+    # ----- signals -----
 
-    def _on_signal(self, signum: int) -> None:
+    def on_signal(self, signum: int) -> None:
         self._signals += 1
         if signum == signal.SIGTERM and self._signals == 1:
             self.log(f"SIGTERM: finishing requests in flight (up to {self.cfg.grace_s:g}s), then checkpointing")
@@ -276,125 +891,3 @@ class Supervisor(Inbox):
         else:
             self.stop("interrupted", ex.RESUMABLE, "now")
             self.stop_message, self.stop_code = "interrupted", ex.RESUMABLE
-
-    async def _shutdown_workers(self) -> None:
-        for w in self.workers:
-            if self.stopping == "now":
-                w.kill(Exit.STOPPED)
-            else:
-                w.close_input()
-        procs = [w.proc for w in self.workers if w.proc is not None]
-        if procs:
-            _, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in procs], timeout=5)
-            if pending:
-                for w in self.workers:
-                    w.kill(Exit.STOPPED)
-                await asyncio.wait(pending, timeout=5)
-        readers = [w.reader_task for w in list(self.workers) if w.reader_task is not None]
-        if readers:
-            await asyncio.wait(readers, timeout=5)
-
-    # ----- the run -----
-
-    async def _prepare(self) -> None:
-        """Start the workers while the endpoint is checked (their interpreters take a moment to start); open
-        the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
-        check = asyncio.create_task(check_endpoints(self.cfg)) if self.cfg.check else None
-        try:
-            for slot in range(self.active):
-                await self.spawn(slot)
-            if check is not None:
-                try:
-                    found, failed = await check
-                except CheckFailed as e:
-                    raise RunStopped(str(e), ex.BAD_INPUT) from None
-                if not self.cfg.quiet:
-                    self.log("; ".join(found))
-                self._leave_out(failed)  # endpoints that failed the check: reported, the run goes on without
-            self._open()
-        except BaseException:
-            if check is not None:
-                check.cancel()
-            for w in self.workers:
-                w.kill(Exit.STOPPED)
-            raise
-
-    def _start_watching(self) -> None:
-        """memory.jsonl, events.jsonl, the line count and the metrics server, once the run directory is open."""
-        cfg = self.cfg
-        self.memory = MemoryControl(cfg, cfg.run_dir / "memory.jsonl")
-        self.events = EventLog(cfg.run_dir / "events.jsonl")
-        self.counter.start()
-        if cfg.metrics_port is not None:
-            from evalsup.supervisor.metrics import Metrics
-
-            self.metrics = Metrics()
-            try:
-                self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
-            except OSError as e:
-                raise RunStopped(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: "
-                                 f"{e.strerror}", ex.BAD_INPUT) from None
-            self.log(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
-            self._update_gauges()
-        self.events("start", workers=self.active, max_workers=cfg.workers, concurrency=cfg.concurrency,
-                    resumed=self.resumed_from is not None)
-        if not cfg.quiet:
-            self.log(self.memory.describe())
-        if self.memory.cap < cfg.concurrency:
-            self.log(f"memory: capping requests in flight at {self.memory.cap} of --concurrency {cfg.concurrency} "
-                     "until response sizes are known (1 MiB each assumed); the cap follows what they turn out to be")
-            for w in self.workers:  # started before the memory control existed
-                w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
-        if self.resumed_from is not None:
-            rs = self.resumed_from
-            extra = f", cut a torn last line of {rs.torn_bytes} bytes" if rs.torn_bytes else ""
-            self.log(f"resuming: {rs.done:,} done, {self.ledger.waiting():,} to redo, reading on from line "
-                     f"{rs.checkpoint.line_no + 1:,}{extra}")
-
-    async def run(self) -> int:
-        await self._prepare()
-        quiet_gc()
-        self._start_watching()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-        cfg = self.cfg
-        try:
-            try:
-                await self.checkpoint()  # from the start, the run directory says where the run is
-            except JournalError as e:
-                self.stop(str(e), e.code, "now")
-            loops = [asyncio.create_task(c) for c in (
-                self._ticker(), self._monitor(),
-                show_progress(cfg.quiet, cfg.log_format, cfg.log_interval_s, self.snapshot, self.log))]
-            await self._dispatch()
-            if self.stopping == "drain":
-                try:
-                    await asyncio.wait_for(self._drain_outstanding(), cfg.grace_s)
-                except TimeoutError:
-                    self.log(f"grace of {cfg.grace_s:g}s over; {self.ledger.in_flight()} task(s) left for the rerun")
-                    self.stopping = "now"
-            for t in loops:
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            await self._shutdown_workers()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-        self.finished = self.stopping is None and self.exhausted and self.ledger.settled()
-        try:
-            await self.checkpoint(finished=self.finished)
-        except JournalError as e:
-            if self.stop_code == 0 or not self.journal.broken:  # keep the first cause (the failed write) if any
-                self.stop_message, self.stop_code = str(e), e.code
-        self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code,
-                    stopped=self.stop_message or None)  # why, for `evalsup status`
-        self.journal.close()
-        assert self.memory is not None
-        self.memory.close()
-        self.events.close()
-        if self.reader is not None:
-            self.reader.close()
-        return self.stop_code
-

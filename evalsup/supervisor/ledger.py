@@ -6,6 +6,7 @@ Design invariants 1, 2 and 4 live here (see docs/architecture.md):
 - when a worker goes, what it held goes back to the front of the queues, its crash count raised if the worker
   died while working on it; at ``max_crashes`` it is handed out no more (the arbiter writes it as
   ``worker_crashed``);
+- the queues are taken from only here (``take_redo``, ``take_suspect``): the arbiter asks, it never pops them;
 - the checkpoint's O is everything held or waiting; D (ids finished after an earlier run's checkpoint) is
   skipped once when the reader meets it, and kept as ``done_ahead`` until then.
 """
@@ -118,7 +119,24 @@ class TaskLedger:
         poisoned.reverse()
         return poisoned
 
+    # ----- the queues, as the dispatcher takes from them -----
+
+    def take_redo(self) -> TaskRef | None:
+        """The next task to redo (handed back or left outstanding by an earlier run), before any new task."""
+        return self.redo.popleft() if self.redo else None
+
+    def take_suspect(self) -> TaskRef | None:
+        """The next suspect, for a worker that holds no other suspect (``holds_suspect``)."""
+        return self.suspects.popleft() if self.suspects else None
+
     # ----- questions -----
+
+    def has_redo(self) -> bool:
+        return bool(self.redo)
+
+    def has_suspects(self) -> bool:
+        return bool(self.suspects)
+
 
     def holds_suspect(self, holder: int) -> bool:
         return any(r.crashes for r in self._held.get(holder, {}).values())

@@ -30,6 +30,7 @@ import orjson
 
 from evalsup.common.text import fmt_duration
 from evalsup.supervisor.limits import EndpointLoad, endpoint_loads, limit_total
+from evalsup.supervisor.view import RunView
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,28 +96,28 @@ class RateWindow:
         return (count - c0) / (now - t0) if now - t0 > 0.05 else 0.0
 
 
-def snapshot(sup: Any, now: float) -> dict[str, Any]:
-    """The figures of `sup` (a Supervisor) at monotonic time `now`."""
-    st = sup.stats
-    rate = sup.rate.rate(now, st.session_done)
-    outstanding = sup.ledger.in_flight()
-    total = sup.counter.total
+def snapshot(run: RunView, now: float) -> dict[str, Any]:
+    """The figures of a run (``Supervisor.view``) at monotonic time `now`."""
+    st = run.stats
+    rate = run.rate.rate(now, st.session_done)
+    outstanding = run.in_flight
+    total = run.total
     if total is not None:
         total = max(total, st.done + st.invalid + outstanding)  # never "4000/3000"
     left = None if total is None else max(0, total - st.done - st.invalid)
-    mem = sup.memory
-    wire = sum(w.wire for w in sup.workers if w.alive)
+    mem = run.memory
+    wire = sum(w.wire for w in run.workers if w.alive)
     return {
-        "state": sup.state(), "done": st.done, "total": total, "failed": st.failed, "invalid": st.invalid,
+        "state": run.state, "done": st.done, "total": total, "failed": st.failed, "invalid": st.invalid,
         "retries": st.retries, "rate": rate,
         "eta_s": left / rate if left is not None and rate > 0 else (0.0 if left == 0 else None),
         "inflight": wire, "queued": max(0, outstanding - wire),
-        "workers_mb": [w.rss / MIB for w in sup.workers if w.alive],
+        "workers_mb": [w.rss / MIB for w in run.workers if w.alive],
         "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
         "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
-        "conc_limit": limit_total(sup.workers),  # the requests the workers may have in flight now (issue 21)
+        "conc_limit": limit_total(run.workers),  # the requests the workers may have in flight now (issue 21)
         # with several endpoints, each one's state, limit and requests on the wire
-        "endpoints": endpoint_loads(sup.workers, sup.endpoints) if sup.endpoints.many else None,
+        "endpoints": endpoint_loads(run.workers, run.endpoints) if run.endpoints.many else None,
     }
 
 

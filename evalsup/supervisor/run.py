@@ -89,9 +89,9 @@ async def _with_early_signals(sup: Supervisor) -> int:
     than dying of the signal (143)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, sup._on_signal, sig)  # replaced by the supervisor's own in Supervisor.run
+        loop.add_signal_handler(sig, sup.on_signal, sig)  # replaced by the supervisor's own in Supervisor.run
     for early in earlysignals.take():  # came in before the loop ran (evalsup.supervisor.early_signals)
-        sup._on_signal(early)
+        sup.on_signal(early)
     return await sup.run()
 
 
@@ -112,7 +112,7 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
     if code == exitcodes.OK and not sup.finished:  # 0 only when every task has its record
         code = exitcodes.RESUMABLE
     wall = time.monotonic() - start
-    summary = build_summary(sup, wall)
+    summary = build_summary(sup.view(), wall)
     summary.update(exitcodes.describe(code))
     try:
         write_atomic(cfg.run_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))

@@ -5,6 +5,9 @@ One event loop carries hundreds of requests a second when responses are small; a
 costs CPU and memory (the loops wake for a share of the events each, and each interpreter starts at ~0.2 s of
 CPU). Large responses make the loop CPU-bound (parsing, copying): that is when another worker pays. Workers are
 never taken away for being idle; the counts only grow, one at a time, with time to settle in between.
+
+``ScaleUp.may_add(now, ScaleGate(...))`` is the whole decision; the arbiter only adds the worker. No clock here
+(time is passed in); ``cpu_seconds`` is the one probe, and the arbiter calls it.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-__all__ = ["ScaleUp", "cpu_seconds"]
+__all__ = ["ScaleGate", "ScaleUp", "cpu_seconds"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PROC_STAT = os.path.exists("/proc/self/stat")
@@ -78,8 +82,44 @@ class ScaleUp:
             return False  # a worker without a full window yet (just started)
         return min(self.loads.values()) >= self.busy
 
+    def may_add(self, now: float, gate: ScaleGate) -> bool:
+        """The seven conditions: the run allows another worker now (``gate``: six of them), and every worker
+        is CPU-bound over a full window with the last change settled (``wants_more``)."""
+        return gate.blocked() is None and self.wants_more(now)
+
     def changed(self, now: float) -> None:
         """A worker was added: measure afresh from here."""
         self.last_change = now
         self._samples.clear()
         self.loads = {}
+
+
+@dataclass(frozen=True)
+class ScaleGate:
+    """The run's side of the question "may a worker be added now?", as the arbiter sees it at one moment;
+    ``blocked`` names the first condition that says no (the workers' CPU is ``ScaleUp.wants_more``'s)."""
+
+    active: int  # worker slots in use
+    max_workers: int  # --workers: the most there may be
+    paused: bool  # dispatch is held by the memory throttle
+    stopping: bool
+    input_done: bool  # the input is read to its end: no new work for another worker
+    starting: bool  # a worker is still starting (its share of the load is not yet seen)
+    memory_cap: int  # requests in flight the memory allows now
+    concurrency: int  # --concurrency
+
+    def blocked(self) -> str | None:
+        if self.active >= self.max_workers:
+            return "at the most workers"
+        if self.paused:
+            return "paused"
+        if self.stopping:
+            return "stopping"
+        if self.input_done:
+            return "input done"
+        if self.starting:
+            return "a worker is starting"
+        if self.memory_cap < self.concurrency:
+            return "memory caps requests in flight"
+        return None
+

@@ -9,12 +9,15 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from evalsup.rundir.run_json import recorded_settings
+from evalsup.supervisor.view import RunView
 
 MB = 1 << 20
 
 
-def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
-    st = sup.stats
+def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
+    """summary.json: the counts, the latency, the workers, the memory and the endpoints of a run
+    (``Supervisor.view``) that took ``wall_s`` seconds this session."""
+    st = run.stats
     total = st.done
     return {
         "total": total,
@@ -26,20 +29,20 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "requests_per_s": round(st.session_done / wall_s, 2) if wall_s > 0 else None,
         "latency_s": st.latency.summary(),
         **({"ttft_s": st.ttft.summary()} if st.ttft.n else {}),
-        "workers": sup.active,  # at the end; with autoscale, 1 plus those added
-        **({"workers_added": sup.active - sup.cfg.first_workers, "max_workers": sup.cfg.workers}
-           if sup.cfg.autoscale else {}),
-        "concurrency": sup.cfg.concurrency,
-        "adaptive": sup.cfg.adaptive,  # issue 21: concurrency is then the most the adaptive limit may reach
+        "workers": run.active,  # at the end; with autoscale, 1 plus those added
+        **({"workers_added": run.active - run.first_workers, "max_workers": run.max_workers}
+           if run.autoscale else {}),
+        "concurrency": run.concurrency,
+        "adaptive": run.adaptive,  # issue 21: concurrency is then the most the adaptive limit may reach
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
         **({"scores": st.scores.summary()} if st.scores.n or st.scores.errors else {}),
         "retries": st.retries,
         # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
-        "breaker": {"opened": sup.endpoints.opened, "down_s": round(sup.endpoints.total_down_s(time.monotonic()), 2)},
+        "breaker": {"opened": run.endpoints.opened, "down_s": round(run.endpoints.total_down_s(time.monotonic()), 2)},
         # (with several --base-url only: one endpoint's figures are the run's, and its URL stays out of reports)
-        **({"endpoints": sup.endpoints.summary(time.monotonic(), st.by_endpoint)} if sup.endpoints.many else {}),
+        **({"endpoints": run.endpoints.summary(time.monotonic(), st.by_endpoint)} if run.endpoints.many else {}),
         "worker_restarts": sum(st.restarts.values()),
         "worker_restarts_by_cause": dict(st.restarts),
         "recycles": dict(st.recycles),
@@ -49,11 +52,11 @@ def build_summary(sup: Any, wall_s: float) -> dict[str, Any]:
         "results_via_ring": st.ring_results,  # large lines passed in shared memory (EVALSUP_RING_MB), this session
         # large answers checked to be JSON by simdjson without being built (no scorer or plugin reads them)
         "large_bodies_checked": st.bodies_checked,
-        **(sup.memory.summary() if sup.memory is not None else {}),
-        "finished": sup.finished,
-        "stopped": sup.stop_message or None,
-        "settings": recorded_settings(sup.cfg.run_dir),  # the request settings of run.json (evalsup.rundir.run_json)
-        "run_dir": str(sup.cfg.run_dir),
+        **(run.memory.summary() if run.memory is not None else {}),
+        "finished": run.finished,
+        "stopped": run.stop_message or None,
+        "settings": recorded_settings(run.run_dir),  # the request settings of run.json (evalsup.rundir.run_json)
+        "run_dir": str(run.run_dir),
     }
 
 

@@ -59,7 +59,9 @@ class Exit(enum.Enum):
 
 
 class WorkerView(Protocol):
-    """What the deciding rooms (memory, scaling, progress) may read of a worker; only the arbiter acts on one."""
+    """What the deciding rooms (memory, scaling) may read of a worker; only the arbiter acts on one (hang
+    detection, what a RESULT changes and the progress read their own few fields: ``hang.Beating``,
+    ``after_result.Counted``, ``view.WorkerFigures``)."""
 
     @property
     def id(self) -> int: ...
