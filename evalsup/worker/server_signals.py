@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+
+from evalsup.worker.endpoints import EndpointPool
 
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size")
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size")
@@ -108,3 +111,25 @@ async def scrape_loop(session: aiohttp.ClientSession, url: str, headers: dict[st
             feed(time.monotonic(), q.waiting, q.running)
         await asyncio.sleep(interval_s)
         q = await fetch_queue(session, url, headers)
+
+
+def scrape_endpoints(session: aiohttp.ClientSession, pool: EndpointPool, flag: str | None,
+                     headers: dict[str, str]) -> asyncio.Task[Any]:
+    """Scrape the server of each endpoint with an adaptive limit (``flag``: --server-metrics) into that limit
+    (``Endpoint.server_queue``), as one task that runs until cancelled. The key and --header values go only to
+    the endpoint's own host."""
+    scrapes = []
+    for ep in pool.all:
+        url = metrics_url(ep.base_url, flag)
+        if url is None or ep.adaptive is None:
+            continue
+        same_host = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(ep.base_url).netloc
+        sent = {k: v for k, v in headers.items() if k != "Content-Type"} if same_host else {}
+        scrapes.append(scrape_loop(session, url, sent, bool(flag), ep.server_queue))
+    if not scrapes:
+        return asyncio.create_task(asyncio.Event().wait())  # nothing to scrape; cancelled with the others
+    return asyncio.create_task(_all(scrapes))
+
+
+async def _all(scrapes: list[Coroutine[Any, Any, None]]) -> None:
+    await asyncio.gather(*scrapes)
