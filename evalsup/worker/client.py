@@ -108,11 +108,12 @@ class Client:
         self.retries = 0
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
         # tasks waiting out a retry's back-off (a 5xx, a reset; not a 429's wait, which is the server's flow
-        # control): with an adaptive limit they hold no slot, as they load no server (worker.main._active)
+        # control): with an adaptive limit they hold no slot, as they load no server (schedule.Schedule.active)
         self.resting = 0
         self.on_rest: Callable[[], None] = lambda: None  # a task began to rest: its slot may take another
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
         # told of every attempt (endpoint, status, error code, seconds at the server): the adaptive limit
+        # (EndpointPool.observer, when the concurrency adapts)
         self.observe: Callable[[Endpoint, int | None, str | None, float], None] | None = None
 
     def _scrub(self, raw: bytes) -> bytes:

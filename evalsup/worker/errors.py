@@ -1,7 +1,7 @@
 """What can go wrong with one attempt, named once (after httpx, whose exceptions mirror a request's life).
 
 Each failure has a code (what a record's ``error.code`` says) and a kind (what evalsup does about it). The
-client builds a ``Failure``; the retry policy (``retry.RetryPolicy.step``) and the breaker
+client builds a ``Failure``; the retry policy (``retry.RetryPolicy.decide``) and the breaker
 (``breaker.LocalBreaker``) read its kind; the record carries its code. Nothing else spells a code.
 
     Failure

@@ -12,6 +12,7 @@ engines behind one server), or None when the text has none of the gauges it know
 controller with no new frame kind and no supervisor change, and a GET a second per worker is nothing beside
 the requests themselves. Without ``--server-metrics`` it looks once at the server root's ``/metrics``; a
 server without one (or with none of the gauges) is left alone, and the limit works from latency and errors.
+``scrape_endpoints`` starts one such loop for each endpoint with an adaptive limit, feeding that endpoint's.
 """
 
 from __future__ import annotations
