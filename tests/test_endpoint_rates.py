@@ -18,7 +18,6 @@ from evalsup.config.options import BY_NAME
 from evalsup.config.ratelimits import EndpointRate, parse_rate_limits, rate_share
 from evalsup.config.run_config import ConfigError, build_config
 from evalsup.mock.server import MockThread
-from evalsup.worker.endpoint_pacing import apply_rate, correct_usage, counts_tokens, pick_paced
 from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer
 
@@ -138,27 +137,27 @@ def test_pick_then_pace_with_real_pacers() -> None:
     async def go() -> None:
         pool = EndpointPool([A, B])
         glob = Pacer(random.Random(1))
-        apply_rate(glob, pool, {"rps": None, "tpm": None, "arrivals": "uniform", "eps": {"0": [4.0, None]}})
+        pool.apply_rate(glob, {"rps": None, "tpm": None, "arrivals": "uniform", "eps": {"0": [4.0, None]}})
         assert pool.paced and pool.all[0].pacer is not None and pool.all[1].pacer is None
-        assert not counts_tokens(glob, pool)
-        first = await pick_paced(pool, 4, 0)  # endpoint 0's first slot is now
+        assert not pool.counts_tokens(glob)
+        first = await pool.pick_paced(4, 0)  # endpoint 0's first slot is now
         assert first is pool.all[0]
         first.on_wire += 1
-        assert await pick_paced(pool, 4, 0) is pool.all[1]
+        assert await pool.pick_paced(4, 0) is pool.all[1]
         pool.all[1].on_wire += 1
-        waiting = asyncio.ensure_future(pick_paced(pool, 4, 0))  # a tie again: endpoint 0, whose next slot is later
+        waiting = asyncio.ensure_future(pool.pick_paced(4, 0))  # a tie again: endpoint 0, whose next slot is later
         await asyncio.sleep(0.02)
         assert not waiting.done() and pool.all[0].pending == 1
-        assert await pick_paced(pool, 4, 0) is pool.all[1]  # not heaped onto the paced one
+        assert await pool.pick_paced(4, 0) is pool.all[1]  # not heaped onto the paced one
         assert await waiting is pool.all[0] and pool.all[0].pending == 0
         # ejected while a request waits on its pacer: that request goes elsewhere
-        waiting = asyncio.ensure_future(pick_paced(pool, 100, 0))
+        waiting = asyncio.ensure_future(pool.pick_paced(100, 0))
         await asyncio.sleep(0.02)
         assert pool.all[0].pending == 1
         pool.set_open(0, True)
         assert await waiting is pool.all[1]
         # a frame without the endpoint's limit drops its pacer
-        apply_rate(glob, pool, {"rps": 2.0, "tpm": None, "arrivals": "poisson"})
+        pool.apply_rate(glob, {"rps": 2.0, "tpm": None, "arrivals": "poisson"})
         assert not pool.paced and pool.all[0].pacer is None and glob.poisson
 
     asyncio.run(go())
@@ -168,19 +167,19 @@ def test_tokens_are_charged_to_the_global_and_the_endpoints_budget() -> None:
     async def go() -> None:
         pool = EndpointPool([A, B])
         glob = Pacer(random.Random(1))
-        apply_rate(glob, pool, {"rps": None, "tpm": 6000.0, "arrivals": "uniform", "eps": {"1": [None, 600.0]}})
-        assert counts_tokens(glob, pool)
+        pool.apply_rate(glob, {"rps": None, "tpm": 6000.0, "arrivals": "uniform", "eps": {"1": [None, 600.0]}})
+        assert pool.counts_tokens(glob)
         pool.all[0].on_wire = 5  # so that endpoint 1 is picked
-        ep = await pick_paced(pool, 8, 100)
+        ep = await pool.pick_paced(8, 100)
         assert ep is pool.all[1] and ep.pacer is not None
         assert ep.pacer.tokens == pytest.approx(-100, abs=1)
-        correct_usage(glob, ep, 40, 100)  # the answer used 40: 60 given back
+        ep.correct_usage(glob, 40, 100)  # the answer used 40: 60 given back
         assert ep.pacer.tokens == pytest.approx(-40, abs=1)
         glob.tokens = 0.0
-        correct_usage(glob, ep, 130, 100)
+        ep.correct_usage(glob, 130, 100)
         assert glob.tokens == pytest.approx(-30) and ep.pacer.tokens == pytest.approx(-70, abs=1)
         # in debt (10 tokens/s), the endpoint's budget holds the next request to it, counted as its load
-        waiting = asyncio.ensure_future(pick_paced(pool, 8, 100))
+        waiting = asyncio.ensure_future(pool.pick_paced(8, 100))
         await asyncio.sleep(0.05)
         assert not waiting.done() and ep.pending == 1
         assert pool.pick(8) is pool.all[1]  # 1 waiting < 5 on endpoint 0's wire

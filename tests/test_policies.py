@@ -273,20 +273,20 @@ def test_the_breaker_trips_where_the_definition_says() -> None:
 
 def test_retry_steps() -> None:
     from evalsup.worker.errors import Code, answer, from_status, transport
-    from evalsup.worker.retry import RetryPolicy, Step
+    from evalsup.worker.retry import RetryPolicy, Verdict
 
     p = RetryPolicy(max_attempts=3, max_limited_s=60)
-    assert p.step(None, 1, 0) is Step.DONE
-    assert p.step(transport(Code.TIMEOUT_READ, "slow"), 1, 0) is Step.RETRY
-    assert p.step(transport(Code.TIMEOUT_READ, "slow"), 3, 0) is Step.DONE  # its attempts are used up
-    assert p.step(answer(Code.INVALID_RESPONSE, "no choices"), 2, 0) is Step.RETRY
-    assert p.step(answer(Code.TOO_LARGE, "big"), 1, 0) is Step.DONE
-    assert p.step(from_status(400, "bad", None), 1, 0) is Step.DONE
-    assert p.step(from_status(429, "slow down", None), 3, 0) is Step.WAIT  # flow control, whatever was used
-    assert p.step(from_status(503, "busy", 2.0), 3, 59) is Step.WAIT
-    assert p.step(from_status(503, "down", None), 1, 0) is Step.RETRY  # a 503 without Retry-After: a failure
-    assert p.step(from_status(429, "slow down", 1.0), 1, 60) is Step.GIVE_UP
-    assert p.step(from_status(401, "bad key", None), 1, 0) is Step.AUTH
+    assert p.step(None, 1, 0) is Verdict.DONE
+    assert p.step(transport(Code.TIMEOUT_READ, "slow"), 1, 0) is Verdict.RETRY
+    assert p.step(transport(Code.TIMEOUT_READ, "slow"), 3, 0) is Verdict.DONE  # its attempts are used up
+    assert p.step(answer(Code.INVALID_RESPONSE, "no choices"), 2, 0) is Verdict.RETRY
+    assert p.step(answer(Code.TOO_LARGE, "big"), 1, 0) is Verdict.DONE
+    assert p.step(from_status(400, "bad", None), 1, 0) is Verdict.DONE
+    assert p.step(from_status(429, "slow down", None), 3, 0) is Verdict.WAIT  # flow control, whatever was used
+    assert p.step(from_status(503, "busy", 2.0), 3, 59) is Verdict.WAIT
+    assert p.step(from_status(503, "down", None), 1, 0) is Verdict.RETRY  # a 503 without Retry-After: a failure
+    assert p.step(from_status(429, "slow down", 1.0), 1, 60) is Verdict.GIVE_UP
+    assert p.step(from_status(401, "bad key", None), 1, 0) is Verdict.AUTH
     assert p.flow_wait_s(1, 30.0, 50.0, __import__("random").Random(1)) == 10.0  # never past the budget
 
 

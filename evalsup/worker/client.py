@@ -14,12 +14,11 @@ import orjson
 
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
-from evalsup.worker.endpoint_pacing import correct_usage, counts_tokens, pace, pick_paced
 from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.errors import Code, Failure, answer_key
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.probes import key_check, probe_request, send_probe
-from evalsup.worker.retry import RetryPolicy, Step, parse_retry_after
+from evalsup.worker.retry import AttemptState, Decision, RetryPolicy, Verdict, parse_retry_after
 from evalsup.worker.server_errors import request_id_of, text_body
 from evalsup.worker.sse import StreamAssembler, StreamCut, StreamFailed
 
@@ -109,11 +108,12 @@ class Client:
         self.retries = 0
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
         # tasks waiting out a retry's back-off (a 5xx, a reset; not a 429's wait, which is the server's flow
-        # control): with an adaptive limit they hold no slot, as they load no server (worker.main._active)
+        # control): with an adaptive limit they hold no slot, as they load no server (schedule.Schedule.active)
         self.resting = 0
         self.on_rest: Callable[[], None] = lambda: None  # a task began to rest: its slot may take another
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
         # told of every attempt (endpoint, status, error code, seconds at the server): the adaptive limit
+        # (EndpointPool.observer, when the concurrency adapts)
         self.observe: Callable[[Endpoint, int | None, str | None, float], None] | None = None
 
     def _scrub(self, raw: bytes) -> bytes:
@@ -184,24 +184,8 @@ class Client:
         except StreamFailed as e:  # an error event inside a 200 stream, with the server's code
             return Attempt(None, b"", None, request_id, errors.transport(
                 Code.STREAM_ERROR, e.message, {"server_code": e.code} if e.code else None))
-        except aiohttp.ConnectionTimeoutError:
-            return Attempt(None, b"", None, None, errors.transport(
-                Code.TIMEOUT_CONNECT, "no connection within --connect-timeout"))
-        except aiohttp.SocketTimeoutError:
-            return Attempt(None, b"", None, request_id, errors.transport(
-                Code.TIMEOUT_READ, "no data within --read-timeout"))
-        except TimeoutError:
-            return Attempt(None, b"", None, request_id, errors.transport(
-                Code.TIMEOUT_TOTAL, "the attempt took longer than --timeout"))
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
-            code = Code.STREAM_CUT if stream else Code.CONNECTION
-            return Attempt(None, b"", None, request_id, errors.transport(code, f"{type(e).__name__}: {e}"[:300]))
-        except aiohttp.ClientConnectorError as e:  # the connection itself: refused, no route, no such host
-            return Attempt(None, b"", None, None, errors.transport(
-                Code.CONNECTION_REFUSED, f"{type(e).__name__}: {e}"[:300]))
-        except (aiohttp.ClientError, ValueError) as e:
-            return Attempt(None, b"", None, request_id, errors.transport(
-                Code.CONNECTION, f"{type(e).__name__}: {e}"[:300]))
+        except errors.CAUGHT as e:  # aiohttp's and asyncio's: one table (errors.EXCEPTIONS)
+            return Attempt(None, b"", None, request_id, errors.from_exception(e, stream))
         single = one_line(raw) if status == 200 else None
         try:
             parsed = self.bodies.parse(raw, single, need) if single is not None else orjson.loads(raw)
@@ -221,7 +205,8 @@ class Client:
         return Attempt(status, raw, parsed, request_id, errors.from_status(status, parsed, retry_after))
 
     async def execute(self, path: str, body: dict[str, Any], key: int = 0) -> Outcome:
-        """All the attempts of task ``key``, as the retry policy steps them (``retry.RetryPolicy.step``)."""
+        """All the attempts of task ``key``: each failure's verdict comes from the retry policy
+        (``retry.RetryPolicy.decide``, on the task's ``AttemptState``); this loop only carries it out."""
         stream = bool(body.get("stream"))
         if stream and path in ("/v1/chat/completions", "/v1/completions"):
             opts = body.get("stream_options")
@@ -233,111 +218,95 @@ class Client:
         last = (path, model) if isinstance(model, str) else None
         if last is not None:
             self._last = last
-        estimate = estimate_tokens(body) if counts_tokens(self.pacer, self.endpoints) else 0
-        start = time.monotonic()
-        used = 0  # attempts counted against --max-attempts
-        limited_s = 0.0  # time spent waiting on the server's flow control (429)
-        waits = sent = moves = hops = 0
-        avoid: Endpoint | None = None  # the endpoint that just asked this request to wait (429): try another
-        queued = server_s = 0.0
-        policy = self.policy
+        pool, pacer, policy = self.endpoints, self.pacer, self.policy
+        estimate = estimate_tokens(body) if pool.counts_tokens(pacer) else 0
+        st = AttemptState(time.monotonic())
         while True:
             t_q = time.monotonic()
-            if self.pacer.rps is not None or self.pacer.tpm is not None:  # (no coroutine without a limit)
-                await pace(self.pacer, estimate)
+            if pacer.rps is not None or pacer.tpm is not None:  # (no coroutine without a limit)
+                await pacer.pace(estimate)
             # per attempt: a retry may go elsewhere (issue 21 item 1); then that endpoint's own rate limit, if any
-            pool = self.endpoints
             now = time.monotonic()
-            ep = (await pick_paced(pool, self.cap(), estimate, avoid, now) if pool.paced
-                  else pool.pick(self.cap(), avoid, now))
-            avoid = None
+            ep = (await pool.pick_paced(self.cap(), estimate, st.avoid, now) if pool.paced
+                  else pool.pick(self.cap(), st.avoid, now))
             if ep is None:  # every endpoint was ejected while this task waited: park until one rejoins
+                st.avoid = None
                 await self._park()
                 continue
-            used += 1
-            sent += 1
             t_a = time.monotonic()  # the server's time, apart from the pacer's
-            queued += t_a - t_q
+            st.begin(t_a - t_q, ep.index)
             self.on_wire += 1
-            ep.on_wire += 1
+            ep.sent()
             try:
                 a = await self.attempt(ep.url(path), payload, stream, need)
             finally:
                 self.on_wire -= 1
-                ep.on_wire -= 1
-            server_s = time.monotonic() - t_a
-            times = (server_s, queued, ep.index)
+                ep.answered()
+            st.server_s = time.monotonic() - t_a
             f = a.failure
             if self.observe is not None:
-                self.observe(ep, a.status, None if f is None else str(f.code), server_s)
+                self.observe(ep, a.status, None if f is None else str(f.code), st.server_s)
             if f is None:
-                ep.breaker.success()
-                ep.auth.success(t_a)
-                if last is not None:
-                    ep.last_ok = last
+                ep.succeeded(t_a, last)
                 if estimate and isinstance(a.parsed, dict):  # --max-tokens-per-min: global and the endpoint's
                     usage = a.parsed.get("usage")
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-                        correct_usage(self.pacer, ep, usage["total_tokens"], estimate)
-                return self._outcome(a, used, start, sent, times)
-            if ep.breaker.record(key, f.endpoint_side, f.refused):
-                ep.breaker.set_open(True)  # here at once (parked requests wait for the close); then everywhere
+                        ep.correct_usage(pacer, usage["total_tokens"], estimate)
+                return self._outcome(a, st)
+            if ep.failed(key, f):  # tripped here: now everywhere
                 self.on_trip(ep.index, f.message)
-            step = policy.step(f, used, limited_s)
-            if step is Step.WAIT:
-                used -= 1  # the server's flow control is not the task's failure
+            d = policy.decide(f, st, self.rng, up=ep.up, elsewhere=pool.any_up(), endpoints=len(pool))
+            v = d.verdict
+            if v is Verdict.DONE:
+                return self._outcome(a, st)
+            if v is Verdict.GIVE_UP:
+                return self._outcome(a, st, d.error)
+            if v is Verdict.AUTH:
+                if await self._key_verdict(ep, key, f):  # the refusal was the task's own: its record
+                    return self._outcome(a, st)
+                st.uncount()  # it goes elsewhere (its endpoint left out, or ejected): not counted
                 self.retries += 1
-                w = policy.flow_wait_s(waits + 1, f.retry_after, limited_s, self.rng)
-                t_w = time.monotonic()
-                ep.cool_until = max(ep.cool_until, t_w + w)  # new requests go to other endpoints meanwhile
-                if hops < policy.max_attempts and len(self.endpoints) > 1:
-                    moved = await self._room_elsewhere_within(ep, w)  # another with room: there, not wait
-                    limited_s += time.monotonic() - t_w
-                    if moved:
-                        hops += 1
-                        avoid = ep
-                    else:
-                        waits += 1
-                    continue
-                waits += 1
-                limited_s += w
-                await asyncio.sleep(w)
                 continue
-            if step is Step.GIVE_UP:
-                msg = f"still rate-limited ({f.code}) after {limited_s:.0f}s of waiting (--max-rate-limited-wait)"
-                return self._outcome(a, used, start, sent, times,
-                                     {"code": Code.RATE_LIMITED.value, "message": msg})
-            if step is Step.AUTH:
-                if ep.auth.refuse(key, time.monotonic(), f.message):
-                    self._check_key(ep)
-                self.parked += 1
-                try:
-                    own = await ep.auth.wait(key)  # returns only when the refusal was this task's own, or
-                finally:
-                    self.parked -= 1
-                if not own:  # ... when it is to go elsewhere (its endpoint left out, or ejected): not counted
-                    used -= 1
-                    self.retries += 1
-                    continue
-                return self._outcome(a, used, start, sent, times)
-            if f.endpoint_side and not ep.up:
-                self.retries += 1
-                if moves < policy.max_attempts and self.endpoints.any_up():
-                    moves += 1  # (bounded: a task failing for itself everywhere cannot go round for ever)
-                    used -= 1  # its endpoint is ejected: the request goes to another at once, not counted
-                    continue
-                was_down = await self._park()
-                if was_down:
-                    used -= 1  # no task pays for an outage of the whole endpoint
-                    continue
-                if step is Step.DONE:  # a false alarm: the failure was the task's own
-                    return self._outcome(a, used, start, sent, times)
-                await self._rest(policy.wait_s(used, f.retry_after, self.rng))
-                continue
-            if step is Step.DONE:
-                return self._outcome(a, used, start, sent, times)
             self.retries += 1
-            await self._rest(policy.wait_s(used, f.retry_after, self.rng))
+            if v is Verdict.RETRY:
+                await self._rest(d.delay or 0.0)
+            elif v is Verdict.WAIT:  # the server's flow control is not the task's failure
+                st.uncount()
+                await self._flow_wait(ep, d, st)
+            elif v is Verdict.MOVE:  # its endpoint is ejected: to another at once, not counted
+                st.moves += 1
+                st.uncount()
+            elif v is Verdict.PARK:
+                if await self._park():
+                    st.uncount()  # no task pays for an outage of the whole endpoint
+                elif d.delay is None:  # a false alarm, and the failure was the task's own: its attempts are used
+                    return self._outcome(a, st)
+                else:
+                    await self._rest(d.delay)
+
+    async def _flow_wait(self, ep: Endpoint, d: Decision, st: AttemptState) -> None:
+        """Sit out the wait ``ep`` asked for (``d.delay``), or, when ``d.hop``, only until another endpoint has
+        room (the next pick then avoids ``ep``). ``ep`` cools meanwhile: new requests go to the others."""
+        w = d.delay or 0.0
+        t_w = time.monotonic()
+        ep.cool(t_w + w)
+        if d.hop:
+            moved = await self._room_elsewhere_within(ep, w)
+            st.waited(time.monotonic() - t_w, ep if moved else None)
+            return
+        st.waited(w)
+        await asyncio.sleep(w)
+
+    async def _key_verdict(self, ep: Endpoint, key: int, f: Failure) -> bool:
+        """Task ``key``'s request was refused (401/403) at ``ep``: hold it until the key check (or a later
+        success) says whether the refusal was its own (True) or it is to go elsewhere (False)."""
+        if ep.key_refused(key, time.monotonic(), f.message):
+            self._check_key(ep)
+        self.parked += 1
+        try:
+            return await ep.auth.wait(key)
+        finally:
+            self.parked -= 1
 
     async def _rest(self, seconds: float) -> None:
         self.resting += 1
@@ -355,13 +324,13 @@ class Client:
         finally:
             self.parked -= 1
 
-    def _outcome(self, a: Attempt, attempts: int, start: float, sent: int, times: tuple[float, float, int],
-                 error: dict[str, str] | None = None) -> Outcome:
+    def _outcome(self, a: Attempt, st: AttemptState, error: dict[str, str] | None = None) -> Outcome:
         body = body_value(a.raw, a.parsed, a.one_line) if a.parsed is not None else None
         if error is None and a.failure is not None:
             error = a.failure.record()
-        return Outcome(a.status, body, len(a.raw), a.request_id, error, attempts, time.monotonic() - start,
-                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, sent, *times)
+        return Outcome(a.status, body, len(a.raw), a.request_id, error, st.used, time.monotonic() - st.start,
+                       a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, st.sent,
+                       st.server_s, st.queued, st.endpoint)
 
     async def _room_elsewhere_within(self, ep: Endpoint, seconds: float) -> bool:
         """Sit out a wait ``ep`` asked for (429), or only until another endpoint has room and asked for no wait
@@ -376,7 +345,6 @@ class Client:
         return False
 
     def _check_key(self, ep: Endpoint) -> None:
-        ep.auth.checking = True
         t = asyncio.create_task(key_check(self.session, self.headers, ep, self._last, self.on_auth, self.on_trip))
         self._checks.add(t)
         t.add_done_callback(self._checks.discard)

@@ -1,7 +1,7 @@
 """What can go wrong with one attempt, named once (after httpx, whose exceptions mirror a request's life).
 
 Each failure has a code (what a record's ``error.code`` says) and a kind (what evalsup does about it). The
-client builds a ``Failure``; the retry policy (``retry.RetryPolicy.step``) and the breaker
+client builds a ``Failure``; the retry policy (``retry.RetryPolicy.decide``) and the breaker
 (``breaker.LocalBreaker``) read its kind; the record carries its code. Nothing else spells a code.
 
     Failure
@@ -14,6 +14,9 @@ client builds a ``Failure``; the retry policy (``retry.RetryPolicy.step``) and t
     └── status (an HTTP error)         rate_limited (429; 503 with Retry-After): the server's flow control
                                        http_401, http_403: the key was refused
                                        http_5xx: the server failed; http_4xx: the request is wrong
+
+The transport failures come from aiohttp's (and asyncio's) exceptions through one table, ``EXCEPTIONS``, read
+by ``from_exception``: the client catches ``CAUGHT`` around an attempt and asks it, nothing else maps them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from evalsup.worker.server_errors import http_error
 
@@ -87,6 +92,32 @@ class Failure:
 def transport(code: Code, message: str, said: dict[str, str] | None = None) -> Failure:
     """No HTTP answer: refused, reset, a timeout, a cut stream, or an error event mid-stream."""
     return Failure(code, message, Kind.ENDPOINT, said=said or {})
+
+
+# aiohttp's (and asyncio's) exceptions -> the failure of the attempt, as httpx maps httpcore's: (exception types,
+# the code, the code when the response was a stream, the message; None: the exception's type and text). The first
+# row that matches wins, so a subclass stands above its base (aiohttp's timeouts are TimeoutErrors too, its
+# connector errors ClientErrors; the certificate errors are ValueErrors as well as connector errors).
+EXCEPTIONS: tuple[tuple[tuple[type[BaseException], ...], Code, Code, str | None], ...] = (
+    ((aiohttp.ConnectionTimeoutError,), Code.TIMEOUT_CONNECT, Code.TIMEOUT_CONNECT,
+     "no connection within --connect-timeout"),
+    ((aiohttp.SocketTimeoutError,), Code.TIMEOUT_READ, Code.TIMEOUT_READ, "no data within --read-timeout"),
+    ((TimeoutError,), Code.TIMEOUT_TOTAL, Code.TIMEOUT_TOTAL, "the attempt took longer than --timeout"),
+    # the body cut off, the connection closed under it: a stream cut when it was a stream
+    ((aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError), Code.CONNECTION, Code.STREAM_CUT, None),
+    # the connection itself: refused, no route, no such host, a proxy or TLS that would not connect
+    ((aiohttp.ClientConnectorError,), Code.CONNECTION_REFUSED, Code.CONNECTION_REFUSED, None),
+    ((aiohttp.ClientError, ValueError), Code.CONNECTION, Code.CONNECTION, None),  # anything else on the way
+)
+CAUGHT: tuple[type[BaseException], ...] = tuple(t for types, *_ in EXCEPTIONS for t in types)
+
+
+def from_exception(e: BaseException, stream: bool) -> Failure:
+    """The failure an exception of ``CAUGHT`` raised by an attempt stands for (``stream``: a stream was asked)."""
+    for types, code, stream_code, message in EXCEPTIONS:
+        if isinstance(e, types):
+            return transport(stream_code if stream else code, message or f"{type(e).__name__}: {e}"[:300])
+    raise TypeError(f"{type(e).__name__} is not in errors.EXCEPTIONS") from e
 
 
 def answer(code: Code, message: str, status: int | None = 200) -> Failure:

@@ -4,6 +4,10 @@ Requests per second follow an absolute schedule (uniform, or Poisson arrivals as
 the next start time advances by one interval whatever the loop's lateness, so a late loop does not drift;
 a backlog of more than a second is forgotten rather than sent as a burst. Tokens per minute are a bucket
 charged with an estimate before a request and corrected from ``usage`` after it.
+
+One ``Pacer`` is the worker's share of the global limits; each endpoint with limits of its own has another
+(``endpoints.Endpoint.pacer``, set by ``EndpointPool.apply_rate``). An attempt waits on the global one first,
+then picks its endpoint and waits on that one's (``EndpointPool.pick_paced``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ class Pacer:
         self.next = max(self.next, now)
         self.tokens = min(self.tokens, self.tpm or 0.0) if self.tpm else 0.0
         self.tokens_at = now
+
+    async def pace(self, estimate: int) -> None:
+        """Wait for the next start time, and charge ``estimate`` tokens to the minute's budget (call it only with
+        a limit set: without one a request costs no coroutine)."""
+        if self.rps is not None:
+            await self.request_slot()
+        if self.tpm is not None:
+            await self.charge_tokens(estimate)
 
     def _interval(self) -> float:
         assert self.rps is not None

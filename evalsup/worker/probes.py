@@ -84,17 +84,17 @@ async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep:
             status, detail = await send_probe(session, headers, ep, req)
             verdict = key_verdict(status, req is not None)
             if verdict == "lost":
-                if ep.auth.check_refused():
+                if ep.key_lost():
                     on_auth(ep.index, ep.auth.message)
                 return
             if verdict == "taken" or (verdict == "unsure" and (unsure := unsure + 1) >= 5):
-                ep.auth.success(sent)
+                ep.key_taken(sent)
                 pause, down, unsure = 0.5, 0, 0
                 continue  # (refusals received since it left wait for the next)
             if verdict == "down" and (down := down + 1) >= 3 and ep.up:
-                ep.breaker.set_open(True)
+                ep.eject()
                 on_trip(ep.index, f"the key check: {detail}")
             await asyncio.sleep(pause)
             pause = min(5.0, pause * 2)
     finally:
-        ep.auth.checking = False
+        ep.key_check_ended()

@@ -12,6 +12,7 @@ engines behind one server), or None when the text has none of the gauges it know
 controller with no new frame kind and no supervisor change, and a GET a second per worker is nothing beside
 the requests themselves. Without ``--server-metrics`` it looks once at the server root's ``/metrics``; a
 server without one (or with none of the gauges) is left alone, and the limit works from latency and errors.
+``scrape_endpoints`` starts one such loop for each endpoint with an adaptive limit, feeding that endpoint's.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+
+from evalsup.worker.endpoints import EndpointPool
 
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size")
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size")
@@ -108,3 +112,25 @@ async def scrape_loop(session: aiohttp.ClientSession, url: str, headers: dict[st
             feed(time.monotonic(), q.waiting, q.running)
         await asyncio.sleep(interval_s)
         q = await fetch_queue(session, url, headers)
+
+
+def scrape_endpoints(session: aiohttp.ClientSession, pool: EndpointPool, flag: str | None,
+                     headers: dict[str, str]) -> asyncio.Task[Any]:
+    """Scrape the server of each endpoint with an adaptive limit (``flag``: --server-metrics) into that limit
+    (``Endpoint.server_queue``), as one task that runs until cancelled. The key and --header values go only to
+    the endpoint's own host."""
+    scrapes = []
+    for ep in pool.all:
+        url = metrics_url(ep.base_url, flag)
+        if url is None or ep.adaptive is None:
+            continue
+        same_host = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(ep.base_url).netloc
+        sent = {k: v for k, v in headers.items() if k != "Content-Type"} if same_host else {}
+        scrapes.append(scrape_loop(session, url, sent, bool(flag), ep.server_queue))
+    if not scrapes:
+        return asyncio.create_task(asyncio.Event().wait())  # nothing to scrape; cancelled with the others
+    return asyncio.create_task(_all(scrapes))
+
+
+async def _all(scrapes: list[Coroutine[Any, Any, None]]) -> None:
+    await asyncio.gather(*scrapes)

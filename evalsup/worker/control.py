@@ -1,0 +1,104 @@
+"""The supervisor's frames to a worker, one handler per kind (``Control.handlers``, a ``{Kind: handler}`` table).
+
+TASK queues a task (``schedule.Schedule``); the rest steer the worker: PAUSE/RESUME (the memory throttle), LIMIT
+(the supervisor's cap on requests in flight), RATE (this worker's share of the rate limits, global and per
+endpoint), BREAKER_OPEN/BREAKER_CLOSE (an endpoint ejected, left out, or back), PROBE (the breaker asks this
+worker to probe an endpoint), RELEASE (a ring line written), DRAIN (finish what is in flight, hand the rest back).
+Payloads are typed in ``ipc.messages``. No handler waits: the read loop calls them in order, then starts
+whatever may start (``Schedule.pump``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from evalsup.ipc import Kind, decode_json, split_meta
+from evalsup.ipc.ring import POS
+from evalsup.worker.endpoints import EndpointPool
+from evalsup.worker.pacing import Pacer
+from evalsup.worker.pipes import Outbox
+from evalsup.worker.schedule import Schedule
+
+
+class Control:
+    def __init__(self, schedule: Schedule, endpoints: EndpointPool, pacer: Pacer, outbox: Outbox,
+                 probe: Callable[[int], None], drain: Callable[[], None], report: Callable[[], str]) -> None:
+        self.schedule = schedule
+        self.endpoints = endpoints
+        self.pacer = pacer
+        self.outbox = outbox
+        self.probe = probe  # starts the breaker's probe of an endpoint (Client.probe), in the background
+        self.drain = drain  # the worker drains: it ends once nothing is queued or in flight
+        self.report = report  # the leak report's text (DRAIN with "report")
+        self.handlers: dict[Kind, Callable[[memoryview], None]] = {
+            Kind.TASK: self.task, Kind.RELEASE: self.release, Kind.PAUSE: self.pause, Kind.RESUME: self.resume,
+            Kind.RATE: self.rate, Kind.BREAKER_OPEN: self.breaker_open, Kind.BREAKER_CLOSE: self.breaker_close,
+            Kind.PROBE: self.probe_frame, Kind.LIMIT: self.limit, Kind.DRAIN: self.drain_frame,
+        }
+
+    def on_frame(self, kind: Kind, payload: memoryview) -> None:
+        handler = self.handlers.get(kind)
+        if handler is not None:
+            handler(payload)
+
+    def task(self, payload: memoryview) -> None:
+        meta, line = split_meta(payload)
+        self.schedule.add(meta, line)
+
+    def release(self, payload: memoryview) -> None:
+        self.outbox.release(POS.unpack(payload)[0])
+
+    def pause(self, payload: memoryview) -> None:
+        self.schedule.paused = True
+
+    def resume(self, payload: memoryview) -> None:
+        self.schedule.paused = False
+
+    def rate(self, payload: memoryview) -> None:
+        self.endpoints.apply_rate(self.pacer, decode_json(payload))  # global and per endpoint (issue 21)
+
+    def breaker_open(self, payload: memoryview) -> None:
+        self._breaker(payload, True)
+
+    def breaker_close(self, payload: memoryview) -> None:
+        self._breaker(payload, False)
+
+    def _breaker(self, payload: memoryview, is_open: bool) -> None:
+        """One endpoint ejected (``out``: left out for good) / it rejoins (``was_down``: a probe had failed)."""
+        b = decode_json(payload) if payload else {}  # ipc.messages.BreakerOpen, BreakerClose
+        self.endpoints.set_open(int(b.get("e", 0)), is_open, bool(b.get("was_down")), out=bool(b.get("out")))
+
+    def probe_frame(self, payload: memoryview) -> None:
+        self.probe(int(decode_json(payload).get("e", 0)) if payload else 0)
+
+    def limit(self, payload: memoryview) -> None:
+        self.schedule.set_limit(int(decode_json(payload)["inflight"]))
+
+    def drain_frame(self, payload: memoryview) -> None:
+        if payload and decode_json(payload).get("report"):
+            text = self.report()
+            if text:
+                self.outbox.leaks(text)
+        # finish only what is in flight; hand the rest back (it may be paused, and it is going anyway), and
+        # what is parked for an outage (it would hold the drain until the endpoint is back, or to --grace)
+        keys = self.schedule.take_all()
+        if keys:
+            self.outbox.returned(keys)
+        self.endpoints.hand_back()
+        self.drain()
+
+
+def leak_report(pid: int, done: int) -> str:
+    """The top allocation sites of this worker (tracemalloc, by line), when it traces memory; else ""."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return ""
+    snap = tracemalloc.take_snapshot().filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
+    stats = snap.statistics("lineno")[:25]
+    lines = [f"top allocation sites of worker {pid} (tracemalloc, by line), {done} tasks done"]
+    for s in stats:
+        frame = s.traceback[0]
+        lines.append(f"{frame.filename}:{frame.lineno}  size={s.size / 1024:,.1f} KiB  count={s.count}")
+    return "\n".join(lines) + "\n"
+
