@@ -1,6 +1,6 @@
 """The typed contract at the process boundary: what each frame's payload holds, and the worker's config.
 
-Frames are ``ipc.frames.Kind`` + payload. The meta of TASK and RESULT frames keeps short keys on the wire
+Frames are ``ipc.frames.FrameKind`` + payload. The meta of TASK and RESULT frames keeps short keys on the wire
 (they cross the pipe once per task); the TypedDicts below name and explain each. The worker's settings cross
 as one CONFIG frame, a dict of ``WorkerConfig``'s fields, and are rebuilt into the frozen dataclass on the
 worker's side (``WorkerConfig.from_wire``): the defaults live here and nowhere else.

@@ -5,7 +5,7 @@ Rooms decide, the arbiter acts. Who holds which task is the ledger's (``ledger.T
 its handle's state machine (``workers.WorkerHandle``); memory, scaling, the breaker, restart intensity and
 recycling are small policy objects that return decisions. Only the verbs here send frames, spawn, kill or
 append to the journal: ``spawn``, ``replace``, ``recycle``, ``poison``, ``checkpoint``, ``stop``. Frames from a
-worker go through one table, ``{Kind: handler}``.
+worker go through one table, ``{FrameKind: handler}``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import orjson
 
 from evalsup.common.process import quiet_gc
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.ipc import Kind
+from evalsup.ipc import FrameKind
 from evalsup.rundir.checkpoint import JournalError
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.events import EventLog
-from evalsup.supervisor.inbox import Inbox, RunStopped
+from evalsup.supervisor.inbox import Inbox, RunRefused
 from evalsup.supervisor.limits import endpoint_loads, limit_total
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.progress import show_progress
@@ -35,7 +35,7 @@ from evalsup.tasks.reader import TaskError, TaskRef, read_line_at
 
 MIB = 1 << 20
 
-__all__ = ["RunStopped", "Supervisor"]
+__all__ = ["RunRefused", "Supervisor"]
 
 
 class Supervisor(Inbox):
@@ -65,16 +65,16 @@ class Supervisor(Inbox):
                 why = "above the high mark" if mem.watermark and mem.last_ws >= mem.watermark.high_bytes else \
                     f"kernel reports pressure ({', '.join(mem.pressure.reasons)})"
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, {why}; pausing dispatch")
-                self._broadcast(Kind.PAUSE)
+                self._broadcast(FrameKind.PAUSE)
             elif dec.throttle == "resume":
                 self.paused = False
                 self.events("resume", working_set=mem.last_ws)
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, below the low mark; resuming")
-                self._broadcast(Kind.RESUME)
+                self._broadcast(FrameKind.RESUME)
                 self.credit.set()
             if dec.inflight_cap is not None:
                 for w in self.workers:
-                    w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+                    w.send(FrameKind.LIMIT, {"inflight": self._worker_cap(w)})
             for wid, cause in dec.recycle:
                 if (w := by_id.get(wid)) is not None:
                     self.recycle(w, cause)
@@ -113,7 +113,7 @@ class Supervisor(Inbox):
         for w in takers:
             w.share = shares[w.slot]
             w.window = self.cfg.window_for(w.share)
-            w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+            w.send(FrameKind.LIMIT, {"inflight": self._worker_cap(w)})
         self.events("scale", workers=self.active, loads=loads)
         self.log(f"workers: each one busy ({', '.join(f'{v:.0%}' for v in loads)} of a core); adding worker "
                  f"{self.active} of at most {self.cfg.workers}")
@@ -307,7 +307,7 @@ class Supervisor(Inbox):
                 try:
                     found, failed = await check
                 except CheckFailed as e:
-                    raise RunStopped(str(e), ex.BAD_INPUT) from None
+                    raise RunRefused(str(e), ex.BAD_INPUT) from None
                 if not self.cfg.quiet:
                     self.log("; ".join(found))
                 self._leave_out(failed)  # endpoints that failed the check: reported, the run goes on without
@@ -332,7 +332,7 @@ class Supervisor(Inbox):
             try:
                 self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
             except OSError as e:
-                raise RunStopped(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: "
+                raise RunRefused(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: "
                                  f"{e.strerror}", ex.BAD_INPUT) from None
             self.log(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
             self._update_gauges()
@@ -344,7 +344,7 @@ class Supervisor(Inbox):
             self.log(f"memory: capping requests in flight at {self.memory.cap} of --concurrency {cfg.concurrency} "
                      "until response sizes are known (1 MiB each assumed); the cap follows what they turn out to be")
             for w in self.workers:  # started before the memory control existed
-                w.send(Kind.LIMIT, {"inflight": self._worker_cap(w)})
+                w.send(FrameKind.LIMIT, {"inflight": self._worker_cap(w)})
         if self.resumed_from is not None:
             rs = self.resumed_from
             extra = f", cut a torn last line of {rs.torn_bytes} bytes" if rs.torn_bytes else ""

@@ -12,7 +12,7 @@ from typing import Any
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.config.ratelimits import rate_share
 from evalsup.config.run_config import RunConfig
-from evalsup.ipc import Kind
+from evalsup.ipc import FrameKind
 from evalsup.ipc.frames import BufferPool
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, previous_fingerprint
@@ -33,7 +33,7 @@ from evalsup.tasks.records import output_line
 MIB = 1 << 20
 
 
-class RunStopped(Exception):
+class RunRefused(Exception):
     """The run ended early; ``code`` is the exit code and the message says why and what to do."""
 
     def __init__(self, message: str, code: int) -> None:
@@ -77,7 +77,7 @@ class SupervisorCore:
         self._backlogged = False  # reading results is held until the journal's writer catches up
 
     # what workers say (supervisor.inbox)
-    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: memoryview) -> None:
+    def _on_frame(self, w: WorkerHandle, kind: FrameKind, payload: memoryview) -> None:
         raise NotImplementedError
 
     async def _reap(self, w: WorkerHandle) -> None:
@@ -88,14 +88,14 @@ class SupervisorCore:
     def _open(self) -> None:
         cfg = self.cfg
         if not cfg.tasks_path.is_file():
-            raise RunStopped(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
+            raise RunRefused(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
         self.fp = fingerprint(cfg.tasks_path, previous_fingerprint(cfg.run_dir))  # resume: hash only if written
         if cfg.shard is not None:
             self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
-            raise RunStopped(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
+            raise RunRefused(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
         if state is None:
             self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
             return
@@ -129,11 +129,11 @@ class SupervisorCore:
         elif self.cfg.max_tasks_per_worker:  # the first workers start before the memory control exists
             w.task_limit = self.cfg.max_tasks_per_worker + random.randint(0, self.cfg.max_tasks_jitter)
         if self.paused:
-            w.send(Kind.PAUSE)
+            w.send(FrameKind.PAUSE)
         if self._backlogged and w.stream is not None:
             w.stream.hold("backlog")
         for ejected in self.endpoints.open_frames():  # endpoints ejected or left out (issue 21)
-            w.send(Kind.BREAKER_OPEN, ejected)
+            w.send(FrameKind.BREAKER_OPEN, ejected)
         self.workers.append(w)
         self._send_rates()
         w.reader_task = asyncio.create_task(self._reap(w))
@@ -219,9 +219,9 @@ class SupervisorCore:
         if share is None:
             return
         for w in live:
-            w.send(Kind.RATE, share)
+            w.send(FrameKind.RATE, share)
 
-    def _broadcast(self, kind: Kind, obj: Any = None) -> None:
+    def _broadcast(self, kind: FrameKind, obj: Any = None) -> None:
         for w in self.workers:
             w.send(kind, obj)
 

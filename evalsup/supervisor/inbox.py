@@ -9,12 +9,12 @@ from typing import Any, cast
 
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.config.run_config import RunConfig
-from evalsup.ipc import Kind, decode_json, split_meta
+from evalsup.ipc import FrameKind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, ProtocolError
 from evalsup.ipc.messages import Auth, ResultMeta
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.rundir.journal import Journal
-from evalsup.supervisor.core import RunStopped, SupervisorCore
+from evalsup.supervisor.core import RunRefused, SupervisorCore
 from evalsup.supervisor.events import write_leaks
 from evalsup.supervisor.policies import task_count_step
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
@@ -22,7 +22,7 @@ from evalsup.supervisor.workers import Exit, State, WorkerHandle
 MIB = 1 << 20
 Handler = Callable[[WorkerHandle, memoryview], None]
 
-__all__ = ["Inbox", "RunStopped"]
+__all__ = ["Inbox", "RunRefused"]
 
 
 class Inbox(SupervisorCore):
@@ -33,11 +33,12 @@ class Inbox(SupervisorCore):
         self.journal.on_error = lambda message: self.stop(
             f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, "now")
         self.journal.on_backlog_low = self._on_backlog_low
-        self.handlers: dict[Kind, Handler] = {
-            Kind.RESULT: self._on_result, Kind.RETURNED: self._on_returned, Kind.STARTED: self._on_started,
-            Kind.HEARTBEAT: self._on_heartbeat, Kind.TRIP: self._on_trip, Kind.PROBE_RESULT: self._on_probe_result,
-            Kind.READY: self._on_ready, Kind.FATAL: self._on_fatal, Kind.LEAKS: self._on_leaks,
-            Kind.AUTH: self._on_auth,
+        self.handlers: dict[FrameKind, Handler] = {
+            FrameKind.RESULT: self._on_result, FrameKind.RETURNED: self._on_returned,
+            FrameKind.STARTED: self._on_started, FrameKind.HEARTBEAT: self._on_heartbeat, FrameKind.TRIP: self._on_trip,
+            FrameKind.PROBE_RESULT: self._on_probe_result,
+            FrameKind.READY: self._on_ready, FrameKind.FATAL: self._on_fatal, FrameKind.LEAKS: self._on_leaks,
+            FrameKind.AUTH: self._on_auth,
         }
 
     # ----- what workers say -----
@@ -51,7 +52,7 @@ class Inbox(SupervisorCore):
         rc = await w.proc.wait()
         self._on_exit(w, rc)
 
-    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: memoryview) -> None:
+    def _on_frame(self, w: WorkerHandle, kind: FrameKind, payload: memoryview) -> None:
         handler = self.handlers.get(kind)
         if handler is not None:
             handler(w, payload)
@@ -171,7 +172,7 @@ class Inbox(SupervisorCore):
             was_open = eps.open
             eps.leave_out(e, why, time.monotonic())
             self.log(f"{eps.name(e)} left out of this run: {why}")
-            self._broadcast(Kind.BREAKER_OPEN, {"e": e, "out": True})
+            self._broadcast(FrameKind.BREAKER_OPEN, {"e": e, "out": True})
             if eps.open and not was_open:  # the others left are all ejected just now
                 self._all_down(eps.reason)
 
@@ -180,7 +181,7 @@ class Inbox(SupervisorCore):
         reason, e = str(t.get("reason", "")), int(t.get("e", 0))
         eps = self.endpoints
         if eps.trip(e, time.monotonic(), reason):
-            self._broadcast(Kind.BREAKER_OPEN, {"e": e})
+            self._broadcast(FrameKind.BREAKER_OPEN, {"e": e})
             if eps.open:
                 self._all_down(reason)
             else:
@@ -189,7 +190,7 @@ class Inbox(SupervisorCore):
             if eps.many:
                 self.events("endpoint_out", endpoint=e, reason=reason)
         elif 0 <= e < len(eps.breakers) and eps.breakers[e].open:
-            w.send(Kind.BREAKER_OPEN, {"e": e})
+            w.send(FrameKind.BREAKER_OPEN, {"e": e})
 
     def _all_down(self, reason: str) -> None:
         every = "every endpoint is down" if self.endpoints.many else "endpoint looks down"
@@ -215,7 +216,7 @@ class Inbox(SupervisorCore):
                 self.events("breaker_close", down_s=round(now - since, 3), was_down=b.was_down)
             if eps.many:
                 self.events("endpoint_back", endpoint=e, down_s=round(now - b.opened_at, 3), was_down=b.was_down)
-            self._broadcast(Kind.BREAKER_CLOSE, {"was_down": b.was_down, "e": e})
+            self._broadcast(FrameKind.BREAKER_CLOSE, {"was_down": b.was_down, "e": e})
             self.credit.set()
         elif 0 <= e < len(eps.breakers) and eps.breakers[e].open and not ok:
             self.log(f"{eps.name(e)} still down ({detail}); next probe in {eps.breakers[e].interval:g}s")
@@ -245,5 +246,5 @@ class Inbox(SupervisorCore):
         for e in eps.probes_due(now):
             ready = [w for w in self.workers if w.state is State.READY]
             if ready:
-                max(ready, key=lambda x: x.parked).send(Kind.PROBE, {"e": e})
+                max(ready, key=lambda x: x.parked).send(FrameKind.PROBE, {"e": e})
                 eps.probe_sent(e, now)

@@ -18,7 +18,7 @@ from evalsup.rundir.checkpoint import EXIT_DISK, JournalError, load_checkpoint, 
 from evalsup.rundir.journal import OpenOptions
 from evalsup.rundir.lock import RunDirBusy, RunDirError, RunDirLock
 from evalsup.supervisor import early_signals as earlysignals
-from evalsup.supervisor.arbiter import RunStopped, Supervisor
+from evalsup.supervisor.arbiter import RunRefused, Supervisor
 from evalsup.supervisor.summary import build_summary, print_summary, summary_line
 from evalsup.tasks.requests import public_url
 
@@ -101,7 +101,7 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
     start = time.monotonic()
     try:
         code = uvloop.run(_with_early_signals(sup))
-    except RunStopped as e:
+    except RunRefused as e:
         return _refused(cfg, log, str(e), e.code)
     except OSError as e:  # a write of the run directory's side files (events, memory samples) on a full disk
         where = f" {e.filename}" if e.filename else ""

@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 
 from evalsup.common.process import quiet_gc
-from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame, split_meta
+from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame, split_meta
 from evalsup.ipc.frames import KEY, FrameParser, encode_frame, encode_meta, encode_meta_head
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS, RING_MIN, WorkerRing
@@ -129,7 +129,7 @@ class Worker:
             try:
                 out_line, info = await self.process(meta, line)
             except HandedBack:  # parked for an outage when told to drain: back to the supervisor, unanswered
-                self.out.send(encode_json(Kind.RETURNED, {"keys": [meta["k"]]}))
+                self.out.send(encode_json(FrameKind.RETURNED, {"keys": [meta["k"]]}))
                 return
             except Exception as e:
                 # A bug (or a plugin's exception) must not leave the task unanswered, which would hold the run
@@ -145,9 +145,9 @@ class Worker:
             pos = self.ring.put(out_line) if self.ring is not None and n >= RING_MIN else None
             if pos is not None:  # the supervisor's journal writes it from the ring: only where it is goes by pipe
                 info["sh"] = [pos, n]
-                self.out.send(encode_meta(Kind.RESULT, info, b""), weight=n)
+                self.out.send(encode_meta(FrameKind.RESULT, info, b""), weight=n)
             else:
-                self.out.send_parts(encode_meta_head(Kind.RESULT, info, n), *out_line)
+                self.out.send_parts(encode_meta_head(FrameKind.RESULT, info, n), *out_line)
             self._unsent += 1
             # against the limit, not the concurrency: the supervisor's window for this worker follows its share
             if self._unsent * FLUSH_RESULTS_SHARE >= self.limit or not self.queue:
@@ -165,7 +165,7 @@ class Worker:
         if not self._started:
             return None
         keys, self._started = self._started, []
-        return encode_frame(Kind.STARTED, b"".join(map(KEY.pack, keys)))
+        return encode_frame(FrameKind.STARTED, b"".join(map(KEY.pack, keys)))
 
     def _before_user_code(self, key: int) -> None:
         """User code (a plugin, a scorer) may kill the process: the supervisor must know the task was begun,
@@ -236,17 +236,17 @@ class Worker:
         for s in stats:
             frame = s.traceback[0]
             lines.append(f"{frame.filename}:{frame.lineno}  size={s.size / 1024:,.1f} KiB  count={s.count}")
-        self.out.send(encode_json(Kind.LEAKS, {"text": "\n".join(lines) + "\n"}))
+        self.out.send(encode_json(FrameKind.LEAKS, {"text": "\n".join(lines) + "\n"}))
 
     def _on_trip(self, e: int, reason: str) -> None:
-        self.out.send(encode_json(Kind.TRIP, {"reason": reason, "e": e}))
+        self.out.send(encode_json(FrameKind.TRIP, {"reason": reason, "e": e}))
 
     def _on_auth(self, e: int, message: str) -> None:
-        self.out.send(encode_json(Kind.AUTH, {"message": message, "e": e}))
+        self.out.send(encode_json(FrameKind.AUTH, {"message": message, "e": e}))
         self.out.flush()
 
     def _on_probe(self, e: int, ok: bool, detail: str) -> None:
-        self.out.send(encode_json(Kind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))
+        self.out.send(encode_json(FrameKind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))
 
     def _check_drained(self) -> None:
         if self.draining and not self.queue and self.inflight == 0:
@@ -256,7 +256,7 @@ class Worker:
         interval = self.cfg.heartbeat_s
         while True:
             c = self.client
-            self.out.send(encode_json(Kind.HEARTBEAT, {
+            self.out.send(encode_json(FrameKind.HEARTBEAT, {
                 "inflight": self.inflight, "queued": len(self.queue), "done": self.done, "t": time.time(),
                 "parked": c.parked if c else 0, "retries": c.retries if c else 0,
                 "wire": c.on_wire if c else 0,  # requests on the wire (status/progress "in flight")
@@ -265,7 +265,7 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def read_loop(self) -> None:
-        frames: list[tuple[Kind, memoryview]] = []
+        frames: list[tuple[FrameKind, memoryview]] = []
         parser = FrameParser(lambda kind, payload: frames.append((kind, payload)))
         while True:
             data = await self.reader.read(1 << 20)
@@ -274,38 +274,38 @@ class Worker:
             parser.feed(data)
             news = False  # anything that can let a request start (not just ring space freed)
             for kind, payload in frames:
-                news = news or kind is not Kind.RELEASE
+                news = news or kind is not FrameKind.RELEASE
                 await self.on_frame(kind, payload)
             frames.clear()
             if news:
                 self._pump()
 
-    async def on_frame(self, kind: Kind, payload: memoryview) -> None:
-        if kind is Kind.TASK:
+    async def on_frame(self, kind: FrameKind, payload: memoryview) -> None:
+        if kind is FrameKind.TASK:
             meta, line = split_meta(payload)
             meta["q"] = time.monotonic()  # queue_s counts from here
             self.queue.append((meta, line))
-        elif kind is Kind.RELEASE:
+        elif kind is FrameKind.RELEASE:
             if self.ring is not None:
                 self.ring.release(POS.unpack(payload)[0])
-        elif kind is Kind.PAUSE:
+        elif kind is FrameKind.PAUSE:
             self.paused = True
-        elif kind is Kind.RESUME:
+        elif kind is FrameKind.RESUME:
             self.paused = False
-        elif kind is Kind.RATE:
+        elif kind is FrameKind.RATE:
             apply_rate(self.pacer, self.endpoints, decode_json(payload))  # global and per endpoint (issue 21)
-        elif kind is Kind.BREAKER_OPEN or kind is Kind.BREAKER_CLOSE:  # one endpoint ejected / it rejoins
+        elif kind is FrameKind.BREAKER_OPEN or kind is FrameKind.BREAKER_CLOSE:  # one endpoint ejected / it rejoins
             b = decode_json(payload) if payload else {}  # ipc.messages.BreakerOpen, BreakerClose
-            self.endpoints.set_open(int(b.get("e", 0)), kind is Kind.BREAKER_OPEN, bool(b.get("was_down")),
+            self.endpoints.set_open(int(b.get("e", 0)), kind is FrameKind.BREAKER_OPEN, bool(b.get("was_down")),
                                     out=bool(b.get("out")))
-        elif kind is Kind.PROBE:
+        elif kind is FrameKind.PROBE:
             if self.client is not None:
                 t = asyncio.create_task(self.client.probe(int(decode_json(payload).get("e", 0)) if payload else 0))
                 self._bg.add(t)
                 t.add_done_callback(self._bg.discard)
-        elif kind is Kind.LIMIT:
+        elif kind is FrameKind.LIMIT:
             self.limit = max(1, min(self.concurrency, int(decode_json(payload)["inflight"])))
-        elif kind is Kind.DRAIN:
+        elif kind is FrameKind.DRAIN:
             if payload and decode_json(payload).get("report"):
                 self.send_leak_report()
             # finish only what is in flight; hand the rest back (it may be paused, and it is going anyway), and
@@ -313,7 +313,7 @@ class Worker:
             keys = [meta["k"] for meta, _ in self.queue]
             self.queue.clear()
             if keys:
-                self.out.send(encode_json(Kind.RETURNED, {"keys": keys}))
+                self.out.send(encode_json(FrameKind.RETURNED, {"keys": keys}))
             self.endpoints.hand_back()
             self.draining = True
             self._check_drained()
@@ -344,7 +344,7 @@ class Worker:
             drained = asyncio.create_task(self.finished.wait())
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)
             if drained.done():
-                self.out.send(encode_json(Kind.BYE, {"done": self.done}))
+                self.out.send(encode_json(FrameKind.BYE, {"done": self.done}))
                 await self.out.finish()
             tasks.extend(self._live)
             for t in [*tasks, reading, drained]:
@@ -358,7 +358,7 @@ async def amain() -> int:
     if frame is None:
         return 0
     kind, payload = frame
-    if kind is not Kind.CONFIG:
+    if kind is not FrameKind.CONFIG:
         print(f"evalsup worker: expected CONFIG, got {kind.name}", file=sys.stderr)
         return 2
     try:
@@ -369,11 +369,11 @@ async def amain() -> int:
             tracemalloc.start(10)
         worker = Worker(cfg, reader, out)
     except Exception as e:
-        out.send(encode_json(Kind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
+        out.send(encode_json(FrameKind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
         await out.finish()
         return 2
     quiet_gc()
-    out.send(encode_json(Kind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
+    out.send(encode_json(FrameKind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
     await worker.run()
     await out.finish()  # results gathered but not yet written are earned: they go out before the exit
     return 0

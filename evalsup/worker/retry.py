@@ -8,7 +8,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from evalsup.worker.errors import Failure, Kind
+from evalsup.worker.errors import Failure, FailureKind
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -54,11 +54,11 @@ class RetryPolicy:
         if failure is None:
             return Step.DONE
         kind = failure.kind
-        if kind is Kind.FLOW:
+        if kind is FailureKind.FLOW:
             return Step.WAIT if limited_s < self.max_limited_s else Step.GIVE_UP
-        if kind is Kind.AUTH:
+        if kind is FailureKind.AUTH:
             return Step.AUTH
-        if kind in (Kind.REQUEST, Kind.FINAL) or used >= self.max_attempts:
+        if kind in (FailureKind.REQUEST, FailureKind.FINAL) or used >= self.max_attempts:
             return Step.DONE
         return Step.RETRY
 
