@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from evalsup.config.options import DEFAULTS as OPT  # every run option's default, defined once (options.py)
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
+from evalsup.config.shards import shard_dir_name
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.tasks.requests import public_url
 
@@ -203,6 +204,9 @@ def resolve_base_urls(flags: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(urls)
 
 
+RUN_DIR_SUFFIX = ".run"  # TASKS.jsonl -> TASKS.run (evalsup.rundir.layout lists it with the rest)
+
+
 def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> Path:
     name = tasks_path.name
     for ext in (".jsonl.gz", ".jsonl.zst", ".jsonl"):  # tasks.jsonl.gz -> tasks.run
@@ -211,8 +215,8 @@ def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> P
             break
     else:
         stem = tasks_path.stem
-    run_dir = tasks_path.with_name(stem + ".run")
-    return run_dir / f"shard-{shard[0]}-of-{shard[1]}" if shard else run_dir
+    run_dir = tasks_path.with_name(stem + RUN_DIR_SUFFIX)
+    return run_dir / shard_dir_name(*shard) if shard else run_dir
 
 
 def parse_shard(value: str | None, env: dict[str, str] | None = None) -> tuple[int, int] | None:

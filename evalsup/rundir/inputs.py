@@ -30,11 +30,12 @@ from typing import IO, Any
 
 import orjson
 
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import fsync_dir, write_atomic
 from evalsup.tasks.fingerprint import fingerprint
 
-COPY_NAME = "tasks.jsonl"
-INFO_NAME = "input.json"
+COPY_NAME = layout.INPUT_COPY
+INFO_NAME = layout.INPUT_INFO
 _CHUNK = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -177,8 +178,8 @@ def load_info(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _has_results(run_dir: Path) -> bool:
-    r = run_dir / "results.jsonl"
-    return (run_dir / "checkpoint.json").exists() or (r.exists() and r.stat().st_size > 0)
+    r = run_dir / layout.RESULTS
+    return (run_dir / layout.CHECKPOINT).exists() or (r.exists() and r.stat().st_size > 0)
 
 
 def materialize(src: Source, run_dir: Path, chunks: Iterable[bytes] | None = None, log: Any = None) -> Path:

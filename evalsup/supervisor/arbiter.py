@@ -22,6 +22,7 @@ from evalsup.common.process import quiet_gc
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.ipc import FrameKind
 from evalsup.rundir.checkpoint import JournalError
+from evalsup.rundir.layout import EVENTS, MEMORY
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.events import EventLog
 from evalsup.supervisor.inbox import Inbox, RunRefused
@@ -322,8 +323,8 @@ class Supervisor(Inbox):
     def _start_watching(self) -> None:
         """memory.jsonl, events.jsonl, the line count and the metrics server, once the run directory is open."""
         cfg = self.cfg
-        self.memory = MemoryControl(cfg, cfg.run_dir / "memory.jsonl")
-        self.events = EventLog(cfg.run_dir / "events.jsonl")
+        self.memory = MemoryControl(cfg, cfg.run_dir / MEMORY)
+        self.events = EventLog(cfg.run_dir / EVENTS)
         self.counter.start()
         if cfg.metrics_port is not None:
             from evalsup.supervisor.metrics import Metrics

@@ -20,7 +20,9 @@ from typing import Any
 import orjson
 
 from evalsup.common.text import fmt_duration
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
+from evalsup.rundir.layout import is_run_dir, parse_shard_dir, shard_dir_name, writer_alive
 from evalsup.rundir.results_file import json_file as _json_file
 
 TAIL_EVENTS = 1 << 20  # bytes of events.jsonl read from its end
@@ -59,20 +61,9 @@ class RunStatus:
         return asdict(self)
 
 
-def _alive(pid: int) -> bool:
-    """Is the supervisor that wrote the checkpoint still running (and still evalsup)?"""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"evalsup" in f.read()
-    except OSError:
-        return False
-
-
 def settings_of(run_dir: Path) -> dict[str, Any] | None:
     """run.json's settings (written by the run, when it does), values of secret-sounding keys hidden."""
-    obj = _json_file(run_dir / "run.json")
+    obj = _json_file(run_dir / layout.RUN_JSON)
     s = obj.get("settings") if obj is not None else None
     if not isinstance(s, dict):
         return None
@@ -104,7 +95,7 @@ def _record_id(line: bytes) -> str | None:
 
 def tail_events(run_dir: Path, limit: int = TAIL_EVENTS) -> list[dict[str, Any]]:
     """The events of the last `limit` bytes of events.jsonl (the first, maybe partial, line dropped)."""
-    path = run_dir / "events.jsonl"
+    path = run_dir / layout.EVENTS
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
@@ -161,9 +152,9 @@ def _why_stopped(run_dir: Path, cp: Checkpoint, events: list[dict[str, Any]]) ->
             end = None
         elif ev.get("event") == "end":
             end = ev
-    summary = _json_file(run_dir / "summary.json")
+    summary = _json_file(run_dir / layout.SUMMARY)
     try:  # a summary.json of an earlier session says nothing of this one
-        if summary is not None and (run_dir / "summary.json").stat().st_mtime < cp.time - 1:
+        if summary is not None and (run_dir / layout.SUMMARY).stat().st_mtime < cp.time - 1:
             summary = None
     except OSError:
         summary = None
@@ -211,7 +202,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     except JournalError as e:
         st.state, st.why = "unreadable", str(e)
         return st
-    results = run_dir / "results.jsonl"
+    results = run_dir / layout.RESULTS
     if cp is None:
         tail = _lines_after(results, 0) if results.exists() and results.stat().st_size < 64 << 20 else []
         st.done = len(tail)
@@ -226,7 +217,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     after_ids = {i for ln in tail if (i := _record_id(ln)) is not None}
     left = [r.id for r in cp.outstanding if r.id not in after_ids]
     st.outstanding, st.outstanding_ids = len(left), left[:SHOW_IDS]
-    st.invalid = cp.invalid + len(_lines_after(run_dir / "invalid.jsonl", cp.invalid_len))
+    st.invalid = cp.invalid + len(_lines_after(run_dir / layout.INVALID, cp.invalid_len))
     st.input_line, st.pid = cp.line_no, cp.pid
     st.checkpoint_age_s = round(max(0.0, now - cp.time), 1)
     st.restarts = {k: int(v) for k, v in (cp.counters.get("restarts") or {}).items() if v}
@@ -234,10 +225,10 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     events = tail_events(run_dir)
     if cp.finished:
         st.state = "finished"
-        summary = _json_file(run_dir / "summary.json") or {}
+        summary = _json_file(run_dir / layout.SUMMARY) or {}
         st.rate = summary.get("requests_per_s")
         st.exit_code = summary.get("exit_code") if isinstance(summary.get("exit_code"), int) else None
-    elif _alive(cp.pid):
+    elif writer_alive(run_dir):  # the run holds its lock (a dead run never does)
         st.state = "running"
         st.why = _why_running(events, now)
         hist = cp.counters.get("history") or []
@@ -261,7 +252,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
 def _last_sample(run_dir: Path) -> dict[str, Any]:
     """The last complete line of memory.jsonl (read from its tail), or {}."""
     try:
-        with open(run_dir / "memory.jsonl", "rb") as f:
+        with open(run_dir / layout.MEMORY, "rb") as f:
             size = f.seek(0, 2)
             f.seek(max(0, size - 16384))
             tail = f.read()
@@ -321,9 +312,6 @@ def format_run(st: RunStatus) -> str:
 
 # ----- the parent of shard run directories (`--shard`: TASKS.run/shard-K-of-N/) -----
 
-SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
-
-
 def find_shards(parent: Path) -> dict[int, dict[int, Path]]:
     """{N: {K: directory}} of the shard directories in `parent`."""
     out: dict[int, dict[int, Path]] = {}
@@ -332,11 +320,9 @@ def find_shards(parent: Path) -> dict[int, dict[int, Path]]:
     except OSError:
         return out
     for p in entries:
-        m = SHARD_DIR.match(p.name)
-        if m is not None and p.is_dir():
-            k, n = int(m.group(1)), int(m.group(2))
-            if 0 <= k < n:
-                out.setdefault(n, {})[k] = p
+        kn = parse_shard_dir(p.name)
+        if kn is not None and p.is_dir():
+            out.setdefault(kn[1], {})[kn[0]] = p
     return out
 
 
@@ -348,7 +334,7 @@ def shards_status(parent: Path) -> dict[str, Any]:
         rows = []
         for k in sorted(found):
             st = run_status(found[k]).as_dict()
-            st["shard"] = f"shard-{k}-of-{n}"
+            st["shard"] = shard_dir_name(k, n)
             rows.append(st)
         running = [r for r in rows if r["state"] == "running"]
         total: dict[str, Any] = {
@@ -363,7 +349,7 @@ def shards_status(parent: Path) -> dict[str, Any]:
             total["total"] = sum(known)
             total["total_estimated"] = any(r["total_estimated"] for r in rows)
         groups.append({"shards": n, "rows": rows, "total": total,
-                       "missing": [f"shard-{k}-of-{n}" for k in range(n) if k not in found]})
+                       "missing": [shard_dir_name(k, n) for k in range(n) if k not in found]})
     return {"parent": str(parent), "groups": groups}
 
 
@@ -391,10 +377,6 @@ def format_shards(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def is_run_dir(path: Path) -> bool:
-    return any((path / n).exists() for n in ("checkpoint.json", "results.jsonl", "events.jsonl"))
-
-
 def status(path: Path) -> dict[str, Any]:
     """The status of a run directory, or of a parent of shard directories (`{"shards": ...}`)."""
     if not is_run_dir(path) and find_shards(path):
@@ -406,6 +388,6 @@ def status_text(path: Path) -> str:
     if not is_run_dir(path):
         if find_shards(path):
             return format_shards(shards_status(path))
-        if not os.path.exists(path / "run.json"):
+        if not os.path.exists(path / layout.RUN_JSON):
             return f"{path}: not a run directory (no checkpoint.json, results.jsonl or shard-K-of-N/ in it)"
     return format_run(run_status(path))
