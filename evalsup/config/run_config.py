@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,15 +157,28 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         endpoint_rates=rates.endpoints, arrivals=kw["arrivals"], max_wait_down_s=kw["max_wait_down"],
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
-        retry_failed=_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
+        retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
     )
 
 
-def _codes(value: str | None) -> frozenset[str] | None:
-    """--retry-failed's value: "*" (the flag alone) for every error code, or CODE[,CODE...]."""
+RETRY_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
+
+
+def retry_failed_codes(value: str | None) -> frozenset[str] | None:
+    """--retry-failed's value, parsed here only: "*" (the flag alone) for every error code (an empty set), or
+    CODE[,CODE...]; None without the flag."""
     if value is None:
         return None
     return frozenset() if value == "*" else frozenset(c for c in value.split(",") if c)
+
+
+def retry_failed_task_file(tasks: Path | None, value: str | None) -> tuple[Path | None, str | None]:
+    """`run --retry-failed tasks.jsonl`: the option's value is optional, so the task file may come as its
+    value. Then (that file, "*"): the flag alone; else (tasks, value) unchanged, to be parsed by
+    retry_failed_codes."""
+    if value is not None and tasks is None and value != "*" and not RETRY_CODES.match(value):
+        return Path(value), "*"
+    return tasks, value
 
 
 def _check_headers(specs: tuple[str, ...]) -> None:

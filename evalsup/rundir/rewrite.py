@@ -22,7 +22,6 @@ but in ``results.jsonl``.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,11 +222,3 @@ def repair(run_dir: Path) -> tuple[str, int]:
     return "\n".join(out), 0
 
 
-def retry_codes(tasks: Path | None, value: str | None) -> tuple[Path | None, frozenset[str] | None]:
-    """`run --retry-failed [CODE,...]`: (the task file, the codes: empty for every error, None for no retry).
-    The option's value is optional, so `--retry-failed tasks.jsonl` gives the task file as its value."""
-    if value is None:
-        return tasks, None
-    if tasks is None and value != "*" and not re.match(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$", value):
-        return Path(value), frozenset()
-    return tasks, frozenset() if value == "*" else frozenset(c for c in value.split(",") if c)
