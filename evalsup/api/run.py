@@ -228,12 +228,12 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
 
             _move_aside(out)
         from evalsup.config.exitcodes import LOCKED
-        from evalsup.rundir.inputs import InputError, Source, iter_lines, materialize
+        from evalsup.rundir.inputs import InputError, InputKind, Source, iter_lines, materialize
         from evalsup.rundir.lock import RunDirBusy, RunDirError, holding
 
         try:
             with holding(out, "copy of the tasks given"):  # never under a run that reads the directory
-                task_arg = str(materialize(Source("iterable", "the tasks given"), out, chunks=iter_lines(tasks),
+                task_arg = str(materialize(Source(InputKind.ITERABLE, "the tasks given"), out, chunks=iter_lines(tasks),
                                            log=_echo if progress else None))
         except RunDirBusy as e:
             raise RunStopped(str(e), LOCKED, resumable=True) from None

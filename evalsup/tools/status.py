@@ -10,6 +10,7 @@ one row a shard (below).
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
 from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
@@ -32,10 +34,20 @@ ID_HEAD = re.compile(rb'^\{"id":("(?:[^"\\]|\\.)*")')
 SECRET_KEYS = re.compile(r"(?i)^(api_?key|authorization|password|secret|token)$")
 
 
+class RunState(enum.StrEnum):
+    """Where a run stands (RunStatus.state; `evalsup status` prints and --json writes the value)."""
+
+    NOT_STARTED = "not started"  # no checkpoint yet
+    RUNNING = "running"  # a run holds the directory's lock
+    FINISHED = "finished"  # every task has its record
+    STOPPED = "stopped"  # ended before that: rerun to resume
+    UNREADABLE = "unreadable"  # the checkpoint cannot be read
+
+
 @dataclass
 class RunStatus:
     run_dir: str
-    state: str  # not started, running, finished, stopped, unreadable
+    state: RunState
     why: str | None = None  # stopped by SIGTERM; waiting for the endpoint (down since ...); ...
     done: int = 0
     ok: int = 0
@@ -196,11 +208,11 @@ def _total(cp: Checkpoint, done: int, outstanding: int) -> tuple[int | None, boo
 
 def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     now = time.time() if now is None else now
-    st = RunStatus(str(run_dir), "not started", settings=settings_of(run_dir))
+    st = RunStatus(str(run_dir), RunState.NOT_STARTED, settings=settings_of(run_dir))
     try:
         cp = load_checkpoint(run_dir)
     except JournalError as e:
-        st.state, st.why = "unreadable", str(e)
+        st.state, st.why = RunState.UNREADABLE, str(e)
         return st
     results = run_dir / layout.RESULTS
     if cp is None:
@@ -224,12 +236,12 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     st.total, st.total_estimated = _total(cp, st.done, st.outstanding)
     events = tail_events(run_dir)
     if cp.finished:
-        st.state = "finished"
+        st.state = RunState.FINISHED
         summary = _json_file(run_dir / layout.SUMMARY) or {}
         st.rate = summary.get("requests_per_s")
         st.exit_code = summary.get("exit_code") if isinstance(summary.get("exit_code"), int) else None
     elif writer_alive(run_dir):  # the run holds its lock (a dead run never does)
-        st.state = "running"
+        st.state = RunState.RUNNING
         st.why = _why_running(events, now)
         hist = cp.counters.get("history") or []
         if len(hist) >= 2 and float(hist[-1][0]) > float(hist[0][0]):
@@ -244,7 +256,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         if st.checkpoint_age_s > 30:
             st.why = ((st.why + "; ") if st.why else "") + f"no checkpoint for {st.checkpoint_age_s:,.0f}s (stuck?)"
     else:
-        st.state = "stopped"
+        st.state = RunState.STOPPED
         st.why, st.exit_code = _why_stopped(run_dir, cp, events)
     return st
 
@@ -267,13 +279,14 @@ def _last_sample(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-_EP_STATE = {"down": "down (ejected; probed until it answers)",
-             "out": "left out of this run (it failed the connection check, or refused the API key)"}
+_EP_STATE: dict[str, str] = {
+    EndpointState.DOWN: "down (ejected; probed until it answers)",
+    EndpointState.OUT: "left out of this run (it failed the connection check, or refused the API key)"}
 
 
 def format_run(st: RunStatus) -> str:
     head = f"{st.run_dir}: {st.state}" + (f" ({st.why})" if st.why else "")
-    if st.state in ("unreadable",):
+    if st.state is RunState.UNREADABLE:
         return head
     lines = [head]
     total = ""
@@ -283,23 +296,23 @@ def format_run(st: RunStatus) -> str:
             total += f" ({100 * (st.done + st.invalid) / st.total:.1f}%)"
     lines.append(f"  done        {st.done:,}{total}: {st.ok:,} ok, {st.failed:,} failed, {st.invalid:,} invalid"
                  + (" (in invalid.jsonl)" if st.invalid else ""))
-    if st.state == "not started":
+    if st.state is RunState.NOT_STARTED:
         return "\n".join(lines)
     lines.append(f"  outstanding {st.outstanding:,} (dispatched, no result yet); input read to line {st.input_line:,}")
     if st.outstanding_ids:
         more = f" and {st.outstanding - len(st.outstanding_ids):,} more" if st.outstanding > SHOW_IDS else ""
         lines.append(f"              {', '.join(st.outstanding_ids)}{more}")
     if st.rate is not None:
-        what = "over the last minute" if st.state == "running" else "in the last session"
+        what = "over the last minute" if st.state is RunState.RUNNING else "in the last session"
         eta = f", ETA {fmt_duration(st.eta_s)}" if st.eta_s is not None else ""
         lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
     if st.concurrency_limit is not None:
         lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}")
     for e in st.endpoints or ():
         what = (f"{int(e.get('in_flight') or 0):,} in flight, limit {int(e.get('limit') or 0):,}"
-                if e.get("state") == "up" else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
+                if e.get("state") == EndpointState.UP else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
         lines.append(f"  endpoint    {e.get('url')}: {what}")
-    pid = f" (pid {st.pid})" if st.state == "running" else ""
+    pid = f" (pid {st.pid})" if st.state is RunState.RUNNING else ""
     lines.append(f"  checkpoint  {st.checkpoint_age_s:,.1f}s ago{pid}")
     if st.exit_code is not None:
         lines.append(f"  exit code   {st.exit_code}")
@@ -336,13 +349,13 @@ def shards_status(parent: Path) -> dict[str, Any]:
             st = run_status(found[k]).as_dict()
             st["shard"] = shard_dir_name(k, n)
             rows.append(st)
-        running = [r for r in rows if r["state"] == "running"]
+        running = [r for r in rows if r["state"] == RunState.RUNNING]
         total: dict[str, Any] = {
             "done": sum(r["done"] for r in rows), "ok": sum(r["ok"] for r in rows),
             "failed": sum(r["failed"] for r in rows), "invalid": sum(r["invalid"] for r in rows),
             "outstanding": sum(r["outstanding"] for r in rows),
             "rate": round(sum(r["rate"] or 0.0 for r in running), 2) if running else None,
-            "finished": sum(r["state"] == "finished" for r in rows), "running": len(running),
+            "finished": sum(r["state"] == RunState.FINISHED for r in rows), "running": len(running),
         }
         known = [r["total"] for r in rows]
         if len(rows) == n and all(t is not None for t in known):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalsup.common.states import EndpointState
 from evalsup.rundir import layout
 from evalsup.rundir.results_file import json_file as _json_file
 from evalsup.tools.report.scan import ResultScan, jsonl, scan_results
@@ -133,7 +134,7 @@ def _memory(d: RunData, run_dir: Path) -> list[tuple[float, bool]]:
         t = float(rec.get("t", 0.0))
         workers = {k: int(v) for k, v in (rec.get("workers_rss") or {}).items()}
         total = int(rec.get("supervisor_rss") or 0) + sum(workers.values())
-        eps = {str(e.get("url")): int(e.get("limit") or 0) if e.get("state") == "up" else 0
+        eps = {str(e.get("url")): int(e.get("limit") or 0) if e.get("state") == EndpointState.UP else 0
                for e in rec.get("endpoints") or () if isinstance(e, dict)}
         d.endpoints += [u for u in eps if u not in d.endpoints]
         thin.add(Sample(t, total, int(rec.get("working_set") or 0), int(rec.get("done") or 0), workers,
