@@ -25,7 +25,8 @@ class ResultMeta(TypedDict):
 
     k: int  # the task's key
     ok: bool  # the record has no error
-    lat: float  # seconds from the first attempt to the last byte
+    lat: float  # seconds the last attempt took at the server, request written to last byte: the record's
+    #             metrics.latency_s and summary.json's latency_s; not the task's whole time (metrics.total_s)
     att: int  # attempts counted against --max-attempts
     rt: int  # requests re-sent: retries, 429 waits and requests parked through an outage
     rb: int  # bytes of the response body (the memory budget learns response sizes from it)
