@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from evalsup.worker import errors
-from evalsup.worker.errors import Code, Kind
+from evalsup.worker.errors import Code, FailureKind
 
 KEY = types.SimpleNamespace(host="127.0.0.1", port=9, ssl=True, is_ssl=False)
 REFUSED = aiohttp.ClientConnectorError(KEY, ConnectionRefusedError(111, "Connection refused"))
@@ -44,7 +44,7 @@ def test_each_exception_maps_as_it_always_did(exc: BaseException, code: Code, st
     assert isinstance(exc, errors.CAUGHT)
     for stream, want in ((False, code), (True, stream_code)):
         f = errors.from_exception(exc, stream)
-        assert f.code == want and f.kind is Kind.ENDPOINT and f.status is None and f.said == {}
+        assert f.code == want and f.kind is FailureKind.ENDPOINT and f.status is None and f.said == {}
         assert f.message == (message if message is not None else f"{type(exc).__name__}: {exc}"[:300])
     assert errors.from_exception(REFUSED, False).refused  # the breaker's evidence of an endpoint down
 

@@ -11,7 +11,7 @@ import threading
 import orjson
 import pytest
 
-from evalsup.ipc import FrameWriter, Kind, split_meta
+from evalsup.ipc import FrameKind, FrameWriter, split_meta
 from evalsup.ipc.frames import BufferPool, FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head
 from evalsup.ipc.ring import SupervisorRing, WorkerRing
 
@@ -22,8 +22,8 @@ async def _writer_on_pipe(fd: int, delay: float) -> FrameWriter:
     return FrameWriter(asyncio.StreamWriter(transport, protocol, None, loop), delay=delay)
 
 
-def _read_all(fd: int, rng: random.Random) -> list[tuple[Kind, bytes]]:
-    got: list[tuple[Kind, bytes]] = []
+def _read_all(fd: int, rng: random.Random) -> list[tuple[FrameKind, bytes]]:
+    got: list[tuple[FrameKind, bytes]] = []
     parser = FrameParser(lambda kind, payload: got.append((kind, bytes(payload))))
     while True:
         size = rng.choice((1, 7, 100, 4096, 1 << 16))
@@ -45,10 +45,10 @@ def _read_all(fd: int, rng: random.Random) -> list[tuple[Kind, bytes]]:
 @pytest.mark.parametrize("delay", [0.0, 0.005])
 def test_frames_arrive_whole_and_in_order_however_gathered_and_cut(delay: float) -> None:
     rng = random.Random(7)
-    frames: list[tuple[Kind, dict[str, int], bytes]] = []
+    frames: list[tuple[FrameKind, dict[str, int], bytes]] = []
     for i in range(3000):
         body = bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 50, 3000)))) if i % 500 else b"x" * 300_000
-        frames.append((Kind.RESULT, {"k": i}, body))
+        frames.append((FrameKind.RESULT, {"k": i}, body))
     r, w = os.pipe()
 
     async def produce() -> None:
@@ -65,7 +65,7 @@ def test_frames_arrive_whole_and_in_order_however_gathered_and_cut(delay: float)
         assert out._writer.transport.get_write_buffer_size() == 0, "finish() returned with data unwritten"
         out.close()
 
-    got: list[tuple[Kind, bytes]] = []
+    got: list[tuple[FrameKind, bytes]] = []
     reader = threading.Thread(target=lambda: got.extend(_read_all(r, rng)))
     reader.start()
     asyncio.run(produce())
@@ -86,14 +86,14 @@ def test_writer_gathers_frames_until_its_delay_or_burst() -> None:
     def gather() -> bytes | None:  # as a worker sums up its STARTED keys in one frame per write
         if not noted:
             return None
-        frame = encode_frame(Kind.STARTED, b"".join(k.to_bytes(8, "big") for k in noted))
+        frame = encode_frame(FrameKind.STARTED, b"".join(k.to_bytes(8, "big") for k in noted))
         noted.clear()
         return frame
 
     async def go() -> tuple[bytes, bytes, bytes, bytes]:
         out = await _writer_on_pipe(w, delay=0.05)
         out.gather = gather
-        out.send(encode_frame(Kind.HEARTBEAT, b"{}"))
+        out.send(encode_frame(FrameKind.HEARTBEAT, b"{}"))
         noted.extend((1, 2))
         await asyncio.sleep(0.01)
         early = _try_read(r)  # nothing yet: it waits for company
@@ -103,7 +103,7 @@ def test_writer_gathers_frames_until_its_delay_or_burst() -> None:
         out.arm()  # a note alone is written too, within the delay
         await asyncio.sleep(0.08)
         alone = _try_read(r)
-        big = encode_frame(Kind.HEARTBEAT, b"x" * (out.burst + 1))
+        big = encode_frame(FrameKind.HEARTBEAT, b"x" * (out.burst + 1))
         out.send(big)  # past the burst: written at once, not after the delay
         burst = _try_read(r, 1 << 20)
         out.close()
@@ -113,8 +113,8 @@ def test_writer_gathers_frames_until_its_delay_or_burst() -> None:
     os.close(r)
     assert early == b""
     keys = (1).to_bytes(8, "big") + (2).to_bytes(8, "big")
-    assert late == encode_frame(Kind.STARTED, keys) + encode_frame(Kind.HEARTBEAT, b"{}")  # the summary first
-    assert alone == encode_frame(Kind.STARTED, (3).to_bytes(8, "big"))
+    assert late == encode_frame(FrameKind.STARTED, keys) + encode_frame(FrameKind.HEARTBEAT, b"{}")  # the summary first
+    assert alone == encode_frame(FrameKind.STARTED, (3).to_bytes(8, "big"))
     assert burst not in (b"", b"mismatch")
 
 
@@ -127,7 +127,7 @@ def _try_read(fd: int, n: int = 65536) -> bytes:
 
 def test_meta_is_found_by_its_length_not_by_scanning_the_body() -> None:
     body = b'{"a": "line\\nwith an escaped newline"}\n'
-    frame = encode_meta(Kind.TASK, {"k": 5, "n": 1}, body)
+    frame = encode_meta(FrameKind.TASK, {"k": 5, "n": 1}, body)
     payload = memoryview(frame)[5:]
     meta, rest = split_meta(payload)
     assert meta == {"k": 5, "n": 1} and bytes(rest) == body
@@ -179,7 +179,7 @@ def test_pooled_large_frames_are_never_overwritten_while_held_and_reused_once_dr
     parser = FrameParser(lambda kind, payload: held.append(payload), large=1 << 16, pool=pool)
     rng = random.Random(3)
     bodies = [bytes([i]) * rng.randrange(200_000, 1_100_000) for i in range(12)]
-    stream = b"".join(encode_meta(Kind.RESULT, {"k": i}, body) for i, body in enumerate(bodies))
+    stream = b"".join(encode_meta(FrameKind.RESULT, {"k": i}, body) for i, body in enumerate(bodies))
     view = memoryview(stream)
     pos = 0
     while pos < len(view):  # read as the supervisor does: a chunk, then the rest of a large frame in place

@@ -10,6 +10,8 @@ from typing import Any, Literal, overload
 import orjson
 
 from evalsup.api.exceptions import BadInput
+from evalsup.rundir import layout
+from evalsup.rundir.results_file import LineAt
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +53,9 @@ def _results_path(where: str | Path) -> tuple[Path, Path | None]:
     """(results file, its run directory or None)."""
     p = Path(where)
     if p.is_dir():
-        if not (p / "results.jsonl").is_file():
-            raise BadInput(f"{p}: no results.jsonl in it (not a run directory)")
-        return p / "results.jsonl", p
+        if not (p / layout.RESULTS).is_file():
+            raise BadInput(f"{p}: no {layout.RESULTS} in it (not a run directory)")
+        return p / layout.RESULTS, p
     if not p.is_file():
         raise BadInput(f"{p}: no such file or run directory")
     return p, None
@@ -79,9 +81,10 @@ def _task_file(run_dir: Path | None, tasks: str | Path | None) -> Path:
         info = load_info(run_dir)
         if info and Path(info["tasks"]).is_file():
             return Path(info["tasks"])
-        if info and (run_dir / "tasks.jsonl").is_file():  # the run directory's own copy, moved with it
-            return run_dir / "tasks.jsonl"
-        name = run_dir.name[: -len(".run")] if run_dir.name.endswith(".run") else None
+        if info and (run_dir / layout.INPUT_COPY).is_file():  # the run directory's own copy, moved with it
+            return run_dir / layout.INPUT_COPY
+        suffix = layout.RUN_DIR_SUFFIX
+        name = run_dir.name[: -len(suffix)] if run_dir.name.endswith(suffix) else None
         if name and (run_dir.parent / f"{name}.jsonl").is_file():  # the CLI's default: TASKS.run beside TASKS
             return run_dir.parent / f"{name}.jsonl"
     raise BadInput(f"ordered=True needs the task file (the input order): pass tasks=PATH ({run_dir or 'a file'} "
@@ -95,15 +98,7 @@ def _in_input_order(results: Path, tasks: Path) -> Iterator[bytes]:
     from evalsup.tasks.reader import TaskError, TaskReader
 
     index = IdSet()
-    with open(results, "rb") as peek:
-        def id_at(offset: int) -> str | None:
-            peek.seek(offset)
-            return str(orjson.loads(peek.readline())["custom_id"])
-
-        def line_at(offset: int) -> bytes:
-            peek.seek(offset)
-            return peek.readline()
-
+    with LineAt(results) as id_at:
         for pos, line in _complete_lines(results):
             index.add(str(orjson.loads(line)["custom_id"]), pos, id_at)
         try:
@@ -120,7 +115,7 @@ def _in_input_order(results: Path, tasks: Path) -> Iterator[bytes]:
                     return
                 at = index.find(got[0].id, id_at)
                 if at is not None:
-                    yield line_at(at)
+                    yield id_at.line(at)
 
 
 @overload

@@ -29,6 +29,7 @@ import orjson
 from evalsup.api.exceptions import BadInput, BadSettings, RunStopped, error_for_exit
 from evalsup.api.results import Record, read_results, to_pandas
 from evalsup.config.options import API_OPTIONS, BY_NAME, DEFAULTS, python_type
+from evalsup.rundir.layout import INPUT_COPY
 
 
 @dataclass(frozen=True)
@@ -221,18 +222,18 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
             raise BadSettings("tasks given as an iterable need out=RUN_DIR: the run directory keeps their copy, "
                               "so that calling run() again resumes")
         out = Path(options["out"])
-        _check_settings(str(out / "tasks.jsonl"), options)
+        _check_settings(str(out / INPUT_COPY), options)
         if options.pop("fresh", False):
             from evalsup.cli.main import _move_aside
 
             _move_aside(out)
         from evalsup.config.exitcodes import LOCKED
-        from evalsup.rundir.inputs import InputError, Source, iter_lines, materialize
+        from evalsup.rundir.inputs import InputError, InputKind, Source, iter_lines, materialize
         from evalsup.rundir.lock import RunDirBusy, RunDirError, holding
 
         try:
             with holding(out, "copy of the tasks given"):  # never under a run that reads the directory
-                task_arg = str(materialize(Source("iterable", "the tasks given"), out, chunks=iter_lines(tasks),
+                task_arg = str(materialize(Source(InputKind.ITERABLE, "the tasks given"), out, chunks=iter_lines(tasks),
                                            log=_echo if progress else None))
         except RunDirBusy as e:
             raise RunStopped(str(e), LOCKED, resumable=True) from None

@@ -13,7 +13,7 @@ import click
 
 from evalsup.cli.mock import mock_command
 from evalsup.config.options import RUN_OPTIONS, Option
-from evalsup.config.run_config import ConfigError, build_config
+from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -96,26 +96,25 @@ def run(tasks: Path | None, **kw: Any) -> None:
     the end (signal, endpoint down, key refused, crash loop, disk full): rerun to resume; 2 bad input or
     settings; 73 another evalsup holds the run directory; 1 anything else.
     """
-    from evalsup.rundir.inputs import InputError, classify, materialize
-    from evalsup.rundir.rewrite import retry_codes
+    from evalsup.rundir.inputs import InputError, InputKind, classify, materialize
     from evalsup.supervisor import early_signals as earlysignals
 
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
-    tasks, codes = retry_codes(tasks, kw["retry_failed"])  # `--retry-failed tasks.jsonl`: the flag without codes
-    kw["retry_failed"] = None if codes is None else ",".join(sorted(codes)) or "*"
+    # `--retry-failed tasks.jsonl`: the flag without codes; the codes are parsed once, by build_config
+    tasks, kw["retry_failed"] = retry_failed_task_file(tasks, kw["retry_failed"])
     if tasks is None:
         _fail("missing TASKS (the task file); see evalsup run --help")
     assert tasks is not None
     try:
         cfg = build_config(tasks, kw)
         src = classify(tasks)
-        if src.kind == "stdin" and kw["out"] is None:
+        if src.kind == InputKind.STDIN and kw["out"] is None:
             raise ConfigError("reading tasks from stdin (-) needs --out RUN_DIR (where its copy and the results go)")
     except (ConfigError, InputError) as e:
         _fail(str(e))
     if cfg.fresh:
         _move_aside(cfg.run_dir)
-    if src.kind != "file":
+    if src.kind != InputKind.FILE:
         from evalsup.config.exitcodes import LOCKED
         from evalsup.rundir.lock import RunDirBusy, RunDirError, holding
 
@@ -128,7 +127,7 @@ def run(tasks: Path | None, **kw: Any) -> None:
             _fail(str(e))
     from evalsup.supervisor.run import run as run_job
 
-    if codes is not None and cfg.fresh:
+    if cfg.retry_failed is not None and cfg.fresh:
         _fail("--retry-failed needs the run to retry; it cannot go with --fresh")
     sys.exit(run_job(cfg))
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["int", "float", "str", "path", "file", "choice", "flag", "bool"]
+OptionKind = Literal["int", "float", "str", "path", "file", "choice", "flag", "bool"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Option:
 
     name: str
     flags: tuple[str, ...]  # click declarations: ("--workers", "-w"), or ("--check/--no-check",)
-    kind: Kind
+    kind: OptionKind
     default: Any = None
     help: str = ""
     show_default: bool = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, Literal
 
 from evalsup.config.options import DEFAULTS as OPT  # every run option's default, defined once (options.py)
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
+from evalsup.config.shards import shard_dir_name
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.tasks.requests import public_url
 
@@ -155,15 +157,28 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         endpoint_rates=rates.endpoints, arrivals=kw["arrivals"], max_wait_down_s=kw["max_wait_down"],
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
-        retry_failed=_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
+        retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
     )
 
 
-def _codes(value: str | None) -> frozenset[str] | None:
-    """--retry-failed's value: "*" (the flag alone) for every error code, or CODE[,CODE...]."""
+RETRY_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
+
+
+def retry_failed_codes(value: str | None) -> frozenset[str] | None:
+    """--retry-failed's value, parsed here only: "*" (the flag alone) for every error code (an empty set), or
+    CODE[,CODE...]; None without the flag."""
     if value is None:
         return None
     return frozenset() if value == "*" else frozenset(c for c in value.split(",") if c)
+
+
+def retry_failed_task_file(tasks: Path | None, value: str | None) -> tuple[Path | None, str | None]:
+    """`run --retry-failed tasks.jsonl`: the option's value is optional, so the task file may come as its
+    value. Then (that file, "*"): the flag alone; else (tasks, value) unchanged, to be parsed by
+    retry_failed_codes."""
+    if value is not None and tasks is None and value != "*" and not RETRY_CODES.match(value):
+        return Path(value), "*"
+    return tasks, value
 
 
 def _check_headers(specs: tuple[str, ...]) -> None:
@@ -203,6 +218,9 @@ def resolve_base_urls(flags: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(urls)
 
 
+RUN_DIR_SUFFIX = ".run"  # TASKS.jsonl -> TASKS.run (evalsup.rundir.layout lists it with the rest)
+
+
 def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> Path:
     name = tasks_path.name
     for ext in (".jsonl.gz", ".jsonl.zst", ".jsonl"):  # tasks.jsonl.gz -> tasks.run
@@ -211,8 +229,8 @@ def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> P
             break
     else:
         stem = tasks_path.stem
-    run_dir = tasks_path.with_name(stem + ".run")
-    return run_dir / f"shard-{shard[0]}-of-{shard[1]}" if shard else run_dir
+    run_dir = tasks_path.with_name(stem + RUN_DIR_SUFFIX)
+    return run_dir / shard_dir_name(*shard) if shard else run_dir
 
 
 def parse_shard(value: str | None, env: dict[str, str] | None = None) -> tuple[int, int] | None:

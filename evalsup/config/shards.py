@@ -8,6 +8,7 @@ array must be exactly 0..N-1 (N = ``SLURM_ARRAY_TASK_MAX`` + 1); anything else i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,25 @@ SCHEDULERS: tuple[tuple[str, str | None, str], ...] = (
     ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MAX", "Slurm job array"),
     ("AWS_BATCH_JOB_ARRAY_INDEX", "AWS_BATCH_JOB_ARRAY_SIZE", "AWS Batch array job"),
 )
+
+
+_SHARD_DIR = re.compile(r"shard-([0-9]+)-of-([0-9]+)")
+
+
+def shard_dir_name(k: int, n: int) -> str:
+    """The directory of shard ``k`` of ``n`` (0 <= k < n) in the run's directory: ``shard-K-of-N``. Its one
+    parser is parse_shard_dir; both are reached through evalsup.rundir.layout."""
+    return f"shard-{k}-of-{n}"
+
+
+def parse_shard_dir(name: str) -> tuple[int, int] | None:
+    """(K, N) of a directory named as shard_dir_name names it, else None: not ``shard-3-of-2`` (K >= N), not
+    ``shard-01-of-2`` (not the name shard_dir_name gives), not a moved-aside ``shard-0-of-2.old-TIME``."""
+    m = _SHARD_DIR.fullmatch(name)
+    if m is None:
+        return None
+    k, n = int(m.group(1)), int(m.group(2))
+    return (k, n) if 0 <= k < n and shard_dir_name(k, n) == name else None
 
 
 class ShardError(ValueError):

@@ -25,7 +25,7 @@ META_LEN = struct.Struct(">I")  # the meta's length, at the start of a TASK or R
 MAX_FRAME = 1 << 30  # a frame larger than this is a protocol error, not a big response
 
 
-class Kind(enum.IntEnum):
+class FrameKind(enum.IntEnum):
     # supervisor -> worker
     CONFIG = 1  # json: the worker's settings
     TASK = 2  # meta {"k": key, "n": line number} + the task line
@@ -53,26 +53,26 @@ class Kind(enum.IntEnum):
     AUTH = 22  # json {"message": str, "e": int}: endpoint e refused the key for several tasks (breaker.AuthWatch)
 
 
-_KINDS: dict[int, Kind] = {int(k): k for k in Kind}
+_KINDS: dict[int, FrameKind] = {int(k): k for k in FrameKind}
 
 
 class ProtocolError(Exception):
     """The other side sent something that is not a frame."""
 
 
-def encode_frame(kind: Kind, payload: bytes = b"") -> bytes:
+def encode_frame(kind: FrameKind, payload: bytes = b"") -> bytes:
     return HEADER.pack(len(payload), kind) + payload
 
 
-def encode_json(kind: Kind, obj: Any) -> bytes:
+def encode_json(kind: FrameKind, obj: Any) -> bytes:
     return encode_frame(kind, orjson.dumps(obj))
 
 
-def encode_meta(kind: Kind, meta: Any, body: bytes) -> bytes:
+def encode_meta(kind: FrameKind, meta: Any, body: bytes) -> bytes:
     return encode_meta_head(kind, meta, len(body)) + body
 
 
-def encode_meta_head(kind: Kind, meta: Any, body_len: int) -> bytes:
+def encode_meta_head(kind: FrameKind, meta: Any, body_len: int) -> bytes:
     """Header and meta of a meta+body frame whose body (of ``body_len`` bytes) is sent after it."""
     m = orjson.dumps(meta)
     return HEADER.pack(META_LEN.size + len(m) + body_len, kind) + META_LEN.pack(len(m)) + m
@@ -158,7 +158,7 @@ class FrameParser:
     ProtocolError on garbage.
     """
 
-    def __init__(self, on_frame: Callable[[Kind, memoryview], None], large: int = 1 << 16,
+    def __init__(self, on_frame: Callable[[FrameKind, memoryview], None], large: int = 1 << 16,
                  pool: BufferPool | None = None) -> None:
         self.on_frame = on_frame
         self.large = large
@@ -224,8 +224,8 @@ class FrameParser:
         self._have = len(rest)
 
     @staticmethod
-    def _kind(kind: int) -> Kind:
-        k = _KINDS.get(kind)  # a dict, not Kind(kind): the enum's call costs ~1 us a frame
+    def _kind(kind: int) -> FrameKind:
+        k = _KINDS.get(kind)  # a dict, not FrameKind(kind): the enum's call costs ~1 us a frame
         if k is None:
             raise ProtocolError(f"unknown frame kind {kind}")
         return k
@@ -245,7 +245,7 @@ class FrameParser:
         return view[pos:]
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, bytes] | None:
+async def read_frame(reader: asyncio.StreamReader) -> tuple[FrameKind, bytes] | None:
     """Read one frame; None at a clean EOF between frames."""
     try:
         header = await reader.readexactly(HEADER.size)
@@ -261,7 +261,7 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, bytes] | None:
     except asyncio.IncompleteReadError as e:
         raise ProtocolError("pipe closed inside a frame") from e
     try:
-        return Kind(kind), payload
+        return FrameKind(kind), payload
     except ValueError as e:
         raise ProtocolError(f"unknown frame kind {kind}") from e
 

@@ -1,6 +1,6 @@
 """The typed contract at the process boundary: what each frame's payload holds, and the worker's config.
 
-Frames are ``ipc.frames.Kind`` + payload. The meta of TASK and RESULT frames keeps short keys on the wire
+Frames are ``ipc.frames.FrameKind`` + payload. The meta of TASK and RESULT frames keeps short keys on the wire
 (they cross the pipe once per task); the TypedDicts below name and explain each. The worker's settings cross
 as one CONFIG frame, a dict of ``WorkerConfig``'s fields, and are rebuilt into the frozen dataclass on the
 worker's side (``WorkerConfig.from_wire``): the defaults live here and nowhere else.
@@ -25,7 +25,8 @@ class ResultMeta(TypedDict):
 
     k: int  # the task's key
     ok: bool  # the record has no error
-    lat: float  # seconds from the first attempt to the last byte
+    lat: float  # seconds the last attempt took at the server, request written to last byte: the record's
+    #             metrics.latency_s and summary.json's latency_s; not the task's whole time (metrics.total_s)
     att: int  # attempts counted against --max-attempts
     rt: int  # requests re-sent: retries, 429 waits and requests parked through an outage
     rb: int  # bytes of the response body (the memory budget learns response sizes from it)

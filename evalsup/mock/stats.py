@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 MAX_ARRIVALS = 200_000
-KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"})
+KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/models"})
 
 
 class MockStats:

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from evalsup.config.exitcodes import RESUMABLE
+from evalsup.rundir.layout import CHECKPOINT
 from evalsup.tasks.reader import TaskRef
 
 CHECKPOINT_VERSION = 1
@@ -140,7 +141,7 @@ def read_checkpoint(p: Path) -> Checkpoint | None:
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint | None:
-    return read_checkpoint(run_dir / "checkpoint.json")
+    return read_checkpoint(run_dir / CHECKPOINT)
 
 
 def previous_fingerprint(run_dir: Path) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ reads it to find the task file).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import os
 import stat
@@ -30,11 +31,12 @@ from typing import IO, Any
 
 import orjson
 
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import fsync_dir, write_atomic
 from evalsup.tasks.fingerprint import fingerprint
 
-COPY_NAME = "tasks.jsonl"
-INFO_NAME = "input.json"
+COPY_NAME = layout.INPUT_COPY
+INFO_NAME = layout.INPUT_INFO
 _CHUNK = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -44,9 +46,20 @@ class InputError(Exception):
     """The input cannot be read; ``str(e)`` is one line naming it and the cause."""
 
 
+class InputKind(enum.StrEnum):
+    """What an input is (input.json's "kind")."""
+
+    FILE = "file"  # a plain JSONL file, read in place
+    GZIP = "gzip"
+    ZSTD = "zstd"
+    STDIN = "stdin"
+    FIFO = "fifo"
+    ITERABLE = "iterable"  # task dicts given to evalsup.run() from Python
+
+
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "file" (read in place), "gzip", "zstd", "stdin", "fifo", "iterable"
+    kind: InputKind
     name: str  # what messages call it
     path: Path | None = None
 
@@ -54,7 +67,7 @@ class Source:
 def classify(path: Path) -> Source:
     """What kind of input ``path`` is (by its content's magic bytes, not only its name)."""
     if str(path) == "-":
-        return Source("stdin", "stdin")
+        return Source(InputKind.STDIN, "stdin")
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -62,7 +75,7 @@ def classify(path: Path) -> Source:
     except OSError as e:
         raise InputError(f"{path}: {e.strerror}") from None
     if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):  # a named pipe, /dev/stdin, <(...)
-        return Source("fifo", str(path), path)
+        return Source(InputKind.FIFO, str(path), path)
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{path}: not a regular file, FIFO or '-'")
     try:
@@ -72,19 +85,19 @@ def classify(path: Path) -> Source:
         raise InputError(f"{path}: {e.strerror}") from None
     name = path.name
     if head.startswith(GZIP_MAGIC):
-        return Source("gzip", str(path), path)
+        return Source(InputKind.GZIP, str(path), path)
     if head.startswith(ZSTD_MAGIC):
-        return Source("zstd", str(path), path)
+        return Source(InputKind.ZSTD, str(path), path)
     if name.endswith(".gz") or name.endswith(".zst"):
         what = "gzip" if name.endswith(".gz") else "zstandard"
         raise InputError(f"{path}: not a {what} file (its first bytes are not {what}'s)")
-    return Source("file", str(path), path)
+    return Source(InputKind.FILE, str(path), path)
 
 
 def _chunks(src: Source) -> Iterator[bytes]:
     """The input's (decompressed) bytes, a chunk at a time."""
     try:
-        if src.kind == "stdin":
+        if src.kind == InputKind.STDIN:
             if sys.stdin is None or sys.stdin.isatty():
                 raise InputError("stdin (-) is a terminal: pipe the tasks in, e.g. `... | evalsup run - --out DIR`")
             f: IO[bytes] = sys.stdin.buffer
@@ -92,7 +105,7 @@ def _chunks(src: Source) -> Iterator[bytes]:
             return
         assert src.path is not None
         with open(src.path, "rb") as raw:
-            if src.kind == "gzip":
+            if src.kind == InputKind.GZIP:
                 import gzip
                 import zlib
 
@@ -101,7 +114,7 @@ def _chunks(src: Source) -> Iterator[bytes]:
                         yield from iter(lambda: g.read(_CHUNK), b"")
                 except (OSError, EOFError, zlib.error) as e:
                     raise InputError(f"{src.name}: not a valid gzip stream ({e})") from None
-            elif src.kind == "zstd":
+            elif src.kind == InputKind.ZSTD:
                 try:
                     import zstandard
                 except ImportError:
@@ -177,20 +190,20 @@ def load_info(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _has_results(run_dir: Path) -> bool:
-    r = run_dir / "results.jsonl"
-    return (run_dir / "checkpoint.json").exists() or (r.exists() and r.stat().st_size > 0)
+    r = run_dir / layout.RESULTS
+    return (run_dir / layout.CHECKPOINT).exists() or (r.exists() and r.stat().st_size > 0)
 
 
 def materialize(src: Source, run_dir: Path, chunks: Iterable[bytes] | None = None, log: Any = None) -> Path:
     """The plain task file the run reads: ``src.path`` itself for a plain file, else RUN_DIR/tasks.jsonl,
     written (or checked) as the module's docstring says. Raises InputError."""
-    if src.kind == "file":
+    if src.kind == InputKind.FILE:
         assert src.path is not None
         return src.path
     say = log or (lambda msg: None)
     copy = run_dir / COPY_NAME
     info = load_info(run_dir)
-    source_fp = fingerprint(src.path) if src.kind in ("gzip", "zstd") and src.path is not None else None
+    source_fp = fingerprint(src.path) if src.kind in (InputKind.GZIP, InputKind.ZSTD) and src.path is not None else None
     if (source_fp is not None and info is not None and info.get("source_fingerprint") == source_fp
             and copy.exists() and _copy_hash(run_dir, info) == info.get("sha256")):
         return copy  # the same compressed file, already copied: not read again

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import (
     EXIT_DISK,
     Checkpoint,
@@ -65,10 +66,10 @@ class Journal:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.results_path = run_dir / "results.jsonl"
-        self.checkpoint_path = run_dir / "checkpoint.json"
-        self.ids_path = run_dir / "ids.bin"
-        self.invalid_path = run_dir / "invalid.jsonl"
+        self.results_path = run_dir / layout.RESULTS
+        self.checkpoint_path = run_dir / layout.CHECKPOINT
+        self.ids_path = run_dir / layout.IDS
+        self.invalid_path = run_dir / layout.INVALID
         self._buf: list[bytes | memoryview] = []
         self._buf_bytes = 0
         self.appended = 0  # bytes handed to append() this session

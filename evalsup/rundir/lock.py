@@ -16,10 +16,12 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 LOCK_NAME = "evalsup.lock"
+MOVED_ASIDE = ".old-"  # `run --fresh` renames RUN_DIR to RUN_DIR.old-TIME (see move_aside)
 
 
 class RunDirBusy(Exception):
@@ -30,13 +32,25 @@ class RunDirError(Exception):
     """The run directory cannot be locked (cannot be created, read-only, no lock support)."""
 
 
-def _holder(fd: int) -> str:
+def _info(fd: int) -> dict[str, Any]:
+    """What the holder wrote into the lock file (host, pid, started, command); {} while it is just starting."""
     try:
         info = orjson.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _describe(info: dict[str, Any]) -> str:
+    try:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["started"])))
         return f"host {info['host']}, PID {info['pid']}, started {started}"
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
         return "its holder is just starting"
+
+
+def _holder(fd: int) -> str:
+    return _describe(_info(fd))
 
 
 class RunDirLock:
@@ -99,9 +113,10 @@ class RunDirLock:
         self.fd = None
 
 
-def held_by(run_dir: Path) -> str | None:
-    """Who holds the run directory's lock ("host h, PID p, started t"), or None if nobody does. Read-only: it
-    changes nothing in the directory (for `evalsup status`)."""
+def holder_info(run_dir: Path) -> dict[str, Any] | None:
+    """What the holder of the run directory's lock wrote of itself (host, pid, started, command; {} while it
+    is just starting), or None if nobody holds it. Read-only: it changes nothing in the directory. A lock this
+    process holds through another descriptor counts as held (flock locks belong to the open file)."""
     try:
         fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -109,11 +124,18 @@ def held_by(run_dir: Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        return _holder(fd)
+        return _info(fd)
     else:
         return None
     finally:
         os.close(fd)  # drops the shared lock if it was taken
+
+
+def held_by(run_dir: Path) -> str | None:
+    """Who holds the run directory's lock ("host h, PID p, started t"), or None if nobody does. Read-only: it
+    changes nothing in the directory (for `evalsup status`)."""
+    info = holder_info(run_dir)
+    return None if info is None else _describe(info)
 
 
 @contextlib.contextmanager
@@ -133,13 +155,18 @@ def move_aside(run_dir: Path) -> Path | None:
         return None
     with locked(run_dir, create=False, command="run --fresh"):
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        dest = run_dir.with_name(f"{run_dir.name}.old-{stamp}")
+        dest = run_dir.with_name(moved_aside_name(run_dir.name, stamp))
         n = 1
         while dest.exists():
             n += 1
-            dest = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}")
+            dest = run_dir.with_name(moved_aside_name(run_dir.name, stamp, n))
         run_dir.rename(dest)
     return dest
+
+
+def moved_aside_name(name: str, stamp: str, n: int = 1) -> str:
+    """The name `run --fresh` gives a run directory it moves aside: NAME.old-STAMP (NAME.old-STAMP-N when taken)."""
+    return f"{name}{MOVED_ASIDE}{stamp}" + (f"-{n}" if n > 1 else "")
 
 
 @contextlib.contextmanager

@@ -14,12 +14,13 @@ from typing import IO, Any
 import orjson
 
 from evalsup.rundir.checkpoint import Checkpoint, RunDirDamaged, load_checkpoint
+from evalsup.rundir.layout import DAMAGED, RESULTS
 
 CHUNK = 4 << 20
 
 
 def repair_hint(run_dir: Path) -> str:
-    return (f"run `evalsup repair {run_dir}` to move damaged lines to damaged.jsonl (their tasks run again, "
+    return (f"run `evalsup repair {run_dir}` to move damaged lines to {DAMAGED} (their tasks run again, "
             "once, on the next resume)")
 
 
@@ -125,12 +126,7 @@ def _find_damage(path: Path, lines: int | None) -> None:
     from evalsup.tasks.idset import IdSet
 
     ids = IdSet()
-    with open(path, "rb") as g:
-        def id_at(offset: int) -> str | None:
-            g.seek(offset)
-            rec, _ = record_problem(g.readline())
-            return None if rec is None else str(rec["custom_id"])
-
+    with LineAt(path) as id_at:  # every line before the one read is a record (iter_records checked it)
         pos = 0
         for n, line, rec in iter_records(path):  # raises at the first line that is no record
             if lines is not None and n > lines:
@@ -174,7 +170,7 @@ def scan_results(path: Path, start: int, first_line: int = 1) -> tuple[set[str],
 def check_run_dir(run_dir: Path) -> str | None:
     """For `evalsup status` and friends: None if results.jsonl checks out against its checkpoint, else the
     one-line error. Reads the file once (read-only)."""
-    path = run_dir / "results.jsonl"
+    path = run_dir / RESULTS
     try:
         cp = load_checkpoint(run_dir)
         if not path.exists():
@@ -195,7 +191,7 @@ def counts_on_disk(run_dir: Path) -> tuple[int, int]:
     """(succeeded, failed) as a rerun will find them: the last checkpoint's counts plus the complete records
     after it. For the figures printed after a failed write (disk full)."""
     cp = load_checkpoint(run_dir)
-    path = run_dir / "results.jsonl"
+    path = run_dir / RESULTS
     start = cp.results_len if cp is not None else 0
     ok, bad = (cp.succeeded, cp.failed) if cp is not None else (0, 0)
     if path.exists():
@@ -214,22 +210,21 @@ def json_file(path: Path) -> dict[str, Any] | None:
 
 
 class LineAt:
-    """Reads the custom_id of the line at an offset of a file being written."""
+    """The line at a byte offset of a results file, and (called) its record's id: the one reader behind every
+    id -> offset index (tasks.idset.IdSet) of records. With ``writer``, the file is being written through it,
+    which is flushed before each read. The offsets given are those of whole record lines."""
 
-    def __init__(self, path: Path, writer: IO[bytes]) -> None:
+    def __init__(self, path: Path, writer: IO[bytes] | None = None) -> None:
         self.path = path
         self.writer = writer
         self.f: IO[bytes] | None = None
 
     def __call__(self, offset: int) -> str | None:
-        self.writer.flush()
-        if self.f is None:
-            self.f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        self.f.seek(offset)
-        return str(orjson.loads(self.f.readline())["custom_id"])
+        return str(orjson.loads(self.line(offset))["custom_id"])
 
     def line(self, offset: int) -> bytes:
-        self.writer.flush()
+        if self.writer is not None:
+            self.writer.flush()
         if self.f is None:
             self.f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
         self.f.seek(offset)
@@ -238,3 +233,10 @@ class LineAt:
     def close(self) -> None:
         if self.f is not None:
             self.f.close()
+            self.f = None
+
+    def __enter__(self) -> LineAt:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -22,7 +22,6 @@ but in ``results.jsonl``.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +37,13 @@ from evalsup.rundir.checkpoint import (
     read_checkpoint,
     write_atomic,
 )
+from evalsup.rundir.layout import CHECKPOINT, CHECKPOINT_NEXT, DAMAGED, REPLACED, RESULTS, writer_alive
 from evalsup.rundir.results_file import LineAt, complete_length, prefix_sums, record_problem
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskError, TaskReader, TaskRef
 
-NEXT = "checkpoint.next.json"
-SIDE_FILES = ("results.jsonl", "damaged.jsonl", "replaced.jsonl")
+NEXT = CHECKPOINT_NEXT
+SIDE_FILES = (RESULTS, DAMAGED, REPLACED)
 
 
 def finish_pending(run_dir: Path) -> bool:
@@ -59,17 +59,9 @@ def finish_pending(run_dir: Path) -> bool:
         if new.exists():
             os.replace(new, run_dir / name)
     fsync_dir(run_dir)
-    os.replace(nxt, run_dir / "checkpoint.json")
+    os.replace(nxt, run_dir / CHECKPOINT)
     fsync_dir(run_dir)
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return pid > 0 and pid != os.getpid() and b"evalsup" in f.read()
-    except OSError:
-        return False
 
 
 @dataclass
@@ -94,9 +86,9 @@ def rewrite(run_dir: Path, drop: Callable[[dict[str, Any]], bool] | None = None,
     """Take damaged lines (not a record, or a second record for an id) and, if ``drop`` says so, records out
     of results.jsonl, committed as the module says. A no-op (nothing written) when nothing is taken out."""
     cp = load_checkpoint(run_dir)
-    if cp is not None and _alive(cp.pid) and not cp.finished:
+    if cp is not None and not cp.finished and writer_alive(run_dir):  # another process holds its lock
         raise JournalError(f"{run_dir}: a run (pid {cp.pid}) is writing to it; stop it first")
-    results = run_dir / "results.jsonl"
+    results = run_dir / RESULTS
     rep = RewriteReport()
     if not results.exists():
         return rep
@@ -106,8 +98,8 @@ def rewrite(run_dir: Path, drop: Callable[[dict[str, Any]], bool] | None = None,
     ids = IdSet()
     ok = bad = 0
     with open(results, "rb") as src, open(new_p, "wb") as new, open(dmg_p, "wb") as dmg, open(rpl_p, "wb") as rpl:
-        _copy_then(run_dir / "damaged.jsonl", dmg)
-        _copy_then(run_dir / "replaced.jsonl", rpl)
+        _copy_then(run_dir / DAMAGED, dmg)
+        _copy_then(run_dir / REPLACED, rpl)
         id_at = LineAt(new_p, new)
         pos = 0
         try:
@@ -168,16 +160,12 @@ def reconcile(run_dir: Path, cp: Checkpoint, tasks: Path, max_line_bytes: int) -
     """After a rewrite: O = the tasks before the frontier (of this shard) that have no record, done_ahead = the
     ids of the records of tasks past it. One pass over the task file; memory: a compact id set of records."""
     shard = cp.fingerprint.get("shard")
-    results = run_dir / "results.jsonl"
+    results = run_dir / RESULTS
     ids = IdSet()
     crashes = {r.offset: r.crashes for r in cp.outstanding}
     outstanding: list[TaskRef] = []
     ahead: list[str] = []
-    with open(results, "rb") as f, open(results, "rb") as g:
-        def id_at(offset: int) -> str | None:
-            g.seek(offset)
-            return str(orjson.loads(g.readline())["custom_id"])
-
+    with open(results, "rb") as f, LineAt(results) as id_at:
         pos = 0
         for line in f:  # the records the checkpoint covers (those after it are the resume scan's D)
             if pos >= cp.results_len:
@@ -210,7 +198,7 @@ def reconcile(run_dir: Path, cp: Checkpoint, tasks: Path, max_line_bytes: int) -
 
 def repair(run_dir: Path) -> tuple[str, int]:
     """`evalsup repair RUN_DIR`: (what was done, exit code)."""
-    if not (run_dir / "results.jsonl").exists():
+    if not (run_dir / RESULTS).exists():
         return f"{run_dir}: no results.jsonl (not a run directory)", 2
     try:
         rep = rewrite(run_dir)
@@ -234,11 +222,3 @@ def repair(run_dir: Path) -> tuple[str, int]:
     return "\n".join(out), 0
 
 
-def retry_codes(tasks: Path | None, value: str | None) -> tuple[Path | None, frozenset[str] | None]:
-    """`run --retry-failed [CODE,...]`: (the task file, the codes: empty for every error, None for no retry).
-    The option's value is optional, so `--retry-failed tasks.jsonl` gives the task file as its value."""
-    if value is None:
-        return tasks, None
-    if tasks is None and value != "*" and not re.match(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$", value):
-        return Path(value), frozenset()
-    return tasks, frozenset() if value == "*" else frozenset(c for c in value.split(",") if c)

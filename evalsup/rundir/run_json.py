@@ -21,6 +21,7 @@ import orjson
 
 from evalsup.config.run_config import RunConfig
 from evalsup.rundir.checkpoint import JournalError, write_atomic
+from evalsup.rundir.layout import RUN_JSON
 
 RUN_JSON_VERSION = 1
 
@@ -60,7 +61,7 @@ def note_endpoints(run_dir: Path, urls: list[str], log: Callable[[str], None]) -
     if isinstance(rec.get("endpoints"), list):
         log(f"resuming with other endpoints than the last session: {', '.join(urls)} "
             f"(was {', '.join(map(str, rec['endpoints']))}); records name the endpoint that served them")
-    write_atomic(run_dir / "run.json", orjson.dumps({**rec, "endpoints": urls}, option=orjson.OPT_INDENT_2))
+    write_atomic(run_dir / RUN_JSON, orjson.dumps({**rec, "endpoints": urls}, option=orjson.OPT_INDENT_2))
 
 
 _FLAGS = {"model": "--model", "max_tokens": "--max-tokens", "temperature": "--temperature", "stream": "--stream",
@@ -69,7 +70,7 @@ _FLAGS = {"model": "--model", "max_tokens": "--max-tokens", "temperature": "--te
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any] | None:
-    p = run_dir / "run.json"
+    p = run_dir / RUN_JSON
     try:
         d = orjson.loads(p.read_bytes())
     except FileNotFoundError:
@@ -96,7 +97,7 @@ def guard(run_dir: Path, settings: dict[str, Any], resuming: bool, accept: bool)
     rec = read_run_json(run_dir) if resuming else None
     now = round(time.time(), 3)
     if rec is None:  # a new run, or one from before run.json was kept: what it runs with from now on
-        write_atomic(run_dir / "run.json", orjson.dumps(
+        write_atomic(run_dir / RUN_JSON, orjson.dumps(
             {"version": RUN_JSON_VERSION, "settings": settings, "created": now}, option=orjson.OPT_INDENT_2))
         return []
     diff = differences(rec["settings"], settings)
@@ -112,7 +113,7 @@ def guard(run_dir: Path, settings: dict[str, Any], resuming: bool, accept: bool)
         raise SettingsChanged("\n".join(lines))
     changes = list(rec.get("changes", []))
     changes.append({"time": now, "from": rec["settings"], "to": settings})
-    write_atomic(run_dir / "run.json", orjson.dumps(
+    write_atomic(run_dir / RUN_JSON, orjson.dumps(
         {**rec, "settings": settings, "changes": changes}, option=orjson.OPT_INDENT_2))
     return diff
 

@@ -7,7 +7,7 @@ Only the verbs send a worker a frame, spawn or kill one, hold its pipe, or appen
 ``hold_results``, ``release_results``, ``append``, ``append_invalid``, ``poison``, ``flush``, ``checkpoint``,
 ``stop``, ``shutdown_workers``, ``close`` (tests/test_verbs.py reads this file to keep it so). Everything else here
 is the loop (dispatch, the ticker, the memory monitor, the run's start and end) and the frame handlers (one
-table, ``{Kind: handler}``), which decide nothing of their own beyond bookkeeping and call the verbs.
+table, ``{FrameKind: handler}``), which decide nothing of their own beyond bookkeeping and call the verbs.
 
 What is decided, and where:
 - who holds which task, the redo and suspect queues: ``ledger.TaskLedger``;
@@ -38,12 +38,13 @@ from evalsup.common.process import quiet_gc
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.config.ratelimits import rate_share
 from evalsup.config.run_config import RunConfig
-from evalsup.ipc import Kind, decode_json, split_meta
+from evalsup.ipc import FrameKind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, BufferPool, ProtocolError
 from evalsup.ipc.messages import Auth, ResultMeta
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, previous_fingerprint
 from evalsup.rundir.journal import Journal
+from evalsup.rundir.layout import EVENTS, MEMORY
 from evalsup.rundir.results_file import ResumeState
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
@@ -69,10 +70,10 @@ MIB = 1 << 20
 TICK_S = 0.25  # the ticker's period: checkpoints, flushes, the breaker's probes, hang detection
 Handler = Callable[[WorkerHandle, memoryview], None]
 
-__all__ = ["RunStopped", "Supervisor"]
+__all__ = ["RunRefused", "Supervisor"]
 
 
-class RunStopped(Exception):
+class RunRefused(Exception):
     """The run ended early; ``code`` is the exit code and the message says why and what to do."""
 
     def __init__(self, message: str, code: int) -> None:
@@ -117,11 +118,11 @@ class Supervisor:
         self.journal.on_error = lambda message: self.stop(
             f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, "now")
         self.journal.on_backlog_low = self.release_results
-        self.handlers: dict[Kind, Handler] = {
-            Kind.RESULT: self._on_result, Kind.RETURNED: self._on_returned, Kind.STARTED: self._on_started,
-            Kind.HEARTBEAT: self._on_heartbeat, Kind.TRIP: self._on_trip, Kind.PROBE_RESULT: self._on_probe_result,
-            Kind.READY: self._on_ready, Kind.FATAL: self._on_fatal, Kind.LEAKS: self._on_leaks,
-            Kind.AUTH: self._on_auth,
+        self.handlers: dict[FrameKind, Handler] = {
+            FrameKind.RESULT: self._on_result, FrameKind.RETURNED: self._on_returned,
+            FrameKind.STARTED: self._on_started, FrameKind.HEARTBEAT: self._on_heartbeat, FrameKind.TRIP: self._on_trip,
+            FrameKind.PROBE_RESULT: self._on_probe_result, FrameKind.READY: self._on_ready,
+            FrameKind.FATAL: self._on_fatal, FrameKind.LEAKS: self._on_leaks, FrameKind.AUTH: self._on_auth,
         }
 
     # ----- set-up -----
@@ -129,14 +130,14 @@ class Supervisor:
     def _open(self) -> None:
         cfg = self.cfg
         if not cfg.tasks_path.is_file():
-            raise RunStopped(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
+            raise RunRefused(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
         self.fp = fingerprint(cfg.tasks_path, previous_fingerprint(cfg.run_dir))  # resume: hash only if written
         if cfg.shard is not None:
             self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
-            raise RunStopped(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
+            raise RunRefused(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
         if state is None:
             self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
             return
@@ -170,11 +171,11 @@ class Supervisor:
         elif self.cfg.max_tasks_per_worker:  # the first workers start before the memory control exists
             w.task_limit = self.cfg.max_tasks_per_worker + random.randint(0, self.cfg.max_tasks_jitter)
         if self.paused:
-            w.send(Kind.PAUSE)
+            w.send(FrameKind.PAUSE)
         if self._backlogged and w.stream is not None:
             w.stream.hold("backlog")
         for ejected in self.endpoints.open_frames():  # endpoints ejected or left out (issue 21)
-            w.send(Kind.BREAKER_OPEN, ejected)
+            w.send(FrameKind.BREAKER_OPEN, ejected)
         self.workers.append(w)
         self._send_rates()
         w.reader_task = asyncio.create_task(self._reap(w))
@@ -231,10 +232,10 @@ class Supervisor:
         self.ledger.assign(w.id, ref)
         w.send_task(ref, line)
 
-    def send(self, w: WorkerHandle, kind: Kind, obj: Any = None) -> None:
+    def send(self, w: WorkerHandle, kind: FrameKind, obj: Any = None) -> None:
         w.send(kind, obj)
 
-    def broadcast(self, kind: Kind, obj: Any = None) -> None:
+    def broadcast(self, kind: FrameKind, obj: Any = None) -> None:
         for w in self.workers:
             w.send(kind, obj)
 
@@ -357,11 +358,11 @@ class Supervisor:
         if share is None:
             return
         for w in live:
-            self.send(w, Kind.RATE, share)
+            self.send(w, FrameKind.RATE, share)
 
     def _send_limits(self, workers: Iterable[WorkerHandle]) -> None:
         for w in workers:
-            self.send(w, Kind.LIMIT, {"inflight": self._worker_cap(w)})
+            self.send(w, FrameKind.LIMIT, {"inflight": self._worker_cap(w)})
 
     def _worker_cap(self, w: WorkerHandle) -> int:
         """Requests w may have in flight: its share, less under the memory control's cap."""
@@ -430,7 +431,7 @@ class Supervisor:
                 try:
                     found, failed = await check
                 except CheckFailed as e:
-                    raise RunStopped(str(e), ex.BAD_INPUT) from None
+                    raise RunRefused(str(e), ex.BAD_INPUT) from None
                 if not self.cfg.quiet:
                     self.log("; ".join(found))
                 self._leave_out(failed)  # endpoints that failed the check: reported, the run goes on without
@@ -445,8 +446,8 @@ class Supervisor:
     def _start_watching(self) -> None:
         """memory.jsonl, events.jsonl, the line count and the metrics server, once the run directory is open."""
         cfg = self.cfg
-        self.memory = MemoryControl(cfg, cfg.run_dir / "memory.jsonl")
-        self.events = EventLog(cfg.run_dir / "events.jsonl")
+        self.memory = MemoryControl(cfg, cfg.run_dir / MEMORY)
+        self.events = EventLog(cfg.run_dir / EVENTS)
         self.counter.start()
         if cfg.metrics_port is not None:
             from evalsup.supervisor.metrics import Metrics
@@ -455,7 +456,7 @@ class Supervisor:
             try:
                 self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
             except OSError as e:
-                raise RunStopped(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: "
+                raise RunRefused(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: "
                                  f"{e.strerror}", ex.BAD_INPUT) from None
             self.log(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
             self._update_gauges()
@@ -620,12 +621,12 @@ class Supervisor:
                 why = "above the high mark" if mem.watermark and mem.last_ws >= mem.watermark.high_bytes else \
                     f"kernel reports pressure ({', '.join(mem.pressure.reasons)})"
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, {why}; pausing dispatch")
-                self.broadcast(Kind.PAUSE)
+                self.broadcast(FrameKind.PAUSE)
             elif dec.throttle == "resume":
                 self.paused = False
                 self.events("resume", working_set=mem.last_ws)
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, below the low mark; resuming")
-                self.broadcast(Kind.RESUME)
+                self.broadcast(FrameKind.RESUME)
                 self.credit.set()
             if dec.inflight_cap is not None:
                 self._send_limits(self.workers)
@@ -673,7 +674,7 @@ class Supervisor:
         rc = await w.proc.wait()
         self._on_exit(w, rc)
 
-    def _on_frame(self, w: WorkerHandle, kind: Kind, payload: memoryview) -> None:
+    def _on_frame(self, w: WorkerHandle, kind: FrameKind, payload: memoryview) -> None:
         handler = self.handlers.get(kind)
         if handler is not None:
             handler(w, payload)
@@ -779,7 +780,7 @@ class Supervisor:
             was_open = eps.open
             eps.leave_out(e, why, time.monotonic())
             self.log(f"{eps.name(e)} left out of this run: {why}")
-            self.broadcast(Kind.BREAKER_OPEN, {"e": e, "out": True})
+            self.broadcast(FrameKind.BREAKER_OPEN, {"e": e, "out": True})
             if eps.open and not was_open:  # the others left are all ejected just now
                 self._all_down(eps.reason)
 
@@ -788,7 +789,7 @@ class Supervisor:
         reason, e = str(t.get("reason", "")), int(t.get("e", 0))
         eps = self.endpoints
         if eps.trip(e, time.monotonic(), reason):
-            self.broadcast(Kind.BREAKER_OPEN, {"e": e})
+            self.broadcast(FrameKind.BREAKER_OPEN, {"e": e})
             if eps.open:
                 self._all_down(reason)
             else:
@@ -797,7 +798,7 @@ class Supervisor:
             if eps.many:
                 self.events("endpoint_out", endpoint=e, reason=reason)
         elif 0 <= e < len(eps.breakers) and eps.breakers[e].open:
-            self.send(w, Kind.BREAKER_OPEN, {"e": e})
+            self.send(w, FrameKind.BREAKER_OPEN, {"e": e})
 
     def _all_down(self, reason: str) -> None:
         every = "every endpoint is down" if self.endpoints.many else "endpoint looks down"
@@ -823,7 +824,7 @@ class Supervisor:
                 self.events("breaker_close", down_s=round(now - since, 3), was_down=b.was_down)
             if eps.many:
                 self.events("endpoint_back", endpoint=e, down_s=round(now - b.opened_at, 3), was_down=b.was_down)
-            self.broadcast(Kind.BREAKER_CLOSE, {"was_down": b.was_down, "e": e})
+            self.broadcast(FrameKind.BREAKER_CLOSE, {"was_down": b.was_down, "e": e})
             self.credit.set()
         elif 0 <= e < len(eps.breakers) and eps.breakers[e].open and not ok:
             self.log(f"{eps.name(e)} still down ({detail}); next probe in {eps.breakers[e].interval:g}s")
@@ -853,7 +854,7 @@ class Supervisor:
         for e in eps.probes_due(now):
             ready = [w for w in self.workers if w.state is State.READY]
             if ready:
-                self.send(max(ready, key=lambda x: x.parked), Kind.PROBE, {"e": e})
+                self.send(max(ready, key=lambda x: x.parked), FrameKind.PROBE, {"e": e})
                 eps.probe_sent(e, now)
 
     # ----- what a person sees -----

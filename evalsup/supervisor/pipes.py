@@ -6,7 +6,7 @@ import asyncio
 import os
 from collections.abc import Callable
 
-from evalsup.ipc.frames import BufferPool, FrameParser, Kind, ProtocolError
+from evalsup.ipc.frames import BufferPool, FrameKind, FrameParser, ProtocolError
 
 # A read of small frames: many of them in one system call. 256 KiB (up to the ring's RING_MIN) rather than
 # 64 KiB: a 100 KB result is then a view of one read, not a copy of its first part into a buffer of its own
@@ -22,7 +22,8 @@ class PipeReader:
     the ProtocolError (or OSError) that ended the stream.
     """
 
-    def __init__(self, fd: int, on_frame: Callable[[Kind, memoryview], None], pool: BufferPool | None = None) -> None:
+    def __init__(self, fd: int, on_frame: Callable[[FrameKind, memoryview], None],
+                 pool: BufferPool | None = None) -> None:
         self.fd = fd
         self.parser = FrameParser(on_frame, large=READ_SIZE, pool=pool)
         self.loop = asyncio.get_running_loop()

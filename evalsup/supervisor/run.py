@@ -16,9 +16,10 @@ from evalsup.config.run_config import RunConfig
 from evalsup.config.shards import shard_mismatch
 from evalsup.rundir.checkpoint import EXIT_DISK, JournalError, load_checkpoint, write_atomic
 from evalsup.rundir.journal import OpenOptions
+from evalsup.rundir.layout import SUMMARY
 from evalsup.rundir.lock import RunDirBusy, RunDirError, RunDirLock
 from evalsup.supervisor import early_signals as earlysignals
-from evalsup.supervisor.arbiter import RunStopped, Supervisor
+from evalsup.supervisor.arbiter import RunRefused, Supervisor
 from evalsup.supervisor.summary import build_summary, print_summary, summary_line
 from evalsup.tasks.requests import public_url
 
@@ -101,7 +102,7 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
     start = time.monotonic()
     try:
         code = uvloop.run(_with_early_signals(sup))
-    except RunStopped as e:
+    except RunRefused as e:
         return _refused(cfg, log, str(e), e.code)
     except OSError as e:  # a write of the run directory's side files (events, memory samples) on a full disk
         where = f" {e.filename}" if e.filename else ""
@@ -115,7 +116,7 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
     summary = build_summary(sup.view(), wall)
     summary.update(exitcodes.describe(code))
     try:
-        write_atomic(cfg.run_dir / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        write_atomic(cfg.run_dir / SUMMARY, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     except OSError as e:
         if not sup.journal.broken:  # after a failed write of the results, that one line says it all
             log(f"cannot write summary.json: {e.strerror}")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from evalsup.ipc import FrameWriter, Kind, encode_json
+from evalsup.ipc import FrameKind, FrameWriter, encode_json
 from evalsup.ipc.frames import BufferPool, encode_frame, encode_meta, widen_pipe
 from evalsup.ipc.ring import POS, SupervisorRing
 from evalsup.supervisor.pipes import PipeReader
@@ -139,7 +139,7 @@ class WorkerHandle:
         self._to(State.GONE)
         return cause
 
-    async def spawn(self, config: dict[str, Any], on_frame: Callable[[Kind, memoryview], None],
+    async def spawn(self, config: dict[str, Any], on_frame: Callable[[FrameKind, memoryview], None],
                     pool: BufferPool | None = None, ring_size: int = 0) -> None:
         """Start ``python -m evalsup.worker`` on two pipes of our own: its frames reach ``on_frame`` as they
         complete (see PipeReader; large ones in buffers from ``pool``); ``self.stream.closed`` resolves at
@@ -166,7 +166,7 @@ class WorkerHandle:
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                             os.fdopen(to_child, "wb", 0))
         self.out = FrameWriter(asyncio.StreamWriter(transport, protocol, None, loop))
-        self.out.send(encode_json(Kind.CONFIG, config))
+        self.out.send(encode_json(FrameKind.CONFIG, config))
         self.last_beat = time.monotonic()
 
     @property
@@ -187,7 +187,7 @@ class WorkerHandle:
     def send_task(self, ref: TaskRef, line: bytes) -> None:
         """Send a task the ledger has just assigned to this worker."""
         assert self.out is not None
-        self.out.send(encode_meta(Kind.TASK, {"k": ref.offset, "n": ref.line_no}, line))
+        self.out.send(encode_meta(FrameKind.TASK, {"k": ref.offset, "n": ref.line_no}, line))
 
     async def pipe_room(self) -> None:
         """Wait while the pipe to the worker is full (at once otherwise)."""
@@ -199,16 +199,16 @@ class WorkerHandle:
         if self.ring is not None and self.out is not None and self.alive:
             upto = self.ring.releasable(written)
             if upto is not None:
-                self.out.send(encode_frame(Kind.RELEASE, POS.pack(upto)))
+                self.out.send(encode_frame(FrameKind.RELEASE, POS.pack(upto)))
 
-    def send(self, kind: Kind, obj: Any = None) -> None:
+    def send(self, kind: FrameKind, obj: Any = None) -> None:
         if self.out is not None:
             self.out.send(encode_frame(kind) if obj is None else encode_json(kind, obj))
 
     def drain(self, report: bool = False) -> None:
         if self.state in (State.STARTING, State.READY):
             self._to(State.DRAINING)
-            self.send(Kind.DRAIN, {"report": report})
+            self.send(FrameKind.DRAIN, {"report": report})
 
     def kill(self, cause: Exit) -> None:
         if self.proc is None or self.state in (State.KILLED, State.GONE):

@@ -19,6 +19,7 @@ import orjson
 
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.requests import BATCH_URLS
+from evalsup.tasks.routes import DEFAULT
 
 
 class TaskError(Exception):
@@ -59,7 +60,7 @@ def validate(obj: Any) -> str:
         tid = task_id_of(obj)
         if tid is None or tid == "":
             raise ValueError("custom_id must be a non-empty string")
-        url = obj.get("url", "/v1/chat/completions")
+        url = obj.get("url", DEFAULT.path)
         if url not in BATCH_URLS:
             raise ValueError(f"url {url!r} is not one of {', '.join(BATCH_URLS)}")
         if not isinstance(obj.get("body"), dict):

@@ -7,7 +7,9 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+from evalsup.tasks.routes import BY_PATH, DEFAULT, ROUTES
+
+BATCH_URLS = tuple(r.path for r in ROUTES)  # the routes a task may name (evalsup.tasks.routes)
 # the keys of each input form; any other top-level key goes to the record's metadata
 BATCH_KEYS = frozenset(("custom_id", "method", "url", "body"))
 SIMPLE_KEYS = frozenset(("id", "messages", "prompt"))
@@ -41,11 +43,11 @@ class RequestDefaults:
 def to_request(obj: dict[str, Any], defaults: RequestDefaults) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """A parsed task line as (url path, request body, metadata of extra keys)."""
     if "custom_id" in obj:
-        url = obj.get("url", "/v1/chat/completions")
+        url = obj.get("url", DEFAULT.path)
         body = dict(obj["body"])
         meta = {k: v for k, v in obj.items() if k not in BATCH_KEYS}
     else:
-        url = "/v1/chat/completions"
+        url = DEFAULT.path
         messages = obj["messages"] if "messages" in obj else [{"role": "user", "content": obj["prompt"]}]
         body = {"messages": messages}
         meta = {k: v for k, v in obj.items() if k not in SIMPLE_KEYS}
@@ -53,10 +55,12 @@ def to_request(obj: dict[str, Any], defaults: RequestDefaults) -> tuple[str, dic
             body["mock"] = meta.pop("mock")
     if defaults.model is not None:
         body.setdefault("model", defaults.model)
-    if defaults.max_tokens is not None and url != "/v1/embeddings":
+    route = BY_PATH.get(url)
+    samples = route is None or route.samples  # a route evalsup does not know of gets them too
+    if defaults.max_tokens is not None and samples:
         body.setdefault("max_tokens", defaults.max_tokens)
-    if defaults.temperature is not None and url != "/v1/embeddings":
+    if defaults.temperature is not None and samples:
         body.setdefault("temperature", defaults.temperature)
-    if defaults.stream and url in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+    if defaults.stream and route is not None and route.streams:
         body.setdefault("stream", True)
     return url, body, meta

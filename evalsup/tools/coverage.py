@@ -8,15 +8,14 @@ input (the same fingerprint, evalsup.tasks.fingerprint); with ``--tasks``, that 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
+from evalsup.rundir.layout import is_moved_aside, is_run_dir, parse_shard_dir, shard_dir_name
 from evalsup.tasks.fingerprint import fingerprint
-
-SHARD_DIR = re.compile(r"shard-(\d+)-of-(\d+)")
 
 
 class CoverageError(Exception):
@@ -24,12 +23,12 @@ class CoverageError(Exception):
 
 
 def _is_run_dir(d: Path) -> bool:
-    return d.is_dir() and (SHARD_DIR.fullmatch(d.name) is not None or (d / "results.jsonl").is_file()
-                           or (d / "checkpoint.json").is_file())
+    """A run directory, or a shard's directory before the run wrote anything in it (its lock only)."""
+    return d.is_dir() and (parse_shard_dir(d.name) is not None or is_run_dir(d))
 
 
 def _kept(d: Path) -> bool:
-    return ".old-" not in d.name  # `run --fresh` moved it aside: not part of the run any more
+    return not is_moved_aside(d)  # `run --fresh` moved it aside: not part of the run any more
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:
@@ -79,16 +78,15 @@ def _look(d: Path) -> _Dir:
     except JournalError as e:
         return _Dir(d, None, _named_shard(d), 0, str(e))
     if cp is None:
-        return _Dir(d, None, _named_shard(d), _lines_from(d / "results.jsonl", 0))
+        return _Dir(d, None, _named_shard(d), _lines_from(d / layout.RESULTS, 0))
     raw = cp.fingerprint.get("shard")
     shard = (int(raw[0]), int(raw[1])) if isinstance(raw, list) and len(raw) == 2 else None
-    done = cp.succeeded + cp.failed + _lines_from(d / "results.jsonl", cp.results_len)
+    done = cp.succeeded + cp.failed + _lines_from(d / layout.RESULTS, cp.results_len)
     return _Dir(d, cp, shard, done)
 
 
 def _named_shard(d: Path) -> tuple[int, int] | None:
-    m = SHARD_DIR.fullmatch(d.name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    return parse_shard_dir(d.name)
 
 
 def _input_of(fp: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +137,7 @@ def coverage_problems(run_dirs: list[Path], tasks: Path | None = None) -> list[s
             of = "?" if total is None else f"{len(range(k, total, n)):,}"
             got = have.get(k, [])
             if not got:
-                problems.append(f"shard-{k}-of-{n}: missing (0/{of} done)")
+                problems.append(f"{shard_dir_name(k, n)}: missing (0/{of} done)")
             elif len(got) > 1:
                 problems.append(f"shard {k} of {n} is in more than one directory: "
                                 + ", ".join(str(x.path) for x in got))

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import LineAt, iter_records
 from evalsup.tasks.idset import IdSet
@@ -71,10 +72,10 @@ def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, t
         reader = LineAt(tmp, w)
         pos = 0
         for d in run_dirs:
-            if not (d / "results.jsonl").exists():
+            if not (d / layout.RESULTS).exists():
                 continue  # a shard whose every line was invalid (and skipped) has no results
             try:  # checked: a damaged line is a one-line error naming results.jsonl:LINE (a torn last line ends)
-                for _n, line, rec in iter_records(d / "results.jsonl"):
+                for _n, line, rec in iter_records(d / layout.RESULTS):
                     cid = str(rec["custom_id"])
                     if ids.add(cid, pos, reader) is not None:
                         rep.duplicate_count += 1
@@ -122,7 +123,7 @@ def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, t
 def merged_summary(rep: MergeReport, run_dirs: list[Path]) -> dict[str, Any]:
     shards = []
     for d in run_dirs:
-        p = d / "summary.json"
+        p = d / layout.SUMMARY
         if p.exists():
             s = orjson.loads(p.read_bytes())
             shards.append({"run_dir": str(d), "total": s.get("total"), "wall_s": s.get("wall_s"),

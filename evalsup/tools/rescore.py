@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import iter_records
 from evalsup.scoring.scorers import ScoreFn, ScorerOptions, ScoreStats, load_scorer, score_sync
@@ -55,12 +56,12 @@ def _batches(path: Path) -> Iterator[list[bytes]]:
 
 def rescore(run_dir: Path, specs: list[str], workers: int, strip: bool, ignore_case: bool, pattern: str | None,
             output: Path | None) -> dict[str, Any]:
-    src = run_dir / "results.jsonl"
+    src = run_dir / layout.RESULTS
     if not src.exists():
         raise ValueError(f"{run_dir}: no results.jsonl")
     options = ScorerOptions(strip, ignore_case, pattern)
     _init(specs, options)  # fail here, once, on a bad scorer name
-    dest = output or run_dir / "results.scored.jsonl"
+    dest = output or run_dir / layout.SCORED
     tmp = dest.with_name(dest.name + ".partial")
     stats = ScoreStats()
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
@@ -81,5 +82,5 @@ def rescore(run_dir: Path, specs: list[str], workers: int, strip: bool, ignore_c
                     stats.add(scores)
     os.replace(tmp, dest)
     summary = stats.summary()
-    (run_dir / "scores.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    (run_dir / layout.SCORES).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     return summary

@@ -10,6 +10,7 @@ one row a shard (below).
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import time
@@ -19,8 +20,11 @@ from typing import Any
 
 import orjson
 
+from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
+from evalsup.rundir.layout import is_run_dir, parse_shard_dir, shard_dir_name, writer_alive
 from evalsup.rundir.results_file import json_file as _json_file
 
 TAIL_EVENTS = 1 << 20  # bytes of events.jsonl read from its end
@@ -30,10 +34,20 @@ ID_HEAD = re.compile(rb'^\{"id":("(?:[^"\\]|\\.)*")')
 SECRET_KEYS = re.compile(r"(?i)^(api_?key|authorization|password|secret|token)$")
 
 
+class RunState(enum.StrEnum):
+    """Where a run stands (RunStatus.state; `evalsup status` prints and --json writes the value)."""
+
+    NOT_STARTED = "not started"  # no checkpoint yet
+    RUNNING = "running"  # a run holds the directory's lock
+    FINISHED = "finished"  # every task has its record
+    STOPPED = "stopped"  # ended before that: rerun to resume
+    UNREADABLE = "unreadable"  # the checkpoint cannot be read
+
+
 @dataclass
 class RunStatus:
     run_dir: str
-    state: str  # not started, running, finished, stopped, unreadable
+    state: RunState
     why: str | None = None  # stopped by SIGTERM; waiting for the endpoint (down since ...); ...
     done: int = 0
     ok: int = 0
@@ -59,20 +73,9 @@ class RunStatus:
         return asdict(self)
 
 
-def _alive(pid: int) -> bool:
-    """Is the supervisor that wrote the checkpoint still running (and still evalsup)?"""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"evalsup" in f.read()
-    except OSError:
-        return False
-
-
 def settings_of(run_dir: Path) -> dict[str, Any] | None:
     """run.json's settings (written by the run, when it does), values of secret-sounding keys hidden."""
-    obj = _json_file(run_dir / "run.json")
+    obj = _json_file(run_dir / layout.RUN_JSON)
     s = obj.get("settings") if obj is not None else None
     if not isinstance(s, dict):
         return None
@@ -104,7 +107,7 @@ def _record_id(line: bytes) -> str | None:
 
 def tail_events(run_dir: Path, limit: int = TAIL_EVENTS) -> list[dict[str, Any]]:
     """The events of the last `limit` bytes of events.jsonl (the first, maybe partial, line dropped)."""
-    path = run_dir / "events.jsonl"
+    path = run_dir / layout.EVENTS
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
@@ -161,9 +164,9 @@ def _why_stopped(run_dir: Path, cp: Checkpoint, events: list[dict[str, Any]]) ->
             end = None
         elif ev.get("event") == "end":
             end = ev
-    summary = _json_file(run_dir / "summary.json")
+    summary = _json_file(run_dir / layout.SUMMARY)
     try:  # a summary.json of an earlier session says nothing of this one
-        if summary is not None and (run_dir / "summary.json").stat().st_mtime < cp.time - 1:
+        if summary is not None and (run_dir / layout.SUMMARY).stat().st_mtime < cp.time - 1:
             summary = None
     except OSError:
         summary = None
@@ -205,13 +208,13 @@ def _total(cp: Checkpoint, done: int, outstanding: int) -> tuple[int | None, boo
 
 def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     now = time.time() if now is None else now
-    st = RunStatus(str(run_dir), "not started", settings=settings_of(run_dir))
+    st = RunStatus(str(run_dir), RunState.NOT_STARTED, settings=settings_of(run_dir))
     try:
         cp = load_checkpoint(run_dir)
     except JournalError as e:
-        st.state, st.why = "unreadable", str(e)
+        st.state, st.why = RunState.UNREADABLE, str(e)
         return st
-    results = run_dir / "results.jsonl"
+    results = run_dir / layout.RESULTS
     if cp is None:
         tail = _lines_after(results, 0) if results.exists() and results.stat().st_size < 64 << 20 else []
         st.done = len(tail)
@@ -226,19 +229,19 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     after_ids = {i for ln in tail if (i := _record_id(ln)) is not None}
     left = [r.id for r in cp.outstanding if r.id not in after_ids]
     st.outstanding, st.outstanding_ids = len(left), left[:SHOW_IDS]
-    st.invalid = cp.invalid + len(_lines_after(run_dir / "invalid.jsonl", cp.invalid_len))
+    st.invalid = cp.invalid + len(_lines_after(run_dir / layout.INVALID, cp.invalid_len))
     st.input_line, st.pid = cp.line_no, cp.pid
     st.checkpoint_age_s = round(max(0.0, now - cp.time), 1)
     st.restarts = {k: int(v) for k, v in (cp.counters.get("restarts") or {}).items() if v}
     st.total, st.total_estimated = _total(cp, st.done, st.outstanding)
     events = tail_events(run_dir)
     if cp.finished:
-        st.state = "finished"
-        summary = _json_file(run_dir / "summary.json") or {}
+        st.state = RunState.FINISHED
+        summary = _json_file(run_dir / layout.SUMMARY) or {}
         st.rate = summary.get("requests_per_s")
         st.exit_code = summary.get("exit_code") if isinstance(summary.get("exit_code"), int) else None
-    elif _alive(cp.pid):
-        st.state = "running"
+    elif writer_alive(run_dir):  # the run holds its lock (a dead run never does)
+        st.state = RunState.RUNNING
         st.why = _why_running(events, now)
         hist = cp.counters.get("history") or []
         if len(hist) >= 2 and float(hist[-1][0]) > float(hist[0][0]):
@@ -253,7 +256,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         if st.checkpoint_age_s > 30:
             st.why = ((st.why + "; ") if st.why else "") + f"no checkpoint for {st.checkpoint_age_s:,.0f}s (stuck?)"
     else:
-        st.state = "stopped"
+        st.state = RunState.STOPPED
         st.why, st.exit_code = _why_stopped(run_dir, cp, events)
     return st
 
@@ -261,7 +264,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
 def _last_sample(run_dir: Path) -> dict[str, Any]:
     """The last complete line of memory.jsonl (read from its tail), or {}."""
     try:
-        with open(run_dir / "memory.jsonl", "rb") as f:
+        with open(run_dir / layout.MEMORY, "rb") as f:
             size = f.seek(0, 2)
             f.seek(max(0, size - 16384))
             tail = f.read()
@@ -276,13 +279,14 @@ def _last_sample(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
-_EP_STATE = {"down": "down (ejected; probed until it answers)",
-             "out": "left out of this run (it failed the connection check, or refused the API key)"}
+_EP_STATE: dict[str, str] = {
+    EndpointState.DOWN: "down (ejected; probed until it answers)",
+    EndpointState.OUT: "left out of this run (it failed the connection check, or refused the API key)"}
 
 
 def format_run(st: RunStatus) -> str:
     head = f"{st.run_dir}: {st.state}" + (f" ({st.why})" if st.why else "")
-    if st.state in ("unreadable",):
+    if st.state is RunState.UNREADABLE:
         return head
     lines = [head]
     total = ""
@@ -292,23 +296,23 @@ def format_run(st: RunStatus) -> str:
             total += f" ({100 * (st.done + st.invalid) / st.total:.1f}%)"
     lines.append(f"  done        {st.done:,}{total}: {st.ok:,} ok, {st.failed:,} failed, {st.invalid:,} invalid"
                  + (" (in invalid.jsonl)" if st.invalid else ""))
-    if st.state == "not started":
+    if st.state is RunState.NOT_STARTED:
         return "\n".join(lines)
     lines.append(f"  outstanding {st.outstanding:,} (dispatched, no result yet); input read to line {st.input_line:,}")
     if st.outstanding_ids:
         more = f" and {st.outstanding - len(st.outstanding_ids):,} more" if st.outstanding > SHOW_IDS else ""
         lines.append(f"              {', '.join(st.outstanding_ids)}{more}")
     if st.rate is not None:
-        what = "over the last minute" if st.state == "running" else "in the last session"
+        what = "over the last minute" if st.state is RunState.RUNNING else "in the last session"
         eta = f", ETA {fmt_duration(st.eta_s)}" if st.eta_s is not None else ""
         lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
     if st.concurrency_limit is not None:
         lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}")
     for e in st.endpoints or ():
         what = (f"{int(e.get('in_flight') or 0):,} in flight, limit {int(e.get('limit') or 0):,}"
-                if e.get("state") == "up" else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
+                if e.get("state") == EndpointState.UP else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
         lines.append(f"  endpoint    {e.get('url')}: {what}")
-    pid = f" (pid {st.pid})" if st.state == "running" else ""
+    pid = f" (pid {st.pid})" if st.state is RunState.RUNNING else ""
     lines.append(f"  checkpoint  {st.checkpoint_age_s:,.1f}s ago{pid}")
     if st.exit_code is not None:
         lines.append(f"  exit code   {st.exit_code}")
@@ -321,9 +325,6 @@ def format_run(st: RunStatus) -> str:
 
 # ----- the parent of shard run directories (`--shard`: TASKS.run/shard-K-of-N/) -----
 
-SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
-
-
 def find_shards(parent: Path) -> dict[int, dict[int, Path]]:
     """{N: {K: directory}} of the shard directories in `parent`."""
     out: dict[int, dict[int, Path]] = {}
@@ -332,11 +333,9 @@ def find_shards(parent: Path) -> dict[int, dict[int, Path]]:
     except OSError:
         return out
     for p in entries:
-        m = SHARD_DIR.match(p.name)
-        if m is not None and p.is_dir():
-            k, n = int(m.group(1)), int(m.group(2))
-            if 0 <= k < n:
-                out.setdefault(n, {})[k] = p
+        kn = parse_shard_dir(p.name)
+        if kn is not None and p.is_dir():
+            out.setdefault(kn[1], {})[kn[0]] = p
     return out
 
 
@@ -348,22 +347,22 @@ def shards_status(parent: Path) -> dict[str, Any]:
         rows = []
         for k in sorted(found):
             st = run_status(found[k]).as_dict()
-            st["shard"] = f"shard-{k}-of-{n}"
+            st["shard"] = shard_dir_name(k, n)
             rows.append(st)
-        running = [r for r in rows if r["state"] == "running"]
+        running = [r for r in rows if r["state"] == RunState.RUNNING]
         total: dict[str, Any] = {
             "done": sum(r["done"] for r in rows), "ok": sum(r["ok"] for r in rows),
             "failed": sum(r["failed"] for r in rows), "invalid": sum(r["invalid"] for r in rows),
             "outstanding": sum(r["outstanding"] for r in rows),
             "rate": round(sum(r["rate"] or 0.0 for r in running), 2) if running else None,
-            "finished": sum(r["state"] == "finished" for r in rows), "running": len(running),
+            "finished": sum(r["state"] == RunState.FINISHED for r in rows), "running": len(running),
         }
         known = [r["total"] for r in rows]
         if len(rows) == n and all(t is not None for t in known):
             total["total"] = sum(known)
             total["total_estimated"] = any(r["total_estimated"] for r in rows)
         groups.append({"shards": n, "rows": rows, "total": total,
-                       "missing": [f"shard-{k}-of-{n}" for k in range(n) if k not in found]})
+                       "missing": [shard_dir_name(k, n) for k in range(n) if k not in found]})
     return {"parent": str(parent), "groups": groups}
 
 
@@ -391,10 +390,6 @@ def format_shards(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def is_run_dir(path: Path) -> bool:
-    return any((path / n).exists() for n in ("checkpoint.json", "results.jsonl", "events.jsonl"))
-
-
 def status(path: Path) -> dict[str, Any]:
     """The status of a run directory, or of a parent of shard directories (`{"shards": ...}`)."""
     if not is_run_dir(path) and find_shards(path):
@@ -406,6 +401,6 @@ def status_text(path: Path) -> str:
     if not is_run_dir(path):
         if find_shards(path):
             return format_shards(shards_status(path))
-        if not os.path.exists(path / "run.json"):
+        if not os.path.exists(path / layout.RUN_JSON):
             return f"{path}: not a run directory (no checkpoint.json, results.jsonl or shard-K-of-N/ in it)"
     return format_run(run_status(path))

@@ -12,10 +12,11 @@ from typing import Any
 import aiohttp
 import orjson
 
+from evalsup.tasks.routes import answer_key, asks_stream_usage
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
 from evalsup.worker.endpoints import Endpoint, EndpointPool
-from evalsup.worker.errors import Code, Failure, answer_key
+from evalsup.worker.errors import Code, Failure
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.probes import key_check, probe_request, send_probe
 from evalsup.worker.retry import AttemptState, Decision, RetryPolicy, Verdict, parse_retry_after
@@ -159,7 +160,7 @@ class Client:
         return raw, body, asm
 
     async def attempt(self, url: str, payload: bytes, stream: bool, need: str | None = None) -> Attempt:
-        """One request; ``need``: the key a 200 body must have to be an answer (errors.answer_key)."""
+        """One request; ``need``: the key a 200 body must have to be an answer (tasks.routes.answer_key)."""
         start = time.monotonic()
         status: int | None = None
         request_id: str | None = None
@@ -208,7 +209,7 @@ class Client:
         """All the attempts of task ``key``: each failure's verdict comes from the retry policy
         (``retry.RetryPolicy.decide``, on the task's ``AttemptState``); this loop only carries it out."""
         stream = bool(body.get("stream"))
-        if stream and path in ("/v1/chat/completions", "/v1/completions"):
+        if stream and asks_stream_usage(path):
             opts = body.get("stream_options")
             if not isinstance(opts, dict) or "include_usage" not in opts:
                 body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}

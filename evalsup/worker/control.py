@@ -1,4 +1,4 @@
-"""The supervisor's frames to a worker, one handler per kind (``Control.handlers``, a ``{Kind: handler}`` table).
+"""The supervisor's frames to a worker, one handler per kind (``Control.handlers``, a ``{FrameKind: handler}`` table).
 
 TASK queues a task (``schedule.Schedule``); the rest steer the worker: PAUSE/RESUME (the memory throttle), LIMIT
 (the supervisor's cap on requests in flight), RATE (this worker's share of the rate limits, global and per
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from evalsup.ipc import Kind, decode_json, split_meta
+from evalsup.ipc import FrameKind, decode_json, split_meta
 from evalsup.ipc.ring import POS
 from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer
@@ -30,13 +30,14 @@ class Control:
         self.probe = probe  # starts the breaker's probe of an endpoint (Client.probe), in the background
         self.drain = drain  # the worker drains: it ends once nothing is queued or in flight
         self.report = report  # the leak report's text (DRAIN with "report")
-        self.handlers: dict[Kind, Callable[[memoryview], None]] = {
-            Kind.TASK: self.task, Kind.RELEASE: self.release, Kind.PAUSE: self.pause, Kind.RESUME: self.resume,
-            Kind.RATE: self.rate, Kind.BREAKER_OPEN: self.breaker_open, Kind.BREAKER_CLOSE: self.breaker_close,
-            Kind.PROBE: self.probe_frame, Kind.LIMIT: self.limit, Kind.DRAIN: self.drain_frame,
+        self.handlers: dict[FrameKind, Callable[[memoryview], None]] = {
+            FrameKind.TASK: self.task, FrameKind.RELEASE: self.release, FrameKind.PAUSE: self.pause,
+            FrameKind.RESUME: self.resume, FrameKind.RATE: self.rate, FrameKind.BREAKER_OPEN: self.breaker_open,
+            FrameKind.BREAKER_CLOSE: self.breaker_close, FrameKind.PROBE: self.probe_frame, FrameKind.LIMIT: self.limit,
+            FrameKind.DRAIN: self.drain_frame,
         }
 
-    def on_frame(self, kind: Kind, payload: memoryview) -> None:
+    def on_frame(self, kind: FrameKind, payload: memoryview) -> None:
         handler = self.handlers.get(kind)
         if handler is not None:
             handler(payload)

@@ -46,7 +46,7 @@ class Code(enum.StrEnum):
     WORKER_CRASHED = "worker_crashed"  # written by the supervisor for a task that kept killing its worker
 
 
-class Kind(enum.Enum):
+class FailureKind(enum.Enum):
     """What to do about a failed attempt."""
 
     ENDPOINT = "endpoint"  # the endpoint may be unwell: retry; evidence for the breaker
@@ -70,14 +70,14 @@ def http_code(status: int) -> str:
 class Failure:
     code: str  # a Code, or http_<status>
     message: str
-    kind: Kind
+    kind: FailureKind
     status: int | None = None  # the HTTP status, when the attempt got an answer
     retry_after: float | None = None  # seconds the server asked to wait
     said: dict[str, str] = field(default_factory=dict)  # the server's own code/type/param (server_errors)
 
     @property
     def endpoint_side(self) -> bool:
-        return self.kind is Kind.ENDPOINT
+        return self.kind is FailureKind.ENDPOINT
 
     @property
     def refused(self) -> bool:
@@ -91,7 +91,7 @@ class Failure:
 
 def transport(code: Code, message: str, said: dict[str, str] | None = None) -> Failure:
     """No HTTP answer: refused, reset, a timeout, a cut stream, or an error event mid-stream."""
-    return Failure(code, message, Kind.ENDPOINT, said=said or {})
+    return Failure(code, message, FailureKind.ENDPOINT, said=said or {})
 
 
 # aiohttp's (and asyncio's) exceptions -> the failure of the attempt, as httpx maps httpcore's: (exception types,
@@ -122,7 +122,7 @@ def from_exception(e: BaseException, stream: bool) -> Failure:
 
 def answer(code: Code, message: str, status: int | None = 200) -> Failure:
     """A 200 whose body cannot be used; ``response_too_large`` is final whatever the status."""
-    return Failure(code, message, Kind.FINAL if code is Code.TOO_LARGE else Kind.ANSWER, status)
+    return Failure(code, message, FailureKind.FINAL if code is Code.TOO_LARGE else FailureKind.ANSWER, status)
 
 
 def from_status(status: int, body: Any, retry_after: float | None) -> Failure:
@@ -133,15 +133,15 @@ def from_status(status: int, body: Any, retry_after: float | None) -> Failure:
     err.pop("code")
     code = http_code(status)
     if status == 429 or (status == 503 and retry_after is not None):
-        kind = Kind.FLOW
+        kind = FailureKind.FLOW
     elif status in AUTH_STATUSES:
-        kind = Kind.AUTH
+        kind = FailureKind.AUTH
     elif status in ENDPOINT_STATUSES:
-        kind = Kind.ENDPOINT
+        kind = FailureKind.ENDPOINT
     elif status in RETRY_STATUSES:
-        kind = Kind.ANSWER
+        kind = FailureKind.ANSWER
     else:
-        kind = Kind.REQUEST
+        kind = FailureKind.REQUEST
     return Failure(code, message, kind, status, retry_after, err)
 
 

@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 
 from evalsup.common.process import quiet_gc
-from evalsup.ipc import FrameWriter, Kind, decode_json, encode_json, read_frame
+from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame
 from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.scoring.plugin import load_callable
@@ -156,7 +156,7 @@ class Worker:
         schedule = self.schedule
         while True:
             c = self.client
-            self.out.send(encode_json(Kind.HEARTBEAT, {
+            self.out.send(encode_json(FrameKind.HEARTBEAT, {
                 "inflight": schedule.inflight, "queued": len(schedule.queue), "done": self.done, "t": time.time(),
                 "parked": c.parked if c else 0, "retries": c.retries if c else 0,
                 "wire": c.on_wire if c else 0,  # requests on the wire (status/progress "in flight")
@@ -165,7 +165,7 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def read_loop(self) -> None:
-        frames: list[tuple[Kind, memoryview]] = []
+        frames: list[tuple[FrameKind, memoryview]] = []
         parser = FrameParser(lambda kind, payload: frames.append((kind, payload)))
         on_frame = self.control.on_frame
         while True:
@@ -175,7 +175,7 @@ class Worker:
             parser.feed(data)
             news = False  # anything that can let a request start (not just ring space freed)
             for kind, payload in frames:
-                news = news or kind is not Kind.RELEASE
+                news = news or kind is not FrameKind.RELEASE
                 on_frame(kind, payload)
             frames.clear()
             if news:
@@ -210,7 +210,7 @@ class Worker:
             drained = asyncio.create_task(self.finished.wait())
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)
             if drained.done():
-                self.out.send(encode_json(Kind.BYE, {"done": self.done}))
+                self.out.send(encode_json(FrameKind.BYE, {"done": self.done}))
                 await self.out.finish()
             tasks.extend(self._live)
             for t in [*tasks, reading, drained]:
@@ -224,7 +224,7 @@ async def amain() -> int:
     if frame is None:
         return 0
     kind, payload = frame
-    if kind is not Kind.CONFIG:
+    if kind is not FrameKind.CONFIG:
         print(f"evalsup worker: expected CONFIG, got {kind.name}", file=sys.stderr)
         return 2
     try:
@@ -235,11 +235,11 @@ async def amain() -> int:
             tracemalloc.start(10)
         worker = Worker(cfg, reader, out)
     except Exception as e:
-        out.send(encode_json(Kind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
+        out.send(encode_json(FrameKind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
         await out.finish()
         return 2
     quiet_gc()
-    out.send(encode_json(Kind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
+    out.send(encode_json(FrameKind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
     await worker.run()
     await out.finish()  # results gathered but not yet written are earned: they go out before the exit
     return 0

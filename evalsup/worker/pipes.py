@@ -11,7 +11,7 @@ import asyncio
 import os
 from typing import Any
 
-from evalsup.ipc import FrameWriter, Kind, encode_json
+from evalsup.ipc import FrameKind, FrameWriter, encode_json
 from evalsup.ipc.frames import KEY, encode_frame, encode_meta, encode_meta_head, widen_pipe
 from evalsup.ipc.ring import RING_MIN, WorkerRing
 
@@ -74,7 +74,7 @@ class Outbox:
         if not self._started:
             return None
         keys, self._started = self._started, []
-        return encode_frame(Kind.STARTED, b"".join(map(KEY.pack, keys)))
+        return encode_frame(FrameKind.STARTED, b"".join(map(KEY.pack, keys)))
 
     def before_user_code(self, key: int) -> None:
         """User code (a plugin, a scorer) may kill the process: the supervisor must know the task was begun,
@@ -91,9 +91,9 @@ class Outbox:
         pos = self.ring.put(out_line) if self.ring is not None and n >= RING_MIN else None
         if pos is not None:  # the supervisor's journal writes it from the ring: only where it is goes by pipe
             info["sh"] = [pos, n]
-            self.out.send(encode_meta(Kind.RESULT, info, b""), weight=n)
+            self.out.send(encode_meta(FrameKind.RESULT, info, b""), weight=n)
         else:
-            self.out.send_parts(encode_meta_head(Kind.RESULT, info, n), *out_line)
+            self.out.send_parts(encode_meta_head(FrameKind.RESULT, info, n), *out_line)
         self._unsent += 1
         if self._unsent * FLUSH_RESULTS_SHARE >= limit or not queued:
             self.out.flush()
@@ -105,17 +105,17 @@ class Outbox:
 
     def returned(self, keys: list[int]) -> None:
         """Tasks handed back unanswered (DRAIN: queued ones; parked ones when the worker drains)."""
-        self.out.send(encode_json(Kind.RETURNED, {"keys": keys}))
+        self.out.send(encode_json(FrameKind.RETURNED, {"keys": keys}))
 
     def leaks(self, text: str) -> None:
-        self.out.send(encode_json(Kind.LEAKS, {"text": text}))
+        self.out.send(encode_json(FrameKind.LEAKS, {"text": text}))
 
     def trip(self, e: int, reason: str) -> None:
-        self.out.send(encode_json(Kind.TRIP, {"reason": reason, "e": e}))
+        self.out.send(encode_json(FrameKind.TRIP, {"reason": reason, "e": e}))
 
     def auth(self, e: int, message: str) -> None:
-        self.out.send(encode_json(Kind.AUTH, {"message": message, "e": e}))
+        self.out.send(encode_json(FrameKind.AUTH, {"message": message, "e": e}))
         self.out.flush()
 
     def probe_result(self, e: int, ok: bool, detail: str) -> None:
-        self.out.send(encode_json(Kind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))
+        self.out.send(encode_json(FrameKind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from evalsup.worker.errors import Code, Failure, Kind
+from evalsup.worker.errors import Code, Failure, FailureKind
 
 if TYPE_CHECKING:
     from evalsup.worker.endpoints import Endpoint
@@ -127,11 +127,11 @@ class RetryPolicy:
         if failure is None:
             return Verdict.DONE
         kind = failure.kind
-        if kind is Kind.FLOW:
+        if kind is FailureKind.FLOW:
             return Verdict.WAIT if limited_s < self.max_limited_s else Verdict.GIVE_UP
-        if kind is Kind.AUTH:
+        if kind is FailureKind.AUTH:
             return Verdict.AUTH
-        if kind in (Kind.REQUEST, Kind.FINAL) or used >= self.max_attempts:
+        if kind in (FailureKind.REQUEST, FailureKind.FINAL) or used >= self.max_attempts:
             return Verdict.DONE
         return Verdict.RETRY
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import write_atomic
 from evalsup.tools.report.scan import ReportError
 
@@ -20,10 +21,9 @@ def write_report(run_dir: Path, output: Path | None = None) -> Path:
     from evalsup.tools.report.data import load
     from evalsup.tools.report.page import render
 
-    names = ("summary.json", "memory.jsonl", "results.jsonl", "events.jsonl")
-    if not any((run_dir / n).exists() for n in names):
-        raise ReportError(f"{run_dir}: not a run directory (none of {', '.join(names)})")
-    out = output or run_dir / "report.html"
+    if not layout.is_run_dir(run_dir):
+        raise ReportError(f"{run_dir}: not a run directory (none of {', '.join(layout.RUN_DIR_MARKS)})")
+    out = output or run_dir / layout.REPORT
     try:
         write_atomic(out, render(run_dir, load(run_dir)).encode())
     except OSError as e:

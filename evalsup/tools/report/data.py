@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalsup.common.states import EndpointState
+from evalsup.rundir import layout
 from evalsup.rundir.results_file import json_file as _json_file
 from evalsup.tools.report.scan import ResultScan, jsonl, scan_results
 
@@ -128,11 +130,11 @@ def _memory(d: RunData, run_dir: Path) -> list[tuple[float, bool]]:
     thin = Thinner(MAX_POINTS - 1)
     paused: list[tuple[float, bool]] = []
     was_paused = False
-    for rec in jsonl(run_dir / "memory.jsonl"):
+    for rec in jsonl(run_dir / layout.MEMORY):
         t = float(rec.get("t", 0.0))
         workers = {k: int(v) for k, v in (rec.get("workers_rss") or {}).items()}
         total = int(rec.get("supervisor_rss") or 0) + sum(workers.values())
-        eps = {str(e.get("url")): int(e.get("limit") or 0) if e.get("state") == "up" else 0
+        eps = {str(e.get("url")): int(e.get("limit") or 0) if e.get("state") == EndpointState.UP else 0
                for e in rec.get("endpoints") or () if isinstance(e, dict)}
         d.endpoints += [u for u in eps if u not in d.endpoints]
         thin.add(Sample(t, total, int(rec.get("working_set") or 0), int(rec.get("done") or 0), workers,
@@ -153,7 +155,7 @@ def _events(d: RunData, run_dir: Path, times: list[float]) -> list[tuple[float, 
     prog = Thinner(MAX_POINTS)
     breaker: list[tuple[float, bool]] = []
     sessions: list[Session] = []
-    for ev in jsonl(run_dir / "events.jsonl"):
+    for ev in jsonl(run_dir / layout.EVENTS):
         t, kind = float(ev.get("t", 0.0)), str(ev.get("event"))
         times.append(t)
         if kind == "start":
@@ -187,8 +189,8 @@ def _events(d: RunData, run_dir: Path, times: list[float]) -> list[tuple[float, 
 
 
 def load(run_dir: Path) -> RunData:
-    d = RunData(summary=_json_file(run_dir / "summary.json"))
-    run = _json_file(run_dir / "run.json")
+    d = RunData(summary=_json_file(run_dir / layout.SUMMARY))
+    run = _json_file(run_dir / layout.RUN_JSON)
     if run is not None and isinstance(run.get("settings"), dict):
         d.settings = run["settings"]
     paused = _memory(d, run_dir)
@@ -209,5 +211,5 @@ def load(run_dir: Path) -> RunData:
                 s.first_done, s.last_done = dones[0], s.last_done if s.last_done is not None else dones[-1]
     d.throttled = intervals(paused, d.t1)
     d.down = intervals(breaker, d.t1)
-    d.results = scan_results(run_dir / "results.jsonl")
+    d.results = scan_results(run_dir / layout.RESULTS)
     return d
