@@ -84,7 +84,10 @@ def test_writer_alive_is_the_lock_held_by_another(tmp_path: Path) -> None:
         # held by this very process (the run rewriting its own results for --retry-failed): not another writer
         assert not layout.writer_alive(d)
         (d / layout.LOCK).write_bytes(b'{"host": "elsewhere", "pid": 1, "started": 0, "command": "run"}\n')
-        assert layout.writer_alive(d)
+        assert layout.writer_alive(d) and layout.writer_alive(d, command="run")
+        # `evalsup score` holding a stopped run's directory writes, but it is no run (status: not "running")
+        (d / layout.LOCK).write_bytes(b'{"host": "elsewhere", "pid": 1, "started": 0, "command": "score"}\n')
+        assert layout.writer_alive(d) and not layout.writer_alive(d, command="run")
     finally:
         lock.release()
     assert not layout.writer_alive(d) and layout.lock_holder(d) is None

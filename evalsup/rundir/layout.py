@@ -75,10 +75,14 @@ def lock_holder(run_dir: Path) -> dict[str, object] | None:
     return holder_info(run_dir)
 
 
-def writer_alive(run_dir: Path) -> bool:
+def writer_alive(run_dir: Path, command: str | None = None) -> bool:
     """Is another process writing the run directory now? Its lock is held, and not by this process. The kernel
-    drops the lock however its holder ends (kill -9 included), so a dead writer never counts."""
+    drops the lock however its holder ends (kill -9 included), so a dead writer never counts. With ``command``
+    ("run"), only a holder doing that counts (`evalsup score` holding a stopped run's directory is no run); a
+    holder still starting has not written what it does yet and counts."""
     info = holder_info(run_dir)
     if info is None:
+        return False
+    if command is not None and info.get("command", command) != command:
         return False
     return not (info.get("pid") == os.getpid() and info.get("host") == socket.gethostname())

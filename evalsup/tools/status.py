@@ -240,7 +240,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         summary = _json_file(run_dir / layout.SUMMARY) or {}
         st.rate = summary.get("requests_per_s")
         st.exit_code = summary.get("exit_code") if isinstance(summary.get("exit_code"), int) else None
-    elif writer_alive(run_dir):  # the run holds its lock (a dead run never does)
+    elif writer_alive(run_dir, command="run"):  # a run holds its lock (a dead run never does)
         st.state = RunState.RUNNING
         st.why = _why_running(events, now)
         hist = cp.counters.get("history") or []
