@@ -7,7 +7,7 @@ Python the keyword takes a number (global), a dict ``{url: N}``, or a list of bo
 
 Every limit is split evenly among the live workers (``rate_share``: the RATE frame, re-sent whenever the number
 of workers changes); a request to endpoint i waits on the global pacer, if any, and then on endpoint i's, if any
-(``evalsup.worker.endpoint_pacing``). Plain data and pure functions: no clock, no I/O.
+(``EndpointPool.apply_rate`` in ``evalsup.worker.endpoints``). Plain data and pure functions: no clock, no I/O.
 """
 
 from __future__ import annotations
