@@ -127,8 +127,6 @@ def run(tasks: Path | None, **kw: Any) -> None:
             _fail(str(e))
     from evalsup.supervisor.run import run as run_job
 
-    if cfg.retry_failed is not None and cfg.fresh:
-        _fail("--retry-failed needs the run to retry; it cannot go with --fresh")
     sys.exit(run_job(cfg))
 
 

@@ -104,6 +104,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     from evalsup.config.options import with_defaults
 
     kw = with_defaults(given)
+    if kw["retry_failed"] is not None and kw["fresh"]:  # refused before --fresh moves anything aside
+        raise ConfigError("--retry-failed needs the run to retry; it cannot go with --fresh")
     urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
     if len(urls) > 1 and kw["server_metrics"] not in (None, "off"):
         raise ConfigError("--server-metrics URL names one server; with several --base-url each endpoint's own "
