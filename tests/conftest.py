@@ -7,6 +7,7 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,11 +23,12 @@ def mock() -> Iterator[MockThread]:
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Callable[..., Run]]:
-    """start(*evalsup_args, env=None, argv=None) -> Run; whatever still runs at teardown is killed by PID."""
+    """start(*evalsup_args, env=None, argv=None, stdin=None, tty=None) -> Run (see ``Run``); whatever still runs
+    at teardown is killed by PID."""
     procs: list[Run] = []
 
-    def _start(*args: str, env: dict[str, str] | None = None, argv: list[str] | None = None) -> Run:
-        p = Run(tmp_path, *args, env=env, argv=argv)
+    def _start(*args: str, **kwargs: Any) -> Run:
+        p = Run(tmp_path, *args, **kwargs)
         procs.append(p)
         return p
 

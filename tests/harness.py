@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -154,16 +155,34 @@ class Run:
     _count = 0
 
     def __init__(self, where: Path, *args: str, env: dict[str, str] | None = None,
-                 argv: list[str] | None = None) -> None:
+                 argv: list[str] | None = None, stdin: bytes | None = None, tty: int | None = None) -> None:
+        """``stdin``: bytes fed to its standard input (then closed) by a thread; ``tty``: a terminal's fd (a pty's
+        slave side) as its stdin, stdout and stderr instead of the output files."""
         Run._count += 1
         self.out_path = where / f"evalsup-{Run._count}.stdout"
         self.err_path = where / f"evalsup-{Run._count}.stderr"
         self.args = args
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.p = subprocess.Popen(argv or evalsup_cmd(*args), stdout=out, stderr=err, env=env_for(env),
-                                      start_new_session=True)
+            if tty is not None:
+                streams: dict[str, Any] = {"stdin": tty, "stdout": tty, "stderr": tty}
+            else:
+                streams = {"stdin": subprocess.PIPE if stdin is not None else None, "stdout": out, "stderr": err}
+            self.p = subprocess.Popen(argv or evalsup_cmd(*args), env=env_for(env), start_new_session=True,
+                                      **streams)
         self.pid = self.p.pid
         self.seen: dict[int, psutil.Process] = {}
+        if stdin is not None:
+            pipe = self.p.stdin
+            assert pipe is not None
+
+            def feed() -> None:
+                try:
+                    pipe.write(stdin)
+                    pipe.close()
+                except OSError:  # the run ended (or was killed) before it read everything
+                    pass
+
+            threading.Thread(target=feed, daemon=True).start()
 
     def workers(self) -> list[psutil.Process]:
         """The live (non-zombie) descendants of the process, remembered for teardown."""
@@ -203,8 +222,27 @@ class Run:
                                  f"stderr:\n{self.stderr[-3000:]}")
         return rc
 
+    def communicate(self, timeout: float = LIVENESS_S) -> tuple[str, str]:
+        """Wait for its end and return its stdout and stderr; if it still runs after ``timeout`` (a hang guard),
+        kill it (only it) and fail the test with its stderr."""
+        if self.wait(timeout) is None:
+            self.p.kill()
+            self.p.wait()
+            raise AssertionError(f"evalsup {' '.join(self.args[:1])} still running after {timeout:g}s; "
+                                 f"stderr:\n{self.stderr[-3000:]}")
+        return self.stdout, self.stderr
+
+    @property
+    def returncode(self) -> int | None:
+        return self.p.poll()
+
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
+
+    def signal_group(self, sig: int) -> None:
+        """``sig`` to the supervisor and its workers at once (its process group: docker pause, the OOM killer)."""
+        self.workers()
+        os.killpg(self.pid, sig)
 
     def interrupt(self, grace: float = 15.0) -> None:
         """SIGINT (stop now, checkpoint), then SIGKILL if it does not go."""
@@ -283,22 +321,6 @@ def resume_line(stderr: str) -> str:
 def assert_clean_exit(proc: Run | subprocess.CompletedProcess[str]) -> None:
     err = proc.stderr
     assert "Traceback" not in err, err
-
-
-def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """``evalsup ARGS`` with its output in pipes (for reading it as it comes); end it with ``communicate``."""
-    return subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env_for(env))
-
-
-def communicate(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
-    """Wait for a run started with ``popen``; kill it (only it) if it overstays."""
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def quiesce(mock: MockThread) -> None:

@@ -4,12 +4,10 @@ a frozen process tree, and 200 answers that are not answers. Real processes, rea
 from __future__ import annotations
 
 import http.server
-import os
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import orjson
 import pytest
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import assert_exactly_once, env_for, evalsup_cmd, lines, read_results, run_cli, summary
+from tests.harness import Run, assert_exactly_once, lines, read_results, run_cli, summary
 
 POISON = {"500": {"status": 500}, "reset": {"reset": True}, "slow": {"delay_s": 5.0},
           "cut": {"cut_stream": True}}
@@ -103,21 +101,20 @@ def test_rate_limited_past_the_budget_is_a_rate_limited_record(tmp_path: Path, m
     assert recs["limited"]["error"]["code"] == "rate_limited" and recs["limited"]["metrics"]["attempts"] == 1
 
 
-def _wait_for_results(run_dir: Path, n: int, p: subprocess.Popen[str], timeout: float = 30) -> None:
+def _wait_for_results(run_dir: Path, n: int, p: Run, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while len(read_results(run_dir)) < n if (run_dir / "results.jsonl").exists() else True:
-        assert time.monotonic() < deadline and p.poll() is None, "the run did not get going"
+        assert time.monotonic() < deadline and p.running(), "the run did not get going"
         time.sleep(0.05)
 
 
-def test_a_key_revoked_mid_run_stops_resumably_and_fails_nothing(tmp_path: Path) -> None:
+def test_a_key_revoked_mid_run_stops_resumably_and_fails_nothing(tmp_path: Path, start: Callable[..., Run]) -> None:
     rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.01}} for i in range(3000)]
     tasks = lines(tmp_path / "t.jsonl", rows)
     env = {"OPENAI_API_KEY": "sk-good"}
     with MockThread(MockConfig(latency_ms=1, api_key="sk-good")) as mock:
         args = ("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, str(tasks))
-        p = subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env_for(env))
+        p = start(*args, env=env)
         _wait_for_results(tmp_path / "t.run", 200, p)
         mock.configure(api_key="sk-rotated")  # the key in use is revoked
         _, err = p.communicate(timeout=60)
@@ -151,17 +148,16 @@ def test_a_task_refused_for_itself_gets_its_record_and_the_run_finishes(tmp_path
     assert "refused the API key" not in r.stderr
 
 
-def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockThread) -> None:
+def test_a_frozen_and_thawed_tree_keeps_its_workers(tmp_path: Path, mock: MockThread,
+                                                     start: Callable[..., Run]) -> None:
     rows = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.02}} for i in range(900)]
     tasks = lines(tmp_path / "t.jsonl", rows)
-    p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "8", "--hang-timeout", "2", "--model", "mock-model",
-                                     "--base-url", mock.url, str(tasks)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(),
-                         start_new_session=True)
+    p = start("run", "-w", "2", "-c", "8", "--hang-timeout", "2", "--model", "mock-model", "--base-url", mock.url,
+              str(tasks))
     _wait_for_results(tmp_path / "t.run", 100, p)
-    os.killpg(p.pid, signal.SIGSTOP)  # as docker pause freezes the container's processes
+    p.signal_group(signal.SIGSTOP)  # as docker pause freezes the container's processes
     time.sleep(4)
-    os.killpg(p.pid, signal.SIGCONT)
+    p.signal_group(signal.SIGCONT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(900)})

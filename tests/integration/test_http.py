@@ -3,9 +3,9 @@ connection check and secrets. Real HTTP on 127.0.0.1, real worker processes."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import env_for, evalsup_cmd, lines, read_results, run_cli, summary, write_tasks
+from tests.harness import Run, lines, read_results, run_cli, summary, write_tasks
 
 
 def _post(url: str, obj: dict[str, Any]) -> None:
@@ -65,15 +65,14 @@ def test_failed_attempts_are_retried_400_is_final(tmp_path: Path, mock: MockThre
 
 
 @pytest.mark.parametrize("fault", ["fail_500", "reset"])
-def test_burst_of_500s_or_resets_is_ridden_out(tmp_path: Path, mock: MockThread, fault: str) -> None:
+def test_burst_of_500s_or_resets_is_ridden_out(tmp_path: Path, mock: MockThread, fault: str,
+                                                start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", 800, extra={"mock": {"delay_s": 0.05}})  # ~2.5 s of work
-    p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url,
-                                     str(tasks)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for())
+    p = start("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     results = tmp_path / "t.run" / "results.jsonl"
     deadline = time.monotonic() + 30
     while not results.exists() or results.stat().st_size < 10_000:
-        assert time.monotonic() < deadline and p.poll() is None
+        assert time.monotonic() < deadline and p.running()
         time.sleep(0.05)
     mock.configure(**{fault: 1.0})  # every request fails for a second and a half
     time.sleep(1.5)
@@ -98,15 +97,15 @@ def test_random_faults_all_recover(tmp_path: Path) -> None:
         assert summary(tmp_path / "t.run")["retries"] > 0
 
 
-def test_endpoint_outage_opens_breaker_and_fails_nothing(tmp_path: Path, mock: MockThread) -> None:
+def test_endpoint_outage_opens_breaker_and_fails_nothing(tmp_path: Path, mock: MockThread,
+                                                          start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", 600, extra={"mock": {"delay_s": 0.05}})
-    p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "16", "--max-attempts", "3", "--model", "mock-model",
-                                     "--base-url", mock.url, str(tasks)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for())
+    p = start("run", "-w", "2", "-c", "16", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
+              str(tasks))
     results = tmp_path / "t.run" / "results.jsonl"
     deadline = time.monotonic() + 30
     while not results.exists() or results.stat().st_size < 20_000:
-        assert time.monotonic() < deadline and p.poll() is None
+        assert time.monotonic() < deadline and p.running()
         time.sleep(0.05)
     _post(mock.url.replace("/v1", "/_mock/config"), {"down": True})
     time.sleep(2.5)

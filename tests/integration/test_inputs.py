@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import gzip
 import os
-import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
-import psutil
 import pytest
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import LIVENESS_S, assert_exactly_once, env_for, evalsup_cmd, run_cli, wait_until, write_tasks
+from tests.harness import LIVENESS_S, Run, assert_exactly_once, env_for, evalsup_cmd, run_cli, wait_until, write_tasks
 
 
 @pytest.fixture
@@ -32,23 +30,6 @@ def complete_lines(path: Path) -> int:
         return 0
     data = path.read_bytes()
     return data.count(b"\n")
-
-
-def kill_tree(p: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the supervisor and its workers at once (its own process group), as the OOM killer would."""
-    kids = psutil.Process(p.pid).children(recursive=True)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait(LIVENESS_S)
-    psutil.wait_procs(kids, timeout=LIVENESS_S)
-
-
-def start(args: list[str], feed: bytes | None = None) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen(evalsup_cmd(*args), stdin=subprocess.PIPE if feed is not None else subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_for(), start_new_session=True)
-    if feed is not None:
-        assert p.stdin is not None
-        threading.Thread(target=lambda: (p.stdin.write(feed), p.stdin.close()), daemon=True).start()  # type: ignore[union-attr]
-    return p
 
 
 def fifo_writer(fifo: Path, data: bytes) -> threading.Thread:
@@ -73,7 +54,8 @@ def _compress(kind: str, data: bytes, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["gz", "zst", "stdin", "fifo"])
-def test_input_kind_resumes_after_kill9_exactly_once(tmp_path: Path, slow_mock: MockThread, kind: str) -> None:
+def test_input_kind_resumes_after_kill9_exactly_once(tmp_path: Path, slow_mock: MockThread, kind: str,
+                                                     start: Callable[..., Run]) -> None:
     n = 400
     plain = write_tasks(tmp_path / "plain.jsonl", n)
     data = plain.read_bytes()
@@ -89,15 +71,16 @@ def test_input_kind_resumes_after_kill9_exactly_once(tmp_path: Path, slow_mock: 
     args = ["run", src, "--out", str(run_dir), "--base-url", slow_mock.url, "--model", "mock-model",
             "--workers", "1", "--concurrency", "8", "--quiet"]
 
-    def go() -> subprocess.Popen[bytes]:
+    def go() -> Run:
         if kind == "fifo":
             fifo_writer(tmp_path / "fifo", data)
-        return start(args, feed)
+        return start(*args, stdin=feed)
 
     p = go()
     results = run_dir / "results.jsonl"
     wait_until(lambda: complete_lines(results) >= 40, "the first results")
-    kill_tree(p)
+    p.kill_group()  # the supervisor and its workers at once, as the OOM killer would
+    p.wait_workers_gone(LIVENESS_S)
     done_before = complete_lines(results)
     assert done_before < n, "the run finished before it could be killed"
     copy = run_dir / "tasks.jsonl"
@@ -105,9 +88,8 @@ def test_input_kind_resumes_after_kill9_exactly_once(tmp_path: Path, slow_mock: 
     mtime = copy.stat().st_mtime_ns
 
     p = go()
-    assert p.stderr is not None
-    err = p.stderr.read().decode()  # --quiet: a few lines, no pipe fills up
-    assert p.wait(LIVENESS_S) == 0, err
+    _, err = p.communicate()
+    assert p.returncode == 0, err
     assert "resuming:" in err
     assert_exactly_once(run_dir, {f"t{i}" for i in range(n)})
     assert copy.stat().st_mtime_ns == mtime  # resumed from the same copy, not a new one

@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.request
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import ROOT, communicate, env_for, evalsup_cmd, popen, read_results, run_cli, wait_until, write_tasks
+from tests.harness import ROOT, Run, read_results, run_cli, wait_until, write_tasks
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -88,12 +88,12 @@ def test_json_prints_the_summary_on_stdout(tmp_path: Path, mock: MockThread) -> 
 # --------------------------------------------------------------------------------------- progress, on a tty
 
 
-def run_in_pty(args: list[str], timeout: float = 30) -> tuple[int, str]:
+def run_in_pty(start: Callable[..., Run], args: tuple[str, ...], timeout: float = 30) -> tuple[int, str]:
     """Run the CLI with a pseudo-terminal as stdin, stdout and stderr; return its exit code and what it drew."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 150, 0, 0))
     env = {"TERM": "xterm-256color", "COLUMNS": "150", "LINES": "40"}
-    proc = subprocess.Popen(evalsup_cmd(*args), stdin=slave, stdout=slave, stderr=slave, env=env_for(env))
+    proc = start(*args, env=env, tty=slave)
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -110,19 +110,19 @@ def run_in_pty(args: list[str], timeout: float = 30) -> tuple[int, str]:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        rc = proc.wait(timeout)
+        proc.communicate(timeout)
+        rc = proc.returncode
+        assert rc is not None
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.cleanup()
         reader.join(10)
         os.close(master)
     return rc, b"".join(chunks).decode("utf-8", "replace")
 
 
-def test_live_display_on_a_terminal(tmp_path: Path, mock: MockThread) -> None:
+def test_live_display_on_a_terminal(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     tasks = slow_tasks(tmp_path / "t.jsonl", 300, 0.03)  # ~1.2 s: a few refreshes of the live display
-    rc, raw = run_in_pty(run_args(mock, tasks))
+    rc, raw = run_in_pty(start, run_args(mock, tasks))
     text = ANSI.sub("", raw)
     assert rc == 0, text
     assert "Traceback" not in text, text
@@ -142,10 +142,10 @@ def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
     return out
 
 
-def test_status_of_a_running_then_finished_run(tmp_path: Path, mock: MockThread) -> None:
+def test_status_of_a_running_then_finished_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     tasks = slow_tasks(tmp_path / "t.jsonl", 200, 0.1)  # ~5 s at 4 in flight
     run_dir = tmp_path / "t.run"
-    proc = popen(*["run", "-w", "2", "-c", "4", "--model", "mock-model", "--base-url", mock.url, "--quiet",
+    proc = start(*["run", "-w", "2", "-c", "4", "--model", "mock-model", "--base-url", mock.url, "--quiet",
                   str(tasks)])
     try:
         # a checkpoint is written at the start; wait for it and for the first results after it
@@ -161,9 +161,9 @@ def test_status_of_a_running_then_finished_run(tmp_path: Path, mock: MockThread)
         with open(run_dir / "results.jsonl", "rb") as f:
             on_disk = sum(1 for _ in f)
         assert 0 < done <= on_disk < 200, (done, on_disk)  # never claims more than what is written
-        assert proc.poll() is None, "the run ended before status was checked: make it slower"
+        assert proc.running(), "the run ended before status was checked: make it slower"
     finally:
-        _, err = communicate(proc, 30)
+        _, err = proc.communicate(30)
     assert proc.returncode == 0, err
     before = snapshot(run_dir)
     r = run_cli("status", str(run_dir))
@@ -220,7 +220,7 @@ def by_name(sc: Scrape, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {lab: v for (n, lab), v in sc.items() if n == name}
 
 
-def test_metrics_during_and_at_the_end_of_a_run(tmp_path: Path, mock: MockThread) -> None:
+def test_metrics_during_and_at_the_end_of_a_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     lines = []
     for i in range(400):
         obj: dict[str, Any] = {"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
@@ -234,18 +234,18 @@ def test_metrics_during_and_at_the_end_of_a_run(tmp_path: Path, mock: MockThread
     tasks.write_bytes(b"\n".join(lines) + b"\n")
     cg = fake_cgroup(tmp_path / "cgroup", 300 * MIB)
     port = free_port()
-    proc = popen(*run_args(mock, tasks, "--metrics-port", str(port), "--monitor-interval", "0.1", "--quiet",
+    proc = start(*run_args(mock, tasks, "--metrics-port", str(port), "--monitor-interval", "0.1", "--quiet",
                           "--worker-plugin", f"{ROOT / 'tests/plugins/obs_slow_exit.py'}:noop"),
                  env={"EVALSUP_CGROUP_ROOT": str(cg), "EVALSUP_TEST_EXIT_DELAY_S": "1.5"})
     scrapes: list[Scrape] = []
     try:
-        while proc.poll() is None:
+        while proc.running():
             sc = scrape(f"http://127.0.0.1:{port}/metrics")
             if sc is not None:
                 scrapes.append(sc)
             time.sleep(0.05)
     finally:
-        _, err = communicate(proc, 30)
+        _, err = proc.communicate(30)
     assert proc.returncode == 0, err
     assert len(scrapes) >= 5, f"only {len(scrapes)} successful scrapes"
     last = scrapes[-1]
@@ -371,11 +371,12 @@ def png_info(path: Path) -> tuple[int, int, int]:
     return width, height, len({raw[i * stride:(i + 1) * stride] for i in range(height)})
 
 
-def test_report_of_a_throttled_recycled_run_renders_in_chromium(tmp_path: Path, mock: MockThread) -> None:
+def test_report_of_a_throttled_recycled_run_renders_in_chromium(tmp_path: Path, mock: MockThread,
+                                                                start: Callable[..., Run]) -> None:
     cg = fake_cgroup(tmp_path / "cgroup", 300 * MIB)
     tasks = slow_tasks(tmp_path / "t.jsonl", 600, 0.01)
     run_dir = tmp_path / "t.run"
-    proc = popen(*run_args(mock, tasks, "--max-tasks-per-worker", "100", "--monitor-interval", "0.1", "--quiet"),
+    proc = start(*run_args(mock, tasks, "--max-tasks-per-worker", "100", "--monitor-interval", "0.1", "--quiet"),
                  env={"EVALSUP_CGROUP_ROOT": str(cg)})
 
     def last_done() -> int:
@@ -399,7 +400,7 @@ def test_report_of_a_throttled_recycled_run_renders_in_chromium(tmp_path: Path, 
         set_current(cg, int(0.5 * GIB))  # below the low mark (70%): resume
         wait_until(lambda: "resume" in events(), "the resume", 5)
     finally:
-        _, err = communicate(proc, 30)
+        _, err = proc.communicate(30)
     assert proc.returncode == 0, err
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     assert summary["throttle"]["episodes"] == 1 and summary["recycles"]["tasks"] >= 1, summary

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -15,7 +15,7 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
 from evalsup.mock.server import MockThread
-from tests.harness import assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli, write_tasks
+from tests.harness import Run, assert_exactly_once, read_results, run_cli, write_tasks
 
 
 def test_2000_tasks_4_workers_exactly_once(tmp_path: Path, mock: MockThread) -> None:
@@ -170,12 +170,11 @@ def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     return alive
 
 
-def _start_slow_run(tmp_path: Path, mock: MockThread, n: int = 3000) -> tuple[subprocess.Popen[str], list[int]]:
+def _start_slow_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run],
+                    n: int = 3000) -> tuple[Run, list[int]]:
     tasks = write_tasks(tmp_path / "t.jsonl", n, extra={"mock": {"delay_s": 0.2}})
     # -c 64: a fixed pace (the default is adaptive since issue 21), slow enough to be interrupted mid-run
-    p = subprocess.Popen(evalsup_cmd("run", "-w", "3", "-c", "64", "--model", "mock-model", "--base-url", mock.url,
-                                     str(tasks)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for())
+    p = start("run", "-w", "3", "-c", "64", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     deadline = time.monotonic() + 20
     workers: list[int] = []
     while time.monotonic() < deadline and len(workers) < 3:
@@ -189,15 +188,15 @@ def _start_slow_run(tmp_path: Path, mock: MockThread, n: int = 3000) -> tuple[su
     return p, workers
 
 
-def test_killing_supervisor_leaves_no_worker(tmp_path: Path, mock: MockThread) -> None:
-    p, workers = _start_slow_run(tmp_path, mock)
+def test_killing_supervisor_leaves_no_worker(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
+    p, workers = _start_slow_run(tmp_path, mock, start)
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     assert _wait_gone(workers) == [], "workers outlived their supervisor"
 
 
-def test_ctrl_c_stops_cleanly(tmp_path: Path, mock: MockThread) -> None:
-    p, workers = _start_slow_run(tmp_path, mock)
+def test_ctrl_c_stops_cleanly(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
+    p, workers = _start_slow_run(tmp_path, mock, start)
     os.kill(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 75, err  # resumable (evalsup.config.exitcodes.RESUMABLE)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -13,7 +12,7 @@ import pytest
 
 from evalsup.config.run_config import ConfigError, parse_shard
 from evalsup.mock.server import MockThread
-from tests.harness import assert_exactly_once, env_for, evalsup_cmd, read_results, run_cli, write_tasks
+from tests.harness import Run, assert_exactly_once, read_results, run_cli, write_tasks
 
 
 def _run(tasks: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,19 +83,18 @@ def test_shard_auto_errors_name_what_is_missing(tmp_path: Path) -> None:
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.run").exists()
 
 
-def test_killed_shard_resumes_only_its_own_tasks(tmp_path: Path, mock: MockThread) -> None:
+def test_killed_shard_resumes_only_its_own_tasks(tmp_path: Path, mock: MockThread,
+                                                  start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "tasks.jsonl", 1200, extra={"mock": {"delay_s": 0.05}})
     env = {"JOB_COMPLETION_INDEX": "1", "EVALSUP_SHARDS": "2"}
-    p = subprocess.Popen(evalsup_cmd("run", "-w", "2", "-c", "8", "--shard", "auto", "--model", "mock-model",
-                                     "--base-url", mock.url, str(tasks)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_for(env), start_new_session=True)
+    p = start("run", "-w", "2", "-c", "8", "--shard", "auto", "--model", "mock-model", "--base-url", mock.url,
+              str(tasks), env=env)
     run_dir = tmp_path / "tasks.run" / "shard-1-of-2"
     deadline = time.monotonic() + 30
     while not (run_dir / "checkpoint.json").exists() or len(read_results(run_dir)) < 50:
-        assert time.monotonic() < deadline and p.poll() is None
+        assert time.monotonic() < deadline and p.running()
         time.sleep(0.1)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    p.kill_group()
     r = run_cli("run", "-w", "2", "--shard", "auto", "--model", "mock-model", "--base-url", mock.url, str(tasks),
                 env=env)
     assert r.returncode == 0, r.stderr

@@ -33,29 +33,23 @@ def _chat(mock: MockThread) -> int:
     return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
 
 
-def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env_for(env), start_new_session=True)
-
-
 # ------------------------------------------------------------------------------------------------ the lock
 
 
-def test_two_runs_on_one_directory_one_runs_the_other_is_refused(tmp_path: Path, mock: MockThread) -> None:
+def test_two_runs_on_one_directory_one_runs_the_other_is_refused(tmp_path: Path, mock: MockThread,
+                                                                 start: Callable[..., Run]) -> None:
     n = 300
     tasks = write_tasks(tmp_path / "tasks.jsonl", n, extra={"mock": {"delay_s": 0.02}})
     args = ("run", "-w", "2", "-c", "16", "--model", "mock-model", "--base-url", mock.url, "--json", str(tasks))
-    first = _start(*args)
+    first = start(*args)
     time.sleep(0.3)
-    second = _start(*args)
+    second = start(*args)
     try:
         out2, err2 = second.communicate(timeout=120)
         out1, err1 = first.communicate(timeout=120)
     finally:
         for p in (first, second):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            p.cleanup()
     # the first normally wins; whichever did, the other is refused at once, naming it
     (ran, out_r, _), (refused, out_x, err_x) = sorted(
         [(first, out1, err1), (second, out2, err2)], key=lambda x: x[0].returncode)
@@ -91,15 +85,15 @@ def test_lock_is_released_by_a_dead_holder_and_names_a_live_one(tmp_path: Path) 
     lock.release()
 
 
-def test_fresh_and_score_respect_the_lock(tmp_path: Path, mock: MockThread) -> None:
+def test_fresh_and_score_respect_the_lock(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     n = 2000
     tasks = write_tasks(tmp_path / "tasks.jsonl", n, extra={"mock": {"delay_s": 0.05}})
     run_dir = tmp_path / "tasks.run"
-    p = _start("run", "-w", "1", "-c", "4", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    p = start("run", "-w", "1", "-c", "4", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / "results.jsonl").exists() or (run_dir / "results.jsonl").stat().st_size == 0:
-            assert p.poll() is None and time.monotonic() < deadline
+            assert p.running() and time.monotonic() < deadline
             time.sleep(0.05)
         r = run_cli("run", "--fresh", "--model", "mock-model", "--base-url", mock.url, str(tasks))
         assert r.returncode == exitcodes.LOCKED, r.stderr
@@ -108,10 +102,9 @@ def test_fresh_and_score_respect_the_lock(tmp_path: Path, mock: MockThread) -> N
         s = run_cli("score", str(run_dir), "--scorer", "json_valid")
         assert s.returncode == exitcodes.LOCKED, s.stderr
         assert not (run_dir / "results.scored.jsonl").exists()
-        assert p.poll() is None
+        assert p.running()
     finally:
-        p.kill()
-        p.wait()
+        p.cleanup()
 
 
 # ------------------------------------------------------------------------------------------- exit codes
@@ -143,24 +136,22 @@ def test_endpoint_down_too_long_exits_75_and_says_so(tmp_path: Path, mock: MockT
     assert_exactly_once(tmp_path / "tasks.run", {f"t{i}" for i in range(n)})
 
 
-def test_sigterm_while_starting_still_exits_75(tmp_path: Path, mock: MockThread) -> None:
+def test_sigterm_while_starting_still_exits_75(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     """The lock is taken while workers start and before the endpoint check: a SIGTERM then is kept and handed
     to the supervisor, not fatal (143)."""
     n = 200
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     args = ("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks))
-    p = _start(*args)
+    p = start(*args)
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "tasks.run" / LOCK_NAME).exists():
-            assert p.poll() is None and time.monotonic() < deadline
+            assert p.running() and time.monotonic() < deadline
             time.sleep(0.005)
-        p.send_signal(15)
+        p.signal(15)
         _, err = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        p.cleanup()
     assert p.returncode == exitcodes.RESUMABLE, err
     assert "Traceback" not in err
     r = run_cli(*args)
@@ -198,7 +189,7 @@ def _shard(tasks: Path, url: str, k: int, n: int) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_merge_proves_coverage_without_tasks(tmp_path: Path, mock: MockThread) -> None:
+def test_merge_proves_coverage_without_tasks(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "tasks.jsonl", 90)
     parent = tmp_path / "tasks.run"
     out = tmp_path / "merged.jsonl"
@@ -213,14 +204,14 @@ def test_merge_proves_coverage_without_tasks(tmp_path: Path, mock: MockThread) -
 
     # shard 1 stopped part-way: named with its done/total
     mock.configure(latency_ms=200)
-    p = _start("run", "-w", "1", "-c", "2", "--model", "mock-model", "--base-url", mock.url, "--shard", "1/3",
+    p = start("run", "-w", "1", "-c", "2", "--model", "mock-model", "--base-url", mock.url, "--shard", "1/3",
                str(tasks))
     sdir = parent / "shard-1-of-3"
     deadline = time.monotonic() + 60
     while not (sdir / "results.jsonl").exists() or len(read_results(sdir)) < 2:
-        assert p.poll() is None and time.monotonic() < deadline
+        assert p.running() and time.monotonic() < deadline
         time.sleep(0.05)
-    p.send_signal(15)
+    p.signal(15)
     _, err = p.communicate(timeout=60)
     assert p.returncode == exitcodes.RESUMABLE, err
     done = len(read_results(sdir))

@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import orjson
 import pytest
 
 from evalsup.mock.server import MockThread
-from tests.harness import communicate, popen, read_results, run_cli, wait_until, write_tasks
+from tests.harness import Run, read_results, run_cli, wait_until, write_tasks
 
 
 def status_json(path: Path) -> dict[str, Any]:
@@ -68,13 +69,13 @@ def test_plain_progress_labels_the_eta(tmp_path: Path, mock: MockThread) -> None
 # --------------------------------------------------------------------------------------- status
 
 
-def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread) -> None:
+def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
     objs = [{"id": f"t{i}", "prompt": f"q{i}", "mock": {"delay_s": 0.1, **({"status": 400} if i % 10 == 3 else {})}}
             for i in range(400)]
     tasks = tmp_path / "t.jsonl"
     tasks.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
     run_dir = tmp_path / "t.run"
-    proc = popen("run", "-w", "2", "-c", "4", "--window", "24", "--model", "mock-model", "--base-url", mock.url,
+    proc = start("run", "-w", "2", "-c", "4", "--window", "24", "--model", "mock-model", "--base-url", mock.url,
                  "--quiet", str(tasks))
     try:
         # the rate comes from the checkpoint's history: wait for three checkpoints with results between them
@@ -88,7 +89,7 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
         (run_dir / "run.json").write_bytes(orjson.dumps({"settings": {"model": "mock-model", "max_tokens": 64,
                                                                       "api_key": "sk-must-not-show"}}))
         s = status_json(run_dir)
-        assert proc.poll() is None, "the run ended before status was checked: make it slower"
+        assert proc.running(), "the run ended before status was checked: make it slower"
         assert s["state"] == "running" and s["rate"] > 0 and s["eta_s"] is not None, s
         # the input is not all read yet: the total is extrapolated from the bytes read, and says so
         assert 380 <= s["total"] <= 420 and s["total_estimated"] is True, s
@@ -98,9 +99,9 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
         text = run_cli("status", str(run_dir)).stdout
         assert "ETA" in text and "model=mock-model" in text and "sk-must-not-show" not in text, text
         assert re.search(r"in flight\s+\d requests, limit 4", text), text
-        proc.send_signal(signal.SIGTERM)
+        proc.signal(signal.SIGTERM)
     finally:
-        communicate(proc)
+        proc.communicate()
     assert proc.returncode in (0, 75), proc.returncode  # 75: the resumable stop of issue 19, when it lands
     s = status_json(run_dir)
     recs = read_results(run_dir)
@@ -115,13 +116,14 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
     assert "stopped (stopped by SIGTERM" in text and re.search(rf"done\s+{s['done']} of ~\d+", text), text
 
 
-def test_status_of_a_killed_run_counts_what_is_on_disk(tmp_path: Path, mock: MockThread) -> None:
+def test_status_of_a_killed_run_counts_what_is_on_disk(tmp_path: Path, mock: MockThread,
+                                                       start: Callable[..., Run]) -> None:
     slow = {f"t{i}" for i in range(5, 400, 20)}  # these take a minute: outstanding when the run is killed
     objs = [{"id": f"t{i}", "prompt": "q", "mock": {"delay_s": 60 if f"t{i}" in slow else 0.02}} for i in range(400)]
     tasks = tmp_path / "t.jsonl"
     tasks.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
     run_dir = tmp_path / "t.run"
-    proc = popen("run", "-w", "1", "-c", "8", "--model", "mock-model", "--base-url", mock.url, "--quiet", str(tasks))
+    proc = start("run", "-w", "1", "-c", "8", "--model", "mock-model", "--base-url", mock.url, "--quiet", str(tasks))
 
     def slow_in_checkpoint() -> bool:
         try:
@@ -133,7 +135,7 @@ def test_status_of_a_killed_run_counts_what_is_on_disk(tmp_path: Path, mock: Moc
         wait_until(slow_in_checkpoint, "a checkpoint with results and slow tasks outstanding", 30)
         os.kill(proc.pid, signal.SIGKILL)  # the supervisor only: its workers see their pipes close
     finally:
-        communicate(proc)
+        proc.communicate()
     lines = (run_dir / "results.jsonl").read_bytes().split(b"\n")[:-1]  # complete lines (a torn one is not done)
     s = status_json(run_dir)
     assert s["state"] == "stopped" and "killed" in s["why"], s
@@ -172,7 +174,8 @@ def test_status_of_a_sharded_parent(tmp_path: Path, mock: MockThread) -> None:
 # --------------------------------------------------------------------------------------- the report
 
 
-def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: MockThread) -> None:
+def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: MockThread,
+                                                         start: Callable[..., Run]) -> None:
     objs = []
     for i in range(400):
         m: dict[str, Any] = {"delay_s": 0.03, **({"status": 400} if i % 25 == 1 else {})}
@@ -185,12 +188,12 @@ def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: M
     run_dir = tmp_path / "t.run"
     args = ["run", "-w", "1", "-c", "8", "--stream", "--base-url", mock.url, "--monitor-interval", "0.1", "--quiet",
             str(tasks)]
-    proc = popen(*args)
+    proc = start(*args)
     try:
         wait_until(lambda: results_count(run_dir) >= 60, "60 results", 30)
-        proc.send_signal(signal.SIGTERM)
+        proc.signal(signal.SIGTERM)
     finally:
-        communicate(proc)
+        proc.communicate()
     assert proc.returncode in (0, 75), proc.returncode
     r = run_cli(*args)  # the second session
     assert r.returncode == 0, r.stderr
@@ -236,10 +239,11 @@ def test_report_has_the_sections_and_renders_in_chromium(tmp_path: Path, mock: M
         shutil.copy(png, keep)
 
 
-def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockThread) -> None:
+def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockThread,
+                                                     start: Callable[..., Run]) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", 400, extra={"mock": {"delay_s": 0.05}})
     run_dir = tmp_path / "t.run"
-    proc = popen("run", "-w", "1", "-c", "8", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
+    proc = start("run", "-w", "1", "-c", "8", "--max-attempts", "3", "--model", "mock-model", "--base-url", mock.url,
                  "--quiet", str(tasks))
     try:
         wait_until(lambda: results_count(run_dir) >= 20, "20 results", 30)
@@ -257,6 +261,6 @@ def test_status_says_since_when_the_endpoint_is_down(tmp_path: Path, mock: MockT
         assert "running (waiting for the endpoint: down since" in text, text
         mock.configure(down=False)
     finally:
-        communicate(proc, 120)
+        proc.communicate(120)
     assert proc.returncode == 0
     assert status_json(run_dir)["state"] == "finished"

@@ -6,28 +6,27 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
 from evalsup.mock.server import MockThread
-from tests.harness import assert_exactly_once, env_for, evalsup_cmd, summary, write_tasks
+from tests.harness import Run, assert_exactly_once, summary, write_tasks
 
 
 @pytest.mark.slow
-def test_workers_killed_while_sending_large_results(tmp_path: Path, mock: MockThread) -> None:
+def test_workers_killed_while_sending_large_results(tmp_path: Path, mock: MockThread,
+                                                    start: Callable[..., Run]) -> None:
     n = 400
     tasks = write_tasks(tmp_path / "t.jsonl", n, extra={"mock": {"kb": 900, "delay_s": 0.05}})
-    p = subprocess.Popen(evalsup_cmd("run", "-w", "3", "-c", "24", "--model", "mock-model", "--base-url", mock.url,
-                                     str(tasks)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env_for())
+    p = start("run", "-w", "3", "-c", "24", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     rng = random.Random(7)
     kills = 0
     deadline = time.monotonic() + 60
-    while kills < 6 and p.poll() is None and time.monotonic() < deadline:
+    while kills < 6 and p.running() and time.monotonic() < deadline:
         time.sleep(rng.uniform(0.3, 0.8))
         try:
             kids = psutil.Process(p.pid).children()
