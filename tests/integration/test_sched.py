@@ -66,7 +66,7 @@ def test_two_runs_on_one_directory_one_runs_the_other_is_refused(tmp_path: Path,
 
 def test_lock_is_released_by_a_dead_holder_and_names_a_live_one(tmp_path: Path) -> None:
     run_dir = tmp_path / "r.run"
-    code = ("import sys, time; from pathlib import Path; from evalsup.rundir import RunDirLock; "
+    code = ("import sys, time; from pathlib import Path; from evalsup.rundir.lock import RunDirLock; "
             "RunDirLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([*evalsup_cmd()[:1], "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True,
                               env=env_for())
