@@ -1,28 +1,18 @@
-"""Shared fixtures: the project's mock endpoint on 127.0.0.1, task files, and running the real CLI."""
+"""Fixtures for every tier: the project's mock endpoint on 127.0.0.1, ``start`` (the ``Run`` harness, torn
+down by PID) and a small tmpfs. Helpers that are not fixtures live in ``tests/harness.py``."""
 
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
-import sys
-import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
-import psutil
 import pytest
-from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter
 
 from evalsup.mock.server import MockConfig, MockThread
-from evalsup.rundir.lock import LOCK_NAME
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import Run, mount
 
 
 @pytest.fixture
@@ -31,361 +21,20 @@ def mock() -> Iterator[MockThread]:
         yield m
 
 
-def mock_endpoints(n: int) -> Iterator[list[MockThread]]:
-    """``n`` mock endpoints (2 ms answers, each its own seed), for a fixture to yield; stopped together."""
-    ms = [MockThread(MockConfig(latency_ms=2, jitter_ms=1, seed=i)) for i in range(n)]
-    for m in ms:
-        m.start()
-    try:
-        yield ms
-    finally:
-        for m in ms:
-            m.stop()
-
-
-def write_tasks(path: Path, n: int, form: str = "simple", extra: dict[str, Any] | None = None,
-                start: int = 0) -> Path:
-    with open(path, "wb") as f:
-        for i in range(start, start + n):
-            if form == "simple":
-                obj: dict[str, Any] = {"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}]}
-            elif form == "prompt":
-                obj = {"id": f"t{i}", "prompt": f"q{i}"}
-            else:
-                obj = {"custom_id": f"t{i}", "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "mock-model", "messages": [{"role": "user", "content": f"q{i}"}]}}
-            if extra:
-                obj.update(extra)
-            f.write(orjson.dumps(obj) + b"\n")
-    return path
-
-
-def evalsup_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "evalsup", *args]
-
-
-def env_for(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "EVALSUP_"))}
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(extra or {})
-    return env
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(evalsup_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env_for(env))
-
-
-def read_results(run_dir: Path) -> list[dict[str, Any]]:
-    with open(run_dir / "results.jsonl", "rb") as f:
-        return [orjson.loads(line) for line in f]
-
-
-def assert_exactly_once(run_dir: Path, ids: set[str]) -> list[dict[str, Any]]:
-    recs = read_results(run_dir)
-    got = [r["custom_id"] for r in recs]
-    dupes = {i for i, c in Counter(got).items() if c > 1}
-    assert not dupes, f"ids written twice: {sorted(dupes)[:10]}"
-    assert set(got) == ids, f"missing {sorted(ids - set(got))[:10]}, extra {sorted(set(got) - ids)[:10]}"
-    return recs
-
-
-# ------------------------------------------------------------------------ the one harness for running evalsup
-
-LIVENESS_S = 90.0  # how long a step may take before a test calls it stuck (never a performance bound)
-PLUGINS = ROOT / "tests" / "plugins"
-FAULTS_PLUGIN = PLUGINS / "faults.py"
-
-
-def lines(path: Path, objs: list[dict[str, Any]]) -> Path:
-    """Write ``objs`` as a JSONL task file."""
-    path.write_bytes(b"".join(orjson.dumps(o) + b"\n" for o in objs))
-    return path
-
-
-def summary(run_dir: Path) -> dict[str, Any]:
-    """The run's summary.json."""
-    return orjson.loads((run_dir / "summary.json").read_bytes())  # type: ignore[no-any-return]
-
-
-def run_args(mock: MockThread, tasks: Path, *extra: str) -> tuple[str, ...]:
-    # a fixed concurrency (the default is adaptive, up to 256): many of these runs are killed mid-way, and
-    # their pace must leave the moment to do it (a later -c in extra wins)
-    return ("run", "--model", "mock-model", "--base-url", mock.url, "-c", "64", *extra, str(tasks))
-
-
-def ids_of(n: int, start: int = 0) -> set[str]:
-    return {f"t{i}" for i in range(start, start + n)}
-
-
-def chat_requests(mock: MockThread) -> int:
-    """Generation requests the mock has seen (not counting the start-up check of /v1/models)."""
-    return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
-
-
-def complete_lines(path: Path) -> int:
-    """Complete (newline-terminated) lines of a file; 0 if it does not exist."""
-    try:
-        with open(path, "rb") as f:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
-
-
-def memory_samples(run_dir: Path) -> list[dict[str, Any]]:
-    """Complete lines of memory.jsonl (the last one may be half written while the run goes on)."""
-    try:
-        data = (run_dir / "memory.jsonl").read_bytes()
-    except FileNotFoundError:
-        return []
-    return [orjson.loads(x) for x in data[: data.rfind(b"\n") + 1].splitlines() if x]
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = LIVENESS_S, proc: Run | None = None) -> None:
-    """Poll ``cond``; the deadline only guards against a hang, it is not what the test measures. With ``proc``,
-    its end while waiting fails at once, with its stderr."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if proc is not None and not proc.running():
-            raise AssertionError(f"evalsup exited ({proc.p.returncode}) while waiting for {what}; "
-                                 f"stderr:\n{proc.stderr[-3000:]}")
-        if time.monotonic() > deadline:
-            tail = f"; stderr:\n{proc.stderr[-3000:]}" if proc is not None else ""
-            raise AssertionError(f"gave up after {timeout:g}s waiting for {what}{tail}")
-        time.sleep(0.02)
-
-
-class Run:
-    """One evalsup command (or ``argv``) in its own session (its workers share its process group), output to
-    files. It remembers every child it saw, so teardown kills exactly what the test started, by PID."""
-
-    _count = 0
-
-    def __init__(self, where: Path, *args: str, env: dict[str, str] | None = None,
-                 argv: list[str] | None = None) -> None:
-        Run._count += 1
-        self.out_path = where / f"evalsup-{Run._count}.stdout"
-        self.err_path = where / f"evalsup-{Run._count}.stderr"
-        self.args = args
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.p = subprocess.Popen(argv or evalsup_cmd(*args), stdout=out, stderr=err, env=env_for(env),
-                                      start_new_session=True)
-        self.pid = self.p.pid
-        self.seen: dict[int, psutil.Process] = {}
-
-    def workers(self) -> list[psutil.Process]:
-        """The live (non-zombie) descendants of the process, remembered for teardown."""
-        try:
-            kids = psutil.Process(self.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        live = []
-        for k in kids:
-            try:
-                if k.status() == psutil.STATUS_ZOMBIE:
-                    continue
-            except psutil.NoSuchProcess:
-                continue
-            self.seen.setdefault(k.pid, k)
-            live.append(k)
-        return live
-
-    def running(self) -> bool:
-        self.workers()
-        return self.p.poll() is None
-
-    def wait(self, timeout: float = LIVENESS_S) -> int | None:
-        """The exit code, or None if it still runs after ``timeout`` (a hang guard, not a measurement)."""
-        deadline = time.monotonic() + timeout
-        while self.running():
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
-        return self.p.returncode
-
-    def finish(self, timeout: float = LIVENESS_S) -> int:
-        """The exit code; fails the test, with the stderr, if it still runs after ``timeout``."""
-        rc = self.wait(timeout)
-        if rc is None:
-            raise AssertionError(f"evalsup {' '.join(self.args[:1])} still running after {timeout:g}s; "
-                                 f"stderr:\n{self.stderr[-3000:]}")
-        return rc
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
-
-    def interrupt(self, grace: float = 15.0) -> None:
-        """SIGINT (stop now, checkpoint), then SIGKILL if it does not go."""
-        if self.p.poll() is None:
-            self.workers()
-            os.kill(self.pid, signal.SIGINT)
-            try:
-                self.p.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-
-    def kill_group(self) -> None:
-        """SIGKILL the supervisor and its workers at once (the process group, as the OOM killer would)."""
-        self.workers()
-        os.killpg(self.pid, signal.SIGKILL)
-        self.p.wait()
-
-    def leftovers(self) -> list[int]:
-        """Children seen earlier that still run."""
-        out = []
-        for proc in self.seen.values():
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(proc.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    def alive_pids(self) -> list[int]:
-        return ([self.pid] if self.p.poll() is None else []) + self.leftovers()
-
-    def wait_workers_gone(self, timeout: float = 20.0) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while (left := self.leftovers()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return left
-
-    def wait_results(self, run_dir: Path, at_least: int = 1, timeout: float = LIVENESS_S) -> int:
-        """Wait until results.jsonl holds ``at_least`` complete lines while the run still goes."""
-        results = run_dir / "results.jsonl"
-        deadline = time.monotonic() + timeout
-        while (n := complete_lines(results)) < at_least:
-            assert self.running(), f"run ended (exit {self.p.returncode}) before {at_least} results:\n{self.stderr}"
-            assert time.monotonic() < deadline, f"no {at_least} results after {timeout:g}s:\n{self.stderr}"
-            time.sleep(0.02)
-        return n
-
-    @property
-    def stdout(self) -> str:
-        return self.out_path.read_text(errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def cleanup(self) -> None:
-        self.workers()
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
-        for proc in self.seen.values():
-            try:
-                if proc.is_running():  # psutil checks it is still the same process (create time)
-                    proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-
-
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Callable[..., Run]]:
-    """start(*evalsup_args, env=None, argv=None) -> Run; whatever still runs at teardown is killed by PID."""
+    """start(*evalsup_args, env=None, argv=None, stdin=None, tty=None) -> Run (see ``Run``); whatever still runs
+    at teardown is killed by PID."""
     procs: list[Run] = []
 
-    def _start(*args: str, env: dict[str, str] | None = None, argv: list[str] | None = None) -> Run:
-        p = Run(tmp_path, *args, env=env, argv=argv)
+    def _start(*args: str, **kwargs: Any) -> Run:
+        p = Run(tmp_path, *args, **kwargs)
         procs.append(p)
         return p
 
     yield _start
     for p in procs:
         p.cleanup()
-
-
-def resume_line(stderr: str) -> str:
-    lines = [x for x in stderr.splitlines() if "resuming:" in x]
-    assert len(lines) == 1, f"expected one 'resuming:' line, got {len(lines)}:\n{stderr}"
-    return lines[0]
-
-
-def assert_clean_exit(proc: Run | subprocess.CompletedRuness[str]) -> None:
-    err = proc.stderr
-    assert "Traceback" not in err, err
-
-
-# ------------------------------------------------------------- a Responses API stream (test_sse, test_fidelity)
-
-
-def responses_events(final: dict[str, Any]) -> list[bytes]:
-    start = {**final, "status": "in_progress", "output": [], "usage": None}
-    msg = final["output"][0]
-    evs: list[dict[str, Any]] = [
-        {"type": "response.created", "response": start},
-        {"type": "response.output_item.added", "output_index": 0, "item": {**msg, "content": []}},
-        {"type": "response.output_text.delta", "item_id": msg["id"], "output_index": 0, "content_index": 0,
-         "delta": "Hello ", "logprobs": []},
-        {"type": "response.output_text.delta", "item_id": msg["id"], "output_index": 0, "content_index": 0,
-         "delta": "world", "logprobs": []},
-        {"type": "response.completed", "response": final},
-    ]
-    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
-    out = []
-    for seq, ev in enumerate(evs):
-        ev["sequence_number"] = seq
-        adapter.validate_python(ev)
-        out.append(b"event: " + ev["type"].encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n")
-    return out
-
-
-RESPONSE_FINAL = {
-    "id": "resp_1", "object": "response", "created_at": 1700000000, "status": "completed", "model": "gpt-x",
-    "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": "Hello world", "annotations": []}]}],
-    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None, "incomplete_details": None,
-    "instructions": None, "metadata": {}, "temperature": 1.0, "top_p": 1.0,
-    "usage": {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-              "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 5},
-}
-
-
-def popen(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """``evalsup ARGS`` with its output in pipes (for reading it as it comes); end it with ``communicate``."""
-    return subprocess.Popen(evalsup_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env_for(env))
-
-
-def communicate(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
-    """Wait for a run started with ``popen``; kill it (only it) if it overstays."""
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
-def quiesce(mock: MockThread) -> None:
-    """Wait until the mock has nothing in flight and no request of a killed run still arrives (bytes a
-    worker wrote just before it died can reach the server after)."""
-    last = -1
-    deadline = time.monotonic() + LIVENESS_S
-    while True:
-        st = mock.stats()
-        if st["in_flight"] == 0 and st["requests"] == last:
-            return
-        assert time.monotonic() < deadline, "the mock never went quiet"
-        last = st["requests"] if st["in_flight"] == 0 else -1
-        time.sleep(0.3)
-
-
-def resumed_done(line: str) -> int:
-    m = re.search(r"resuming:\D*([\d,]+) done", line)
-    assert m, f"the resume line does not say how many are done: {line!r}"
-    return int(m.group(1).replace(",", ""))
-
-
-def snapshot(d: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under d with its bytes and mtime (but the lock file, which names whoever held it last)."""
-    return {str(p.relative_to(d)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
-            if p.is_file() and p.name != LOCK_NAME}
-
-
-def mount(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture
@@ -404,46 +53,14 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(d)], capture_output=True, timeout=30)
 
 
-# ------------------------------------------------------------------------ runs the resume tests start from
+
+_TIERS = ("unit", "integration", "slow")
 
 
-def killed_mid_run(tmp_path: Path, mock: MockThread, start: Callable[..., Run], n: int = 2000,
-                   at_least: int = 300) -> tuple[Path, Path, tuple[str, ...]]:
-    """A run SIGKILLed (whole process group) while results were coming in; the mock is fast again after."""
-    tasks = write_tasks(tmp_path / "tasks.jsonl", n)
-    run_dir = tmp_path / "tasks.run"
-    args = run_args(mock, tasks, "-w", "3")
-    mock.configure(latency_ms=100, jitter_ms=20)
-    p = start(*args)
-    p.wait_results(run_dir, at_least)
-    time.sleep(0.3)  # somewhere between flushes and checkpoints
-    p.kill_group()
-    assert p.wait_workers_gone() == []
-    assert complete_lines(run_dir / "results.jsonl") < n, "the run finished before it could be killed"
-    mock.configure(latency_ms=5, jitter_ms=2)
-    quiesce(mock)
-    return tasks, run_dir, args
-
-
-def finished_run(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
-              tasks_extra: Callable[[int], dict[str, Any] | None] | None = None) -> tuple[Path, Path, tuple[str, ...]]:
-    tasks = tmp_path / "tasks.jsonl"
-    write_tasks(tasks, n)
-    if tasks_extra is not None:  # per-task fields (the mock's per-request behaviour)
-        lines = tasks.read_bytes().splitlines()
-        out = []
-        for i, line in enumerate(lines):
-            obj = orjson.loads(line)
-            obj.update(tasks_extra(i) or {})
-            out.append(orjson.dumps(obj))
-        tasks.write_bytes(b"\n".join(out) + b"\n")
-    run_dir = tmp_path / "tasks.run"
-    args = run_args(mock, tasks, "-w", "2", *extra)
-    r = run_cli(*args)
-    assert r.returncode == 0, r.stderr
-    return tasks, run_dir, args
-
-
-def fail_once(ids: set[int], status: int = 400) -> Callable[[int], dict[str, Any] | None]:
-    """The mock answers these tasks' first attempt with `status` (and succeeds after)."""
-    return lambda i: {"mock": {"status": status, "times": 1}} if i in ids else None
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (its directory under tests/), so ``-m unit`` or ``-m "not slow"`` work as
+    well as the paths do."""
+    for item in items:
+        parts = item.path.relative_to(Path(__file__).parent).parts
+        if len(parts) > 1 and parts[0] in _TIERS:
+            item.add_marker(parts[0])

@@ -1,4 +1,4 @@
-"""User scorers for tests/test_scorers.py."""
+"""User scorers for tests/integration/test_scorers.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,91 @@
+"""The Python API without a run: an unknown keyword or an iterable without out= refused, DataFrame records
+written as JSON, and exit codes mapped to exceptions in one place. (Runs through the API: integration/test_api.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.harness import env_for
+
+HEAD = """
+import asyncio, json, os, sys
+import evalsup
+URL, OUT = sys.argv[1], sys.argv[2]
+
+def tasks(n, delay=None):
+    for i in range(n):
+        mock = {"text": "A" if i % 4 else "B"}
+        if i == 5:
+            mock = {"status": 400}
+        if delay:
+            mock["delay_s"] = delay
+        yield {"id": f"q{i}", "prompt": f"question {i}", "expected": "A", "mock": mock}
+"""
+
+
+def script(tmp_path: Path, body: str, url: str, out: Path, name: str = "s.py") -> subprocess.Popen[str]:
+    path = tmp_path / name
+    path.write_text(HEAD + textwrap.dedent(body))
+    return subprocess.Popen([sys.executable, str(path), url, str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env_for())
+
+
+# ------------------------------------------------------------------------------------------- running
+
+
+# ------------------------------------------------------------------------------------------ exceptions
+
+
+def test_unknown_keyword_and_iterable_without_out(tmp_path: Path) -> None:
+    import evalsup
+
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*wrokers"):
+        evalsup.run(tmp_path / "t.jsonl", wrokers=2)
+    with pytest.raises(evalsup.BadSettings, match="iterable need out=RUN_DIR"):
+        evalsup.run([{"id": "a", "prompt": "p"}], base_url="http://127.0.0.1:1/v1")
+    with pytest.raises(evalsup.BadInput, match=r"tasks\[1\]: a task must be a dict, not str"):
+        evalsup.run([{"id": "a", "prompt": "p"}, "b"], base_url="http://127.0.0.1:1/v1", out=tmp_path / "r")
+
+
+# -------------------------------------------------------------------------------- stops and resumes
+
+
+# ----------------------------------------------------------------------------------------- results
+
+
+def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
+    """df.to_dict("records") holds numpy scalars, NaN and timestamps: each task line is still plain JSON."""
+    pd = pytest.importorskip("pandas")
+    from evalsup.rundir.inputs import iter_lines
+
+    df = pd.DataFrame({"id": ["a", "b"], "prompt": ["p", "q"], "n": [1, 2], "x": [0.5, float("nan")],
+                       "when": pd.to_datetime(["2026-01-01", "2026-01-02"])})
+    lines = b"".join(iter_lines(df.to_dict("records"))).splitlines()
+    assert [orjson.loads(line) for line in lines] == [
+        {"id": "a", "prompt": "p", "n": 1, "x": 0.5, "when": "2026-01-01T00:00:00"},
+        {"id": "b", "prompt": "q", "n": 2, "x": None, "when": "2026-01-02T00:00:00"}]
+
+
+def test_exit_codes_map_to_exceptions_in_one_place() -> None:
+    """The codes the CLI may end with (evalsup.config.exitcodes) and the exception each becomes."""
+    from evalsup.api.exceptions import BadInput, BadSettings, EndpointUnavailable, RunStopped, error_for_exit
+
+    assert error_for_exit(0, "") is None
+    cases = [(2, "t.jsonl:4: malformed JSON", BadInput), (2, "--shard 5/4: need 0 <= K < N", BadSettings),
+             (2, "cannot reach the endpoint http://x/v1: refused", EndpointUnavailable),
+             (75, "the endpoint has been down for more than --max-wait-down 5s (refused)", EndpointUnavailable),
+             (75, "stopped; rerun the same command to resume", RunStopped), (75, "interrupted", RunStopped),
+             (73, "tasks.run is in use by evalsup (pid 7)", RunStopped)]
+    for code, msg, kind in cases:
+        e = error_for_exit(code, msg)
+        assert type(e) is kind and str(e) == msg and e.code == code, (code, msg)
+        if isinstance(e, RunStopped):
+            assert e.resumable
+    broken = error_for_exit(1, "a bug")
+    assert isinstance(broken, RunStopped) and not broken.resumable  # 1: a rerun alone will not fix it
