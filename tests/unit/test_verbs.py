@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SUP = Path(__file__).resolve().parent.parent / "evalsup" / "supervisor"
+SUP = Path(__file__).resolve().parents[2] / "evalsup" / "supervisor"
 ARBITER = SUP / "arbiter.py"
 ARBITER_CLASS = "Supervisor"
 # the handle: the one place a frame is encoded and written, a process started and a signal sent
