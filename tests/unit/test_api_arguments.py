@@ -3,43 +3,10 @@ written as JSON, and exit codes mapped to exceptions in one place. (Runs through
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import orjson
 import pytest
-
-from tests.harness import env_for
-
-HEAD = """
-import asyncio, json, os, sys
-import evalsup
-URL, OUT = sys.argv[1], sys.argv[2]
-
-def tasks(n, delay=None):
-    for i in range(n):
-        mock = {"text": "A" if i % 4 else "B"}
-        if i == 5:
-            mock = {"status": 400}
-        if delay:
-            mock["delay_s"] = delay
-        yield {"id": f"q{i}", "prompt": f"question {i}", "expected": "A", "mock": mock}
-"""
-
-
-def script(tmp_path: Path, body: str, url: str, out: Path, name: str = "s.py") -> subprocess.Popen[str]:
-    path = tmp_path / name
-    path.write_text(HEAD + textwrap.dedent(body))
-    return subprocess.Popen([sys.executable, str(path), url, str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env_for())
-
-
-# ------------------------------------------------------------------------------------------- running
-
-
-# ------------------------------------------------------------------------------------------ exceptions
 
 
 def test_unknown_keyword_and_iterable_without_out(tmp_path: Path) -> None:
@@ -51,12 +18,6 @@ def test_unknown_keyword_and_iterable_without_out(tmp_path: Path) -> None:
         evalsup.run([{"id": "a", "prompt": "p"}], base_url="http://127.0.0.1:1/v1")
     with pytest.raises(evalsup.BadInput, match=r"tasks\[1\]: a task must be a dict, not str"):
         evalsup.run([{"id": "a", "prompt": "p"}, "b"], base_url="http://127.0.0.1:1/v1", out=tmp_path / "r")
-
-
-# -------------------------------------------------------------------------------- stops and resumes
-
-
-# ----------------------------------------------------------------------------------------- results
 
 
 def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
