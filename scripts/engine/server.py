@@ -1,6 +1,6 @@
 """Find and run a real engine: Hugging Face `transformers serve --continuous-batching` with the tiny local model.
 
-Used by ``scripts/bench_engine.py`` and ``tests/test_real_engine.py``. Standard library only (it runs under
+Used by ``scripts/bench_engine.py`` and ``tests/slow/test_real_engine.py``. Standard library only (it runs under
 evalsup's venv; the engine has its own, built by ``scripts/engine-venv``, since torch must not go into
 evalsup's).
 
