@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 import orjson
 
 from evalsup.tasks.requests import join_url
+from evalsup.tasks.routes import probe_body
 from evalsup.worker.endpoints import Endpoint
 
 
@@ -21,17 +21,8 @@ def probe_request(ep: Endpoint, last: tuple[str, str] | None) -> tuple[str, byte
     if last is None:
         return None
     path, model = last
-    body: dict[str, Any] = {"model": model}
-    p = path.partition("?")[0].rstrip("/")
-    if p.endswith("/chat/completions"):
-        body.update(messages=[{"role": "user", "content": "ping"}], max_tokens=1)
-    elif p.endswith("/completions"):
-        body.update(prompt="ping", max_tokens=1)
-    elif p.endswith("/embeddings"):
-        body.update(input="ping")
-    elif p.endswith("/responses"):
-        body.update(input="ping", max_output_tokens=16)
-    else:
+    body = probe_body(path, model)
+    if body is None:
         return None
     return ep.url(path), orjson.dumps(body)
 
