@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from evalsup.common.states import EndpointState
 from evalsup.supervisor.limits import EndpointLoad
+from evalsup.supervisor.policies import RecycleCause
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
@@ -48,7 +49,7 @@ class Metrics:
             self.tasks.labels(outcome)
         for cause in ("crashed", "hung"):
             self.restarts.labels(cause)
-        for cause in ("rss", "tasks", "hard_kill"):
+        for cause in RecycleCause:
             self.recycles.labels(cause)
 
     def serve(self, host: str, port: int) -> Any:
