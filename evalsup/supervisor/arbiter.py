@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import os
 import random
 import signal
@@ -55,7 +56,7 @@ from evalsup.supervisor.hang import HangWatch
 from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.limits import endpoint_loads, limit_total
 from evalsup.supervisor.memory import MemoryControl
-from evalsup.supervisor.policies import RestartIntensity
+from evalsup.supervisor.policies import RecycleCause, RestartIntensity
 from evalsup.supervisor.progress import LineCounter, RateWindow, show_progress
 from evalsup.supervisor.progress import snapshot as progress_snapshot
 from evalsup.supervisor.scaling import ScaleGate, ScaleUp, cpu_seconds
@@ -70,7 +71,14 @@ MIB = 1 << 20
 TICK_S = 0.25  # the ticker's period: checkpoints, flushes, the breaker's probes, hang detection
 Handler = Callable[[WorkerHandle, memoryview], None]
 
-__all__ = ["RunRefused", "Supervisor"]
+__all__ = ["RunRefused", "StopMode", "Supervisor"]
+
+
+class StopMode(enum.Enum):
+    """How the run stops (``Supervisor.stop``): a NOW stop is never softened into a DRAIN."""
+
+    DRAIN = "drain"  # dispatch no more; the workers finish what they hold, within --grace (then NOW)
+    NOW = "now"  # the workers are killed; what they held is outstanding for the rerun
 
 
 class RunRefused(Exception):
@@ -96,7 +104,7 @@ class Supervisor:
         self.reader: TaskReader | None = None
         self.fp: dict[str, Any] = {}
         self.credit = asyncio.Event()  # set when a credit returns or the set of workers changes
-        self.stopping: str | None = None  # None, "drain" or "now"
+        self.stopping: StopMode | None = None  # None until the run stops
         self.stop_code = 0
         self.stop_message = ""
         self.exhausted = False
@@ -116,7 +124,7 @@ class Supervisor:
         if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
             self.journal.on_written = self.release_rings  # a ring's space is free once its lines are written
         self.journal.on_error = lambda message: self.stop(
-            f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, "now")
+            f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, StopMode.NOW)
         self.journal.on_backlog_low = self.release_results
         self.handlers: dict[FrameKind, Handler] = {
             FrameKind.RESULT: self._on_result, FrameKind.RETURNED: self._on_returned,
@@ -203,23 +211,23 @@ class Supervisor:
                  f"{self.active} of at most {self.cfg.workers}")
         self._in_background(self.spawn(self.active - 1))
 
-    def recycle(self, w: WorkerHandle, cause: str) -> None:
+    def recycle(self, w: WorkerHandle, cause: RecycleCause) -> None:
         """Past the hard RSS limit a worker is killed at once; otherwise it gets no new task and is drained
         (finishes what it holds, then exits). Its replacement starts at once, if not already."""
-        if self.stopping is not None or not w.alive or (w.recycling and cause != "hard_kill"):
+        if self.stopping is not None or not w.alive or (w.recycling and cause is not RecycleCause.HARD_KILL):
             return
         w.recycling = True
         self.stats.recycles[cause] += 1
         self.events("recycle", cause=cause, pid=w.pid, rss=w.rss, done=w.done)
         if self.metrics is not None:
             self.metrics.recycles.labels(cause).inc()
-        if cause == "hard_kill":
+        if cause is RecycleCause.HARD_KILL:
             self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; killing and replacing it")
             self.kill(w, Exit.HARD_KILL)
         else:
-            why = f"RSS {w.rss / MIB:,.0f} MiB" if cause == "rss" else f"{w.done} tasks done"
+            why = f"RSS {w.rss / MIB:,.0f} MiB" if cause is RecycleCause.RSS else f"{w.done} tasks done"
             self.log(f"worker {w.pid}: {why}; recycling it (drain, a fresh one takes its place)")
-            w.drain(report=cause == "rss" and self.cfg.worker.trace_memory)
+            w.drain(report=cause is RecycleCause.RSS and self.cfg.worker.trace_memory)
         self.replace(w)
         self.credit.set()
 
@@ -305,25 +313,25 @@ class Supervisor:
         self.events("progress", **self.stats.progress())  # the report's time series (tokens, errors by code)
         await self.journal.checkpoint(cp)
 
-    def stop(self, message: str, code: int, mode: str, hand_back: bool = False) -> None:
-        """Stop dispatching: "now" ends the workers; "drain" lets them finish what they hold (within --grace),
+    def stop(self, message: str, code: int, mode: StopMode, hand_back: bool = False) -> None:
+        """Stop dispatching: NOW ends the workers; DRAIN lets them finish what they hold (within --grace),
         or with ``hand_back`` (SIGTERM) only the requests on the wire: the tasks queued in them and requests
         parked for an outage come back at once, outstanding for the rerun."""
-        if self.stopping == "now" or (self.stopping == "drain" and mode == "drain"):
+        if self.stopping is StopMode.NOW or (self.stopping is StopMode.DRAIN and mode is StopMode.DRAIN):
             return
         if self.stopping is None:
             self.stop_message, self.stop_code = message, code
         self.stopping = mode
-        if mode == "drain" and hand_back:
+        if mode is StopMode.DRAIN and hand_back:
             for w in self.workers:
                 w.drain()
         self.credit.set()
 
     async def shutdown_workers(self) -> None:
-        """At the end: "now" kills the workers; otherwise their input is closed and they exit when done (killed
+        """At the end: a NOW stop kills the workers; otherwise their input is closed and they exit when done (killed
         after 5 s)."""
         for w in self.workers:
-            if self.stopping == "now":
+            if self.stopping is StopMode.NOW:
                 w.kill(Exit.STOPPED)
             else:
                 w.close_input()
@@ -390,17 +398,17 @@ class Supervisor:
             try:
                 await self.checkpoint()  # from the start, the run directory says where the run is
             except JournalError as e:
-                self.stop(str(e), e.code, "now")
+                self.stop(str(e), e.code, StopMode.NOW)
             loops = [asyncio.create_task(c) for c in (
                 self._ticker(), self._monitor(),
                 show_progress(cfg.quiet, cfg.log_format, cfg.log_interval_s, self.snapshot, self.log))]
             await self._dispatch()
-            if self.stopping == "drain":
+            if self.stopping is StopMode.DRAIN:
                 try:
                     await asyncio.wait_for(self._drain_outstanding(), cfg.grace_s)
                 except TimeoutError:
                     self.log(f"grace of {cfg.grace_s:g}s over; {self.ledger.in_flight()} task(s) left for the rerun")
-                    self.stopping = "now"
+                    self.stopping = StopMode.NOW
             for t in loops:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -491,7 +499,7 @@ class Supervisor:
                     continue
                 self.reader.unread()  # a rerun must meet this line again, not read on past it
                 self.stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", ex.BAD_INPUT,
-                          "drain")
+                          StopMode.DRAIN)
                 return None
             if got is None:
                 self.exhausted = True
@@ -560,7 +568,7 @@ class Supervisor:
                 await w.pipe_room()
 
     async def _drain_outstanding(self) -> None:
-        while self.ledger.in_flight() and self.stopping != "now":
+        while self.ledger.in_flight() and self.stopping is not StopMode.NOW:
             await self._wait_credit()
 
     # ----- periodic work -----
@@ -586,7 +594,7 @@ class Supervisor:
                     self.flush()
                     last_flush = now
             except JournalError as e:
-                self.stop(str(e), e.code, "now")
+                self.stop(str(e), e.code, StopMode.NOW)
                 return
             self._breaker_tick(now)
             by_id = {w.id: w for w in self.workers}
@@ -638,7 +646,7 @@ class Supervisor:
             if big is not None:
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use with nothing in flight (above the low mark); "
                          f"recycling the largest worker ({big.rss / MIB:,.0f} MiB) to give memory back")
-                self.recycle(by_id[big.id], "rss")
+                self.recycle(by_id[big.id], RecycleCause.RSS)
             if self.cfg.autoscale:
                 self._maybe_scale(mem)
 
@@ -709,7 +717,7 @@ class Supervisor:
         if then.wake:
             self.credit.set()  # wake the dispatcher only when it has something to do: a refill, the end
         if then.step == "recycle":
-            self.recycle(w, "tasks")
+            self.recycle(w, RecycleCause.TASKS)
         elif then.step == "warm":
             self.replace(w)  # warm up its successor, so the recycle costs no throughput
         if then.hold:
@@ -752,7 +760,7 @@ class Supervisor:
         then = after_exit(how, fatal=bool(w.fatal), stopping=self.stopping is not None, intensity=self.intensity,
                           now=time.monotonic())
         if then.step == "stop_fatal":
-            self.stop(f"worker could not start: {w.fatal}", ex.BAD_INPUT, "now")
+            self.stop(f"worker could not start: {w.fatal}", ex.BAD_INPUT, StopMode.NOW)
             return
         cause = then.cause
         if cause is None:
@@ -763,7 +771,7 @@ class Supervisor:
             self.metrics.restarts.labels(cause).inc()
         if then.step == "stop_crash_loop":
             self.stop(f"more than {self.cfg.max_restarts} unplanned worker restarts within 60s (last: worker "
-                      f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", ex.RESUMABLE, "now")
+                      f"{w.pid} {cause}, exit {rc}); stopping instead of crash-looping", ex.RESUMABLE, StopMode.NOW)
             return
         self.log(f"worker {w.pid} {'hung' if cause == 'hung' else f'exited ({rc})'}; "
                  f"{self.ledger.waiting()} task(s) handed on; "
@@ -842,14 +850,14 @@ class Supervisor:
             return
         what = "no endpoint left in the run takes" if eps.many else "the endpoint refused"
         self.stop(f"{what} the API key ({said}); no task was failed for it: fix the key "
-                  "(OPENAI_API_KEY or --api-key-file)", ex.RESUMABLE, "now")
+                  "(OPENAI_API_KEY or --api-key-file)", ex.RESUMABLE, StopMode.NOW)
 
     def _breaker_tick(self, now: float) -> None:
         eps = self.endpoints
         if eps.down_too_long(now):
             what = "every endpoint has" if eps.many else "the endpoint has"
             self.stop(f"{what} been down for more than --max-wait-down {self.cfg.max_wait_down_s:g}s "
-                      f"({eps.reason})", ex.RESUMABLE, "now")
+                      f"({eps.reason})", ex.RESUMABLE, StopMode.NOW)
             return
         for e in eps.probes_due(now):
             ready = [w for w in self.workers if w.state is State.READY]
@@ -861,7 +869,7 @@ class Supervisor:
 
     def state(self) -> str:
         if self.stopping is not None:
-            return "draining" if self.stopping == "drain" else "stopping"
+            return "draining" if self.stopping is StopMode.DRAIN else "stopping"
         if self.endpoints.open:  # every endpoint down
             return "waiting for endpoint"
         if self.paused:
@@ -888,7 +896,7 @@ class Supervisor:
         self._signals += 1
         if signum == signal.SIGTERM and self._signals == 1:
             self.log(f"SIGTERM: finishing requests in flight (up to {self.cfg.grace_s:g}s), then checkpointing")
-            self.stop("stopped by SIGTERM", ex.RESUMABLE, "drain", hand_back=True)
+            self.stop("stopped by SIGTERM", ex.RESUMABLE, StopMode.DRAIN, hand_back=True)
         else:
-            self.stop("interrupted", ex.RESUMABLE, "now")
+            self.stop("interrupted", ex.RESUMABLE, StopMode.NOW)
             self.stop_message, self.stop_code = "interrupted", ex.RESUMABLE

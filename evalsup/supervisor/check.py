@@ -6,13 +6,13 @@ import asyncio
 import http.client
 import ssl
 import urllib.parse
-from typing import Any
 
 import orjson
 
 from evalsup.config.run_config import RunConfig
 from evalsup.tasks.headers import api_key, build_headers, secret_values
 from evalsup.tasks.requests import join_url, public_url
+from evalsup.tasks.routes import CHAT, probe_body
 
 
 class CheckFailed(Exception):
@@ -105,9 +105,9 @@ def _check(cfg: RunConfig, url: str) -> str:
         return f"endpoint {base} is up and serves {model}"
     if not model:
         return f"endpoint {base} is up"
-    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    body = probe_body(CHAT.path, model)
     try:
-        status, data = _http(cfg, "POST", join_url(url, "/v1/chat/completions"),
+        status, data = _http(cfg, "POST", join_url(url, CHAT.path),
                              {**headers, "Content-Type": "application/json"}, orjson.dumps(body))
     except _Unreachable as e:
         raise CheckFailed(f"cannot reach the endpoint {base}: {e}") from None

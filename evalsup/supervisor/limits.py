@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TypedDict
 
+from evalsup.common.states import EndpointState
 from evalsup.supervisor.endpoints import Endpoints
 
 
@@ -23,8 +24,8 @@ class _Limited(Protocol):
 
 class EndpointLoad(TypedDict):
     url: str  # its public URL (no credentials)
-    state: str  # "up", "down" (ejected: its breaker is open, probed until it answers) or "out" (left out: it
-    # failed the connection check, or refused the key)
+    state: EndpointState  # UP, DOWN (ejected: its breaker is open, probed until it answers) or OUT (left out:
+    # it failed the connection check, or refused the key)
     limit: int  # requests the live workers may send it now (their limits for it, summed)
     in_flight: int  # requests on the wire to it
 
@@ -53,7 +54,7 @@ def endpoint_loads(workers: Sequence[_Limited], endpoints: Endpoints) -> list[En
             for i, url in enumerate(endpoints.urls)]
 
 
-def _state(endpoints: Endpoints, i: int) -> str:
+def _state(endpoints: Endpoints, i: int) -> EndpointState:
     if i in endpoints.left_out:
-        return "out"
-    return "down" if endpoints.breakers[i].open else "up"
+        return EndpointState.OUT
+    return EndpointState.DOWN if endpoints.breakers[i].open else EndpointState.UP

@@ -19,7 +19,7 @@ import orjson
 
 from evalsup.config.cgroup import CgroupProbe, CgroupSample
 from evalsup.config.run_config import RunConfig
-from evalsup.supervisor.policies import InflightBudget, PressureSignal, RecyclePolicy, Watermark
+from evalsup.supervisor.policies import InflightBudget, PressureSignal, RecycleCause, RecyclePolicy, Watermark
 from evalsup.supervisor.rss import rss_bytes
 from evalsup.supervisor.workers import State, WorkerView
 
@@ -30,7 +30,7 @@ MIB = 1 << 20
 @dataclass
 class MemoryDecision:
     throttle: str | None = None  # "pause" | "resume" | None
-    recycle: list[tuple[int, str]] = field(default_factory=list)  # (worker id, "rss"|"tasks"|"hard_kill")
+    recycle: list[tuple[int, RecycleCause]] = field(default_factory=list)  # (worker id, why)
     inflight_cap: int | None = None  # total requests in flight allowed now (None: no change)
     rss: dict[int, int] = field(default_factory=dict)  # worker id -> RSS just sampled
     notes: list[str] = field(default_factory=list)  # what to tell the user
@@ -123,7 +123,7 @@ class MemoryControl:
             per_worker[w.pid] = r
             if w.state in (State.READY, State.DRAINING):
                 d = self.recycle.decide(r, w.done, w.task_limit)
-                if d == "hard_kill" or (d is not None and w.state is State.READY and not w.recycling):
+                if d is RecycleCause.HARD_KILL or (d is not None and w.state is State.READY and not w.recycling):
                     dec.recycle.append((w.id, d))
         total = sup_rss + sum(per_worker.values())
         ws = sample.working_set_bytes

@@ -7,7 +7,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from evalsup.common.states import EndpointState
 from evalsup.supervisor.limits import EndpointLoad
+from evalsup.supervisor.policies import RecycleCause
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
@@ -47,7 +49,7 @@ class Metrics:
             self.tasks.labels(outcome)
         for cause in ("crashed", "hung"):
             self.restarts.labels(cause)
-        for cause in ("rss", "tasks", "hard_kill"):
+        for cause in RecycleCause:
             self.recycles.labels(cause)
 
     def serve(self, host: str, port: int) -> Any:
@@ -79,4 +81,4 @@ class Metrics:
         for e in endpoints:
             self.ep_limit.labels(e["url"]).set(e["limit"])
             self.ep_inflight.labels(e["url"]).set(e["in_flight"])
-            self.ep_up.labels(e["url"]).set(1 if e["state"] == "up" else 0)
+            self.ep_up.labels(e["url"]).set(1 if e["state"] == EndpointState.UP else 0)

@@ -12,6 +12,7 @@ processes. The supervisor loop only wires them together (DESIGN.md invariant 6).
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 from collections import deque
@@ -22,7 +23,7 @@ __all__ = [
     "DEFAULT_PARSE_FACTOR",
     "InflightBudget",
     "PressureSignal",
-    "RecycleDecision",
+    "RecycleCause",
     "RecyclePolicy",
     "RestartIntensity",
     "Watermark",
@@ -30,7 +31,15 @@ __all__ = [
 ]
 
 WatermarkAction = Literal["pause", "resume"]
-RecycleDecision = Literal["hard_kill", "rss", "tasks"]
+
+
+class RecycleCause(enum.StrEnum):
+    """Why a worker is recycled (``RecyclePolicy.decide``, the memory control's give-back, the task count): the
+    key of ``recycles`` in the run's counters and summary, the label of evalsup_worker_recycles_total."""
+
+    RSS = "rss"  # RSS at or above the soft limit (or memory given back): drained and replaced
+    TASKS = "tasks"  # its task limit reached: drained and replaced
+    HARD_KILL = "hard_kill"  # RSS at or above the hard limit: killed at once and replaced
 
 
 class Watermark:
@@ -180,9 +189,9 @@ class InflightBudget:
 class RecyclePolicy:
     """When to replace a worker.
 
-    * ``"hard_kill"``: RSS at or above ``hard_rss``: kill now, hand its tasks on, replace it.
-    * ``"rss"``: RSS at or above ``soft_rss``: drain (finish what it holds, then exit) and replace.
-    * ``"tasks"``: it has done ``task_limit`` tasks: drain and replace (bounds slow leaks).
+    * ``HARD_KILL``: RSS at or above ``hard_rss``: kill now, hand its tasks on, replace it.
+    * ``RSS``: RSS at or above ``soft_rss``: drain (finish what it holds, then exit) and replace.
+    * ``TASKS``: it has done ``task_limit`` tasks: drain and replace (bounds slow leaks).
 
     ``task_limit`` is per worker, drawn at spawn by :meth:`task_limit_for_new_worker` as ``max_tasks``
     plus a uniform random jitter in ``[0, jitter]`` (gunicorn's ``max_requests_jitter``), so workers
@@ -214,14 +223,14 @@ class RecyclePolicy:
             return None
         return self.max_tasks + (self._rng.randint(0, self.jitter) if self.jitter else 0)
 
-    def decide(self, rss: int | None, tasks_done: int, task_limit: int | None) -> RecycleDecision | None:
+    def decide(self, rss: int | None, tasks_done: int, task_limit: int | None) -> RecycleCause | None:
         if rss is not None:
             if self.hard_rss is not None and rss >= self.hard_rss:
-                return "hard_kill"
+                return RecycleCause.HARD_KILL
             if self.soft_rss is not None and rss >= self.soft_rss:
-                return "rss"
+                return RecycleCause.RSS
         if task_limit is not None and tasks_done >= task_limit:
-            return "tasks"
+            return RecycleCause.TASKS
         return None
 
 

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
 from evalsup.supervisor.limits import EndpointLoad, endpoint_loads, limit_total
 from evalsup.supervisor.view import RunView
@@ -149,7 +150,8 @@ def short_names(urls: list[str]) -> list[str]:
 def fmt_endpoints(loads: list[EndpointLoad]) -> str:
     """`endpoints: a:8000 12/40, b:8000 down, c:8000 15/48` (requests on the wire / limit, or the state)."""
     names = short_names([e["url"] for e in loads])
-    return "endpoints: " + ", ".join(f"{n} {e['in_flight']}/{e['limit']}" if e["state"] == "up" else f"{n} {e['state']}"
+    return "endpoints: " + ", ".join(f"{n} {e['in_flight']}/{e['limit']}" if e["state"] == EndpointState.UP
+                                     else f"{n} {e['state']}"
                                      for n, e in zip(names, loads, strict=True))
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from evalsup.ipc.messages import ResultMeta
 from evalsup.scoring.scorers import ScoreStats
+from evalsup.supervisor.policies import RecycleCause
 
 _RATIO = 1.02  # 2 % bucket width
 _LOW = 1e-4  # seconds
@@ -55,7 +56,7 @@ class RunStats:
     session_done: int = 0  # records written by this session
     latency: Histogram = field(default_factory=Histogram)
     restarts: dict[str, int] = field(default_factory=lambda: {"crashed": 0, "hung": 0})
-    recycles: dict[str, int] = field(default_factory=lambda: {"rss": 0, "tasks": 0, "hard_kill": 0})
+    recycles: dict[str, int] = field(default_factory=lambda: {str(c): 0 for c in RecycleCause})
     poisoned: list[str] = field(default_factory=list)
     peak_rss: dict[str, int] = field(default_factory=lambda: {"supervisor": 0, "worker_max": 0, "total": 0})
     ttft: Histogram = field(default_factory=Histogram)

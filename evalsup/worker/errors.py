@@ -144,15 +144,3 @@ def from_status(status: int, body: Any, retry_after: float | None) -> Failure:
         kind = FailureKind.REQUEST
     return Failure(code, message, kind, status, retry_after, err)
 
-
-# What a 200 body must hold to be an answer, by the end of the path it answers (invalid_response otherwise).
-ANSWER_KEYS = (("/chat/completions", "choices"), ("/completions", "choices"), ("/embeddings", "data"),
-               ("/responses", "output"))
-
-
-def answer_key(path: str) -> str | None:
-    p = path.partition("?")[0].rstrip("/")
-    for suffix, key in ANSWER_KEYS:
-        if p.endswith(suffix):
-            return key
-    return None

@@ -5,14 +5,15 @@ of the last task seen (GET /models before any task)."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 import orjson
 
 from evalsup.tasks.requests import join_url
+from evalsup.tasks.routes import probe_body
 from evalsup.worker.endpoints import Endpoint
 
 
@@ -21,32 +22,32 @@ def probe_request(ep: Endpoint, last: tuple[str, str] | None) -> tuple[str, byte
     if last is None:
         return None
     path, model = last
-    body: dict[str, Any] = {"model": model}
-    p = path.partition("?")[0].rstrip("/")
-    if p.endswith("/chat/completions"):
-        body.update(messages=[{"role": "user", "content": "ping"}], max_tokens=1)
-    elif p.endswith("/completions"):
-        body.update(prompt="ping", max_tokens=1)
-    elif p.endswith("/embeddings"):
-        body.update(input="ping")
-    elif p.endswith("/responses"):
-        body.update(input="ping", max_output_tokens=16)
-    else:
+    body = probe_body(path, model)
+    if body is None:
         return None
     return ep.url(path), orjson.dumps(body)
 
 
-def key_verdict(status: int | None, posted: bool) -> str:
-    """What the key check's answer says of the key: "lost" (401/403), "taken" (a 2xx; or, to the tiny POST, an
-    answer only a server past its key check gives: 400, 404, 422, 429), "down" (no answer, a 5xx), or
-    "unsure" (anything else, or a non-2xx to GET /models, which some servers serve without a key or lack)."""
+class KeyVerdict(enum.StrEnum):
+    """What the key check's answer says of the key (``key_verdict``)."""
+
+    LOST = "lost"  # 401/403: the key is refused here too
+    TAKEN = "taken"  # a 2xx; or, to the tiny POST, an answer only a server past its key check gives
+    DOWN = "down"  # no answer, or a 5xx
+    UNSURE = "unsure"  # anything else
+
+
+def key_verdict(status: int | None, posted: bool) -> KeyVerdict:
+    """What the key check's answer says of the key: LOST (401/403), TAKEN (a 2xx; or, to the tiny POST, an
+    answer only a server past its key check gives: 400, 404, 422, 429), DOWN (no answer, a 5xx), or
+    UNSURE (anything else, or a non-2xx to GET /models, which some servers serve without a key or lack)."""
     if status is None or status >= 500:
-        return "down"
+        return KeyVerdict.DOWN
     if status in (401, 403):
-        return "lost"
+        return KeyVerdict.LOST
     if 200 <= status < 300 or (posted and status in (400, 404, 422, 429)):
-        return "taken"
-    return "unsure"
+        return KeyVerdict.TAKEN
+    return KeyVerdict.UNSURE
 
 
 async def send_probe(session: aiohttp.ClientSession, headers: dict[str, str], ep: Endpoint,
@@ -83,15 +84,15 @@ async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep:
             req = probe_request(ep, ep.last_ok or fallback)
             status, detail = await send_probe(session, headers, ep, req)
             verdict = key_verdict(status, req is not None)
-            if verdict == "lost":
+            if verdict is KeyVerdict.LOST:
                 if ep.key_lost():
                     on_auth(ep.index, ep.auth.message)
                 return
-            if verdict == "taken" or (verdict == "unsure" and (unsure := unsure + 1) >= 5):
+            if verdict is KeyVerdict.TAKEN or (verdict is KeyVerdict.UNSURE and (unsure := unsure + 1) >= 5):
                 ep.key_taken(sent)
                 pause, down, unsure = 0.5, 0, 0
                 continue  # (refusals received since it left wait for the next)
-            if verdict == "down" and (down := down + 1) >= 3 and ep.up:
+            if verdict is KeyVerdict.DOWN and (down := down + 1) >= 3 and ep.up:
                 ep.eject()
                 on_trip(ep.index, f"the key check: {detail}")
             await asyncio.sleep(pause)
