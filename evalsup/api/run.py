@@ -83,18 +83,19 @@ def _check_settings(task_arg: str, options: dict[str, Any]) -> None:
     the CLI's message, before any task is copied or a process started."""
     import click
 
+    from evalsup.cli.main import given_options
     from evalsup.cli.main import run as run_command
-    from evalsup.config.run_config import ConfigError, build_config
+    from evalsup.config.run_config import ConfigError
+    from evalsup.rundir.run_json import resume_config
 
     try:
         ctx = run_command.make_context("evalsup run", [task_arg, *_argv(options)])
     except click.ClickException as e:
         raise BadSettings(e.format_message()) from None
-    params = {k: v for k, v in ctx.params.items() if k != "tasks"}
-    if params.get("out") is None and task_arg == "-":
+    if ctx.params.get("out") is None and task_arg == "-":
         raise BadSettings("reading tasks from stdin (-) needs out=RUN_DIR (where its copy and the results go)")
-    try:
-        build_config(Path(task_arg), params)
+    try:  # as the CLI will: a keyword left out (None) takes, on a resume, the run's recorded request setting
+        resume_config(Path(task_arg), given_options(ctx, ctx.params))
     except ConfigError as e:
         raise BadSettings(str(e)) from None
 
@@ -204,7 +205,9 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
 
     ``tasks``: a task file (.jsonl, .jsonl.gz, .jsonl.zst, a FIFO, "-" for stdin) or any iterable of task dicts
     (a list, a generator, a datasets.Dataset, ``df.to_dict("records")``; then ``out`` is required).
-    The keyword options are `evalsup run`'s (``evalsup run --help``), with the same names and defaults.
+    The keyword options are `evalsup run`'s (``evalsup run --help``), with the same names and defaults; calling
+    it again resumes, and a request option left out (model, max_tokens, temperature, stream, scorers...) then
+    takes the value the run recorded in its run.json.
     Raises BadInput, BadSettings, RunStopped (``.code``, ``.resumable``) or EndpointUnavailable.
     """
     bad = [k for k in options if k not in BY_NAME or not BY_NAME[k].api]

@@ -2,7 +2,10 @@
 
 The `evalsup run` command's click options (cli.py), `RunConfig`'s defaults and `build_config` (config.py), and
 the keyword arguments of `evalsup.run(...)` (api.py) are all made from ``RUN_OPTIONS``; nothing restates a
-default. A value given explicitly is used as given (``--max-wait-down 0`` is 0 s, not the default).
+default. A value given explicitly is used as given (``--max-wait-down 0`` is 0 s, not the default). An option
+left out is not the same as its default given: on a resume, a request setting left out (--model, --max-tokens,
+--stream, --scorer...) takes the value the run recorded in run.json (evalsup.rundir.run_json.resume_config), so
+build_config's ``given`` holds only what the user gave.
 
 This module is plain data (no click, no evalsup imports), so any side may import it cheaply.
 """
@@ -138,8 +141,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Process only the lines whose index (non-blank lines from 0) is K mod N; auto reads "
                 "JOB_COMPLETION_INDEX+EVALSUP_SHARDS, SLURM_ARRAY_TASK_ID+SLURM_ARRAY_TASK_COUNT or "
                 "AWS_BATCH_JOB_ARRAY_INDEX+AWS_BATCH_JOB_ARRAY_SIZE. Run dir: TASKS.run/shard-K-of-N/."),
-    Option("stream", ("--stream",), "flag", False,
-           help="Stream responses (SSE): records ttft_s; the reassembled body is written."),
+    Option("stream", ("--stream/--no-stream",), "bool", False,
+           help="Stream responses (SSE): records ttft_s; the reassembled body is written. --no-stream: one whole "
+                "body (the default of a new run)."),
     Option("max_requests_per_s", ("--max-requests-per-s",), "str", (), multiple=True, pairs=True, metavar="N|URL=N",
            help="Request rate limit. N: all requests together, across all workers and endpoints; URL=N: only the "
                 "requests sent to that endpoint (one of --base-url). Repeatable; the limits hold together, e.g. "

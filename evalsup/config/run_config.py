@@ -146,7 +146,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     per_worker = kw["max_tasks_per_worker"]
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
-        tasks_path=tasks, run_dir=Path(kw["out"]) if kw["out"] is not None else default_run_dir(tasks, shard),
+        tasks_path=tasks, run_dir=run_dir_of(tasks, kw["out"], shard),
         worker=wc, workers=workers, shard=shard, autoscale=autoscale and workers > 1,
         concurrency=max(kw["max_concurrency"] if adaptive else kw["concurrency"], workers), adaptive=adaptive,
         window=kw["window"], max_line_mb=kw["max_line_mb"],
@@ -221,6 +221,14 @@ def resolve_base_urls(flags: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 RUN_DIR_SUFFIX = ".run"  # TASKS.jsonl -> TASKS.run (evalsup.rundir.layout lists it with the rest)
+
+
+def run_dir_of(tasks: Path, out: str | Path | None, shard: str | tuple[int, int] | None) -> Path:
+    """The run directory: --out, else TASKS.run beside the task file (its shard-K-of-N/ under --shard, given as
+    parsed or as the option's text). Raises ConfigError for a bad --shard."""
+    if out is not None:
+        return Path(out)
+    return default_run_dir(tasks, parse_shard(shard) if isinstance(shard, str) else shard)
 
 
 def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> Path:
