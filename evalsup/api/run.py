@@ -161,10 +161,18 @@ def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool
 
 
 def _last_message(lines: Iterable[str]) -> str:
-    """The CLI's one-line message: its last ``evalsup: ...`` line (or click's ``Error: ...``)."""
+    """The CLI's message: its last ``evalsup: ...`` line (or click's ``Error: ...``), with the indented lines
+    that end the output right after it (a refused resume's changed settings, one a line)."""
+    tail: list[str] = []
+    at_end = True  # still among the indented lines that end the output
     for line in reversed(list(lines)):
         if line.startswith("evalsup: "):
-            return line[len("evalsup: "):]
+            return "\n".join([line[len("evalsup: "):], *reversed(tail)])
+        at_end = at_end and line.startswith("  ")
+        if at_end:
+            tail.append(line)
+            continue
+        tail = []
         if line.startswith("Error: "):
             return line[len("Error: "):]
         if line.startswith("{") and '"msg"' in line:  # --log-format json
