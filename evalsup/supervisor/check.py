@@ -112,6 +112,8 @@ def _check(cfg: RunConfig, url: str) -> str:
     auth_hint = (f"the endpoint refused the API key: set ${cfg.worker.api_key_env}"
                  " (or --api-key-env NAME / --api-key-file PATH)" if not cfg.worker.api_key_file
                  else f"the endpoint refused the API key in {cfg.worker.api_key_file}")
+    if credentials(url)[1] is not None and not key:
+        auth_hint = f"the endpoint refused the user:password in --base-url {base} (HTTP basic auth)"
     try:
         status, data = _http(cfg, "GET", join_url(address, "/v1/models"), headers)
     except _Unsendable as e:

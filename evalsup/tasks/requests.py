@@ -20,7 +20,11 @@ SIMPLE_KEYS = frozenset(("id", "messages", "prompt"))
 def public_url(url: str) -> str:
     """An endpoint's URL as records, logs and the summary show it: no user:password@ and no query (either may
     hold a credential)."""
-    u = urllib.parse.urlsplit(url)
+    try:
+        u = urllib.parse.urlsplit(url)
+    except ValueError:  # (not a URL: "http://[::1:8000/v1") the same, by hand
+        scheme, sep, rest = url.partition("://")
+        return scheme + sep + rest.split("?")[0].split("#")[0].rpartition("@")[2]
     host = u.netloc.rpartition("@")[2]
     return urllib.parse.urlunsplit((u.scheme, host, u.path, "", ""))
 
@@ -64,7 +68,10 @@ def join_url(base_url: str, path: str) -> str:
 
 def url_problem(url: str) -> str | None:
     """What keeps a --base-url from being requested (checked before the run starts), or None."""
-    u = urllib.parse.urlsplit(url)
+    try:
+        u = urllib.parse.urlsplit(url)
+    except ValueError as e:
+        return f"is not a URL ({e})"
     if u.scheme not in ("http", "https"):
         return "must start with http:// or https://"
     try:

@@ -323,8 +323,9 @@ class Client:
             self._local = asyncio.Event()
             for s in self.secrets:  # (the message may quote a header or the URL)
                 message = message.replace(s.decode(), "[redacted]")
-            self.on_local(f"a request to {ep.public} could not be sent ({message.replace(ep.address, ep.public)}):"
-                          " a setting is wrong, not the endpoint; nothing was sent and no task was failed for it")
+            said = message.replace(ep.address, ep.public)
+            self.on_local(f"a request to {ep.public} could not be sent ({said}): a setting is wrong, not the "
+                          "endpoint; nothing was sent and no task was failed for it: fix it and rerun")
         self.parked += 1
         try:
             await self._local.wait()  # never set: the supervisor ends this worker

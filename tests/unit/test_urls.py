@@ -68,3 +68,5 @@ def test_what_is_secret_in_a_url_and_what_cannot_be_requested() -> None:
     assert url_problem("http:///v1") == "has no host"
     assert url_problem("ftp://h/v1") == "must start with http:// or https://"
     assert url_problem("http://h:1/v1#x") == "has a #fragment, which is never sent"
+    assert url_problem("http://[::1:8000/v1") == "is not a URL (Invalid IPv6 URL)"
+    assert public_url("http://alice:pw@[::1:8000/v1?k=1") == "http://[::1:8000/v1"
