@@ -6,13 +6,26 @@ refused at once with one line; none waits for an endpoint; the password is nowhe
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import assert_exactly_once, ids_of, read_results, run_cli, summary, write_tasks
+from tests.harness import (
+    LIVENESS_S,
+    assert_exactly_once,
+    env_for,
+    ids_of,
+    read_results,
+    run_cli,
+    summary,
+    write_tasks,
+)
 
 PASSWORD = "pw-7f3a9c2e51b4"
 TOKEN = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
@@ -154,3 +167,29 @@ def test_the_two_urls_of_the_report_against_a_plain_endpoint(tmp_path: Path, moc
     assert r.returncode == 0, r.stderr
     assert_exactly_once(tmp_path / "t.run", ids_of(10))
     assert_nowhere([PASSWORD], tmp_path / "t.run", r.stdout, r.stderr)
+
+
+def test_evalsup_run_keeps_the_password_off_every_command_line(tmp_path: Path) -> None:
+    """``evalsup.run`` starts `evalsup run` as a process: a URL with user:password@ goes to it in its environment,
+    never on its command line (any process title shows that)."""
+    code = ("import os, evalsup; r = evalsup.run(os.environ['T_TASKS'], base_url=os.environ['T_URL'], "
+            "model='mock-model', progress=False); print(r.succeeded)")
+    with MockThread(MockConfig(basic_auth=f"alice:{PASSWORD}", latency_ms=20)) as m:
+        tasks = write_tasks(tmp_path / "t.jsonl", 300)
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env_for({"T_TASKS": str(tasks), "T_URL": with_auth(m.url)}))
+        shown: set[str] = set()
+        try:
+            while p.poll() is None:
+                for proc in psutil.process_iter(["cmdline"]):
+                    cmd = " ".join(proc.info["cmdline"] or ())
+                    if PASSWORD in cmd:
+                        shown.add(cmd)
+                time.sleep(0.05)
+            out, err = p.communicate(timeout=LIVENESS_S)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == 0, err[-3000:]
+    assert out.strip().splitlines()[-1] == "300" and not shown
+    assert_nowhere([PASSWORD, TOKEN], tmp_path / "t.run", out, err)
