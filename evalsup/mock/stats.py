@@ -42,9 +42,11 @@ class MockStats:
 
     def arrival(self, path: str, has_auth: bool) -> None:
         self.requests += 1
-        key = path if path in KNOWN_PATHS else _AZURE.sub("/openai/deployments/*/", path, 1)
-        if key not in AZURE_PATHS:
-            key = "other"
+        key = path
+        if key not in KNOWN_PATHS:
+            key = _AZURE.sub("/openai/deployments/*/", path, 1)
+            if key not in AZURE_PATHS:
+                key = "other"
         self.by_path[key] = self.by_path.get(key, 0) + 1
         self.arrivals.append(time.time())
         if has_auth:
