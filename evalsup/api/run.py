@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +125,7 @@ def _tail(path: Path, keep: collections.deque[str], echo: bool, done: threading.
                 done.wait(0.1)
 
 
-def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool
+def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool, env: dict[str, str] | None = None
                ) -> tuple[int, dict[str, Any] | None, collections.deque[str]]:
     """Run ``cmd`` (an `evalsup run`) to its end; its exit code, --json summary and last stderr lines.
 
@@ -134,7 +135,7 @@ def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool
     err_path, out_path = tmp / "stderr", tmp / "stdout"
     with open(err_path, "wb") as err_f, open(out_path, "wb") as out_f:
         proc = subprocess.Popen(cmd, stdin=None if stdin else subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                env=_child_env(), start_new_session=True,
+                                env={**_child_env(), **(env or {})}, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     err_lines: collections.deque[str] = collections.deque(maxlen=200)
     done = threading.Event()
@@ -199,6 +200,15 @@ def _echo(msg: str) -> None:
     sys.stderr.flush()
 
 
+def _credentials_off_the_command_line(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Base URLs holding user:password@ (issue 34) go to the child as OPENAI_BASE_URL, not on its command line,
+    which any process title shows; (the options without them, the child's extra environment)."""
+    urls = options.get("base_url") or []
+    if not any("@" in urllib.parse.urlsplit(u).netloc for u in urls) or any("," in u for u in urls):
+        return options, {}
+    return {**options, "base_url": None}, {"OPENAI_BASE_URL": ",".join(urls)}
+
+
 def _child_env() -> dict[str, str]:
     """The caller's environment, with this evalsup importable in the child (a source tree as much as a wheel)."""
     env = dict(os.environ)
@@ -250,11 +260,12 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
             raise RunStopped(str(e), LOCKED, resumable=True) from None
         except (InputError, RunDirError) as e:
             raise BadInput(str(e)) from None
+    options, env = _credentials_off_the_command_line(options)
     cmd = [sys.executable, "-m", "evalsup", "run", task_arg, *_argv(options), "--json"]
     if not progress:
         cmd.append("--quiet")
     with tempfile.TemporaryDirectory(prefix="evalsup-run-") as tmp:
-        code, summary, err_lines = _supervise(cmd, task_arg == "-", Path(tmp), progress)
+        code, summary, err_lines = _supervise(cmd, task_arg == "-", Path(tmp), progress, env)
     err = error_for_exit(code, _last_message(err_lines))
     if err is not None:
         raise err

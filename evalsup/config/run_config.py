@@ -127,7 +127,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
     )
-    _check_headers(wc.headers)
+    _check_requests(wc)
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
 
     def mb(name: str) -> int | None:
@@ -183,12 +183,25 @@ def retry_failed_task_file(tasks: Path | None, value: str | None) -> tuple[Path 
     return tasks, value
 
 
-def _check_headers(specs: tuple[str, ...]) -> None:
-    """A --header that cannot be used stops the run before it starts; never shows a value."""
-    from evalsup.tasks.headers import HeaderError, build_headers
+def _check_requests(w: WorkerConfig) -> None:
+    """What would keep a request from being sent stops the run before it starts, never showing a value: a
+    --header that cannot be used, a --base-url that cannot be requested, or two sources for the Authorization
+    header (a URL's user:password@ and the API key, or a --header Authorization; issue 34)."""
+    from evalsup.tasks.headers import HeaderError, api_key, build_headers, key_source, request_headers
+    from evalsup.tasks.requests import url_problem
 
+    for url in w.endpoints:
+        problem = url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"--base-url {public_url(url)} {problem}")
     try:
-        build_headers(specs)
+        common = build_headers(w.headers)
+        try:
+            key = api_key(w.api_key_env, w.api_key_file)
+        except OSError:  # (the key file is read, and its error said, where the key is used)
+            key = None
+        for url in w.endpoints:
+            request_headers(url, common, key, key_source(w.api_key_env, w.api_key_file))
     except HeaderError as e:
         raise ConfigError(str(e)) from None
 
