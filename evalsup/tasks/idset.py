@@ -91,6 +91,11 @@ class IdSet:
         if self._count * 4 > len(self._hashes) * 3:
             self._grow()
 
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` ids in all without growing on the way (growing re-inserts every id, in Python)."""
+        while n * 4 > len(self._hashes) * 3:
+            self._grow()
+
     def take_log(self) -> bytes:
         """The (hash, offset) pairs added since the last call, as bytes to append to ids.bin."""
         data = self._log.tobytes()

@@ -42,6 +42,7 @@ def prescan(path: Path, max_line_bytes: int, ids: IdSet, *, start: tuple[int, in
     ``ids`` (not to its log). Stops at the first bad line unless ``keep_going`` (``--on-invalid skip``: counted)."""
     tasks = invalid = 0
     first: TaskError | None = None
+    ids.reserve(len(ids) + _lines_ahead(path, start[0]))
     with TaskReader(path, max_line_bytes, *start, ids=ids, log_ids=False) as reader:
         while True:
             if (tasks + invalid) % POLL_LINES == 0 and should_stop():
@@ -58,3 +59,14 @@ def prescan(path: Path, max_line_bytes: int, ids: IdSet, *, start: tuple[int, in
                 break
             tasks += 1
         return Scan(tasks, invalid, first, start[0], reader.offset, reader.line_no)
+
+
+def _lines_ahead(path: Path, offset: int, sample: int = 1 << 20) -> int:
+    """About how many lines the file holds from ``offset``: its size over the mean length of the lines of its
+    first MiB from there (so the id set is sized once; an estimate off by a lot only costs a growth or room)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2) - offset
+        f.seek(offset)
+        head = f.read(sample)
+    n = head.count(b"\n")
+    return 0 if size <= 0 or not n else size * n // len(head)
