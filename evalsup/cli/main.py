@@ -105,7 +105,8 @@ def run(tasks: Path | None, **kw: Any) -> None:
 
     Exit codes: 0 every task has its record (failed requests are records, not errors); 75 stopped before
     the end (signal, endpoint down, key refused, crash loop, disk full): rerun to resume; 2 bad input or
-    settings; 73 another evalsup holds the run directory; 1 anything else.
+    settings (every task line is checked before the first request; an input with no task is exit 2 too);
+    73 another evalsup holds the run directory; 1 anything else.
     """
     from evalsup.rundir.inputs import InputError, InputKind, classify, materialize
     from evalsup.rundir.run_json import resume_config

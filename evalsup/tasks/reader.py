@@ -92,7 +92,7 @@ class TaskReader:
     """
 
     def __init__(self, path: Path, max_line_bytes: int, start_offset: int = 0, start_line: int = 0,
-                 start_index: int = 0, ids: IdSet | None = None) -> None:
+                 start_index: int = 0, ids: IdSet | None = None, log_ids: bool = True) -> None:
         self.path = path
         self.name = str(path)
         self.max_line_bytes = max_line_bytes
@@ -103,6 +103,7 @@ class TaskReader:
         self.line_no = start_line  # physical lines read (1-based numbering of the last one)
         self.index = start_index  # non-blank lines read, counting from 0 (for sharding)
         self.ids = ids if ids is not None else IdSet()
+        self.log_ids = log_ids  # False for the pre-scan: ids.bin logs the ids of the lines the run itself read
         self.exhausted = False
         self._last = (start_offset, start_line, start_index)
 
@@ -169,7 +170,7 @@ class TaskReader:
                 tid = validate(obj)
             except ValueError as e:
                 raise TaskError(self.name, self.line_no, start, str(e), body) from None
-            earlier = self.ids.add(tid, start, self._id_at)
+            earlier = self.ids.add(tid, start, self._id_at, self.log_ids)
             if earlier is not None:
                 raise TaskError(self.name, self.line_no, start, f"duplicate id {tid!r} (first seen at byte {earlier})",
                                 body)
