@@ -215,13 +215,15 @@ main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
               help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
 @click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Processes scoring in parallel.")
-@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively.")
+@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively (choice always does).")
 @click.option("--no-strip", is_flag=True, help="Do not strip surrounding white space.")
+@click.option("--normalize", is_flag=True,
+              help="Compare as SQuAD does (lower case; punctuation, articles, extra white space left out).")
 @click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write (default: RUN_DIR/results.scored.jsonl).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
-          pattern: str | None, output: Path | None) -> None:
+          normalize: bool, pattern: str | None, output: Path | None) -> None:
     """Score an existing run's results again, without sending any request.
 
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
@@ -236,7 +238,8 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
             # not while a run writes results.jsonl; a run directory we cannot write in is scored unlocked
             with contextlib.suppress(RunDirError):
                 stack.enter_context(locked(run_dir, create=False, command="score"))
-            summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output)
+            summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output,
+                              normalize=normalize)
     except RunDirBusy as e:
         _fail(str(e), LOCKED)
     except (ValueError, OSError) as e:

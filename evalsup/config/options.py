@@ -179,13 +179,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="module:function called in the worker for each task (testing hooks)."),
     Option("scorers", ("--scorer",), "str", (), multiple=True, metavar="NAME|module:fn|file.py:fn",
            help="Score each successful response in the workers (repeatable): exact_match, contains, "
-                "regex, json_valid, choice, or your own function fn(task, response) -> number|bool|dict."),
+                "regex, json_valid, choice, math, or your own function fn(task, response) -> number|bool|dict|None."),
     Option("scorer_timeout", ("--scorer-timeout",), "float", 30.0, show_default=True,
            help="Seconds one scorer call may take; past it the task gets an error score."),
     Option("ignore_case", ("--ignore-case",), "flag", False,
-           help="exact_match/contains/regex/choice: compare case-insensitively."),
+           help="exact_match/contains/regex: compare case-insensitively (choice always does)."),
     Option("no_strip", ("--no-strip",), "flag", False,
            help="exact_match/contains/regex: do not strip surrounding white space."),
+    Option("normalize", ("--normalize",), "flag", False,
+           help="exact_match/contains/regex: compare as SQuAD does (lower case; punctuation, the articles "
+                "a/an/the and extra white space left out)."),
     Option("regex", ("--regex",), "str",
            help="Pattern for the regex scorer when a task has no 'pattern' (its first group is compared "
                 "to 'expected')."),

@@ -125,6 +125,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         trace_memory=kw["trace_memory"], stream=kw["stream"],
         scorers=tuple(kw["scorers"]), scorer_timeout_s=kw["scorer_timeout"],
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
+        score_normalize=kw["normalize"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
     )
     _check_requests(wc)

@@ -51,6 +51,7 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_strip": w.score_strip,
         "score_ignore_case": w.score_ignore_case,
         "score_pattern": w.score_pattern,
+        "score_normalize": w.score_normalize,
     }
 
 
@@ -105,6 +106,7 @@ FLAGGED: dict[str, _Flag] = {
     "score_strip": _Flag("no_strip", (bool,), inverted=True),
     "score_ignore_case": _Flag("ignore_case", (bool,)),
     "score_pattern": _Flag("regex", (str, type(None))),
+    "score_normalize": _Flag("normalize", (bool,)),
 }
 SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
 _FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)"}

@@ -38,7 +38,7 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
-        **({"scores": st.scores.summary()} if st.scores.n or st.scores.errors else {}),
+        **({"scores": st.scores.summary()} if st.scores else {}),
         "retries": st.retries,
         # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
         "breaker": {"opened": run.endpoints.opened, "down_s": round(run.endpoints.total_down_s(time.monotonic()), 2)},
@@ -121,7 +121,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
 def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for name, sc in scores.items():
-        errs = f", {sc['errors']} errors" if sc["errors"] else ""
+        # unscored tasks (no 'expected') are neither wrong nor errors: counted apart, outside n
+        errs = (f", {sc['unscored']:,} unscored" if sc.get("unscored") else "") + (
+            f", {sc['errors']:,} errors" if sc["errors"] else "")
         if sc.get("accuracy") is not None:
             lo, hi = sc["ci95"]
             rows.append((f"score {name}", f"accuracy {sc['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
@@ -129,7 +131,7 @@ def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
         elif sc.get("mean") is not None:
             rows.append((f"score {name}", f"mean {sc['mean']:.4f}, n={sc['count']:,}{errs}"))
         else:
-            rows.append((f"score {name}", f"{sc['errors']} errors, no score"))
+            rows.append((f"score {name}", f"no score (n=0){errs}"))
     return rows
 
 

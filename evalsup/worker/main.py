@@ -67,7 +67,7 @@ class Worker:
         self.plugin = load_callable(cfg.plugin) if cfg.plugin else None
         self.scoring: Scoring | None = None
         if cfg.scorers:
-            opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern)
+            opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.pid = os.getpid()
         self.pacer = Pacer(random.Random(self.pid))
@@ -132,14 +132,13 @@ class Worker:
         if self.plugin is not None:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
-        scores: dict[str, float | None] | None = None
-        score_errors: dict[str, str] | None = None
+        scored = None
         if self.scoring is not None and oc.error is None:
             self.outbox.before_user_code(key)
-            scores, score_errors = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
+            scored = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
         endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scores, score_errors)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored)
 
     def _probe(self, e: int) -> None:
         if self.client is not None:

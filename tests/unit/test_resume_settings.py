@@ -15,7 +15,8 @@ from evalsup.rundir.run_json import differences, guard, recorded_options, reques
 
 URL = "http://127.0.0.1:9/v1"
 RECORDED = {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True, "endpoint_path": "/v1",
-            "scorers": ["exact_match"], "score_strip": False, "score_ignore_case": True, "score_pattern": "(a)"}
+            "scorers": ["exact_match"], "score_strip": False, "score_ignore_case": True, "score_pattern": "(a)",
+            "score_normalize": True}
 
 
 def _run_json(run_dir: Path, settings: dict[str, Any]) -> Path:
@@ -46,7 +47,8 @@ def test_a_fresh_run_takes_todays_defaults(tmp_path: Path) -> None:
     assert line is None and cfg.run_dir == tmp_path / "t.run"
     assert request_settings(cfg) == {"model": None, "max_tokens": None, "temperature": None, "stream": False,
                                      "endpoint_path": "/v1", "scorers": [], "score_strip": True,
-                                     "score_ignore_case": False, "score_pattern": None}
+                                     "score_ignore_case": False, "score_pattern": None,
+                                     "score_normalize": False}
 
 
 def test_a_resume_takes_every_request_flag_left_out_from_run_json(tmp_path: Path) -> None:
@@ -55,7 +57,7 @@ def test_a_resume_takes_every_request_flag_left_out_from_run_json(tmp_path: Path
     assert request_settings(cfg) == RECORDED and cfg.workers == 3
     assert line == (f"resuming with the settings of {run_dir}/run.json: model='m', max_tokens=7, temperature=0.5, "
                     "stream=True, scorers=['exact_match'], score_strip=False, score_ignore_case=True, "
-                    "score_pattern='(a)'")
+                    "score_pattern='(a)', score_normalize=True")
     # a flag given with the recorded value is not taken (and not listed); the rest still are
     cfg, line = resume_config(tmp_path / "t.jsonl", {"base_url": [URL], "model": "m", "stream": True})
     assert request_settings(cfg) == RECORDED
@@ -71,14 +73,16 @@ def test_a_flag_given_with_another_value_wins_and_the_guard_refuses_it(tmp_path:
     cfg, line = resume_config(tmp_path / "t.jsonl", {"base_url": [URL], "model": "other",
                                                      "accept_changed_settings": True})
     assert line is not None and line.endswith("max_tokens=7, temperature=0.5, stream=True, scorers=['exact_match'], "
-                                              "score_strip=False, score_ignore_case=True, score_pattern='(a)'")
+                                              "score_strip=False, score_ignore_case=True, score_pattern='(a)', "
+                                              "score_normalize=True")
     assert guard(run_dir, request_settings(cfg), True, True) == ["model (--model): 'm' then, 'other' now"]
 
 
 def test_settings_at_todays_defaults_need_no_line(tmp_path: Path) -> None:
     _run_json(tmp_path / "t.run", {"model": None, "max_tokens": None, "temperature": None, "stream": False,
                                    "endpoint_path": "/v1", "scorers": [], "score_strip": True,
-                                   "score_ignore_case": False, "score_pattern": None})
+                                   "score_ignore_case": False, "score_pattern": None,
+                                     "score_normalize": False})
     assert resume_config(tmp_path / "t.jsonl", {"base_url": [URL]})[1] is None
 
 
@@ -102,6 +106,7 @@ def test_fresh_out_and_shards_read_their_own_run_directory(tmp_path: Path, monke
 
 def test_an_older_run_json_takes_todays_default_for_a_key_it_lacks(tmp_path: Path) -> None:
     old = {k: v for k, v in RECORDED.items() if k not in ("score_strip", "score_ignore_case", "score_pattern",
+                                                             "score_normalize",
                                                              "endpoint_path")}
     run_dir = _run_json(tmp_path / "t.run", old)
     assert recorded_options(run_dir, {}) == {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True,
