@@ -5,7 +5,8 @@ Two input forms are accepted, one JSON object per line:
 * OpenAI Batch API: ``{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions", "body": {...}}``
 * simple: ``{"id": "...", "messages": [...]}`` or ``{"id": "...", "prompt": "..."}``
 
-Any other top-level key is carried to the output record's ``metadata`` (see ``requests.to_request``). The
+Any other top-level key is carried to the output record's ``metadata``, and a line's own ``metadata`` object
+is that metadata as given, the other keys beside it (a key in both is refused; see ``requests.to_request``). The
 supervisor reads and validates with this module; the worker never reads the file.
 """
 
@@ -18,7 +19,7 @@ from typing import IO, Any
 import orjson
 
 from evalsup.tasks.idset import IdSet
-from evalsup.tasks.requests import BATCH_URLS
+from evalsup.tasks.requests import BATCH_URLS, metadata_problem
 from evalsup.tasks.routes import DEFAULT
 
 
@@ -56,6 +57,9 @@ def validate(obj: Any) -> str:
     """Check one parsed line; return its id or raise ValueError with the reason."""
     if not isinstance(obj, dict):
         raise ValueError(f"a task line must be a JSON object, not {type(obj).__name__}")
+    problem = metadata_problem(obj)
+    if problem:
+        raise ValueError(problem)
     if "custom_id" in obj:
         tid = task_id_of(obj)
         if tid is None or tid == "":

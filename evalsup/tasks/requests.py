@@ -12,7 +12,8 @@ from typing import Any
 from evalsup.tasks.routes import BY_PATH, DEFAULT, ROUTES
 
 BATCH_URLS = tuple(r.path for r in ROUTES)  # the routes a task may name (evalsup.tasks.routes)
-# the keys of each input form; any other top-level key goes to the record's metadata
+# the keys of each input form; any other top-level key goes to the record's metadata (a "metadata" object: its
+# keys, beside the others)
 BATCH_KEYS = frozenset(("custom_id", "method", "url", "body"))
 SIMPLE_KEYS = frozenset(("id", "messages", "prompt"))
 
@@ -93,17 +94,42 @@ class RequestDefaults:
     stream: bool = False
 
 
+def metadata_problem(obj: dict[str, Any]) -> str | None:
+    """What is wrong with a line's own ``metadata`` (checked by ``reader.validate``, so the pre-scan refuses the
+    line before any request), or None: it must be an object, and a key in it may not also be a top-level extra
+    key (which would win is not guessed)."""
+    own = obj.get("metadata")
+    if own is None:
+        return None
+    if not isinstance(own, dict):
+        return f"'metadata' must be an object, not {type(own).__name__}"
+    form = BATCH_KEYS if "custom_id" in obj else SIMPLE_KEYS
+    both = sorted(k for k in own if k in obj and k not in form and k != "metadata")
+    if both:
+        return (f"{', '.join(repr(k) for k in both)} is both a key of 'metadata' and a top-level key: keep one "
+                "(the record's metadata holds both sets)")
+    return None
+
+
+def _metadata(extra: dict[str, Any]) -> dict[str, Any]:
+    """The record's metadata: the line's own ``metadata`` object as given, its other extra keys beside it."""
+    own = extra.pop("metadata", None)
+    return {**own, **extra} if isinstance(own, dict) else extra
+
+
 def to_request(obj: dict[str, Any], defaults: RequestDefaults) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """A parsed task line as (url path, request body, metadata of extra keys)."""
+    """A parsed task line as (url path, request body, metadata): the metadata is the line's ``metadata`` object
+    as given with its other extra keys beside it (``{"expected": "B", "metadata": {"subject": "law"}}`` gives
+    ``{"subject": "law", "expected": "B"}``), what a scorer reads as the task's fields."""
     if "custom_id" in obj:
         url = obj.get("url", DEFAULT.path)
         body = dict(obj["body"])
-        meta = {k: v for k, v in obj.items() if k not in BATCH_KEYS}
+        meta = _metadata({k: v for k, v in obj.items() if k not in BATCH_KEYS})
     else:
         url = DEFAULT.path
         messages = obj["messages"] if "messages" in obj else [{"role": "user", "content": obj["prompt"]}]
         body = {"messages": messages}
-        meta = {k: v for k, v in obj.items() if k not in SIMPLE_KEYS}
+        meta = _metadata({k: v for k, v in obj.items() if k not in SIMPLE_KEYS})
         if "mock" in meta:  # the project's mock server reads per-request test behaviour from the body
             body["mock"] = meta.pop("mock")
     if defaults.model is not None:

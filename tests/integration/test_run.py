@@ -78,7 +78,7 @@ def test_batch_form_all_endpoints_and_metadata(tmp_path: Path, mock: MockThread)
     CreateEmbeddingResponse.model_validate(recs["emb"]["response"]["body"])
     ChatCompletion.model_validate(recs["simple"]["response"]["body"])
     assert recs["chat"]["metadata"] == {"expected": "A"}
-    assert recs["comp"]["metadata"] == {"metadata": {"k": 1}}
+    assert recs["comp"]["metadata"] == {"k": 1}  # the line's own metadata, as given
     assert "metadata" not in recs["emb"]
     assert recs["simple"]["metadata"] == {"expected": "B", "choices": ["A", "B"]}
 
