@@ -47,6 +47,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
             "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
             "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores,
             "ep": oc.endpoint}
+    if oc.stalled:
+        info["st"] = oc.stalled  # attempts abandoned as stalled (timeout_stall), for the summary
     if isinstance(oc.parsed, UsageOnly):
         info["chk"] = 1  # checked by simdjson, not built (counted in the summary)
     return out, info
