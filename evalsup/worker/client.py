@@ -61,7 +61,8 @@ class OnWire:
     sent: float  # monotonic: when the request went out
     attempt: int  # the task's attempt this is (counted against --max-attempts)
     got: int = 0  # bytes of the answer received so far
-    cut: asyncio.Timeout | None = None  # the attempt's scope: STALL moves its deadline to now
+    task: asyncio.Task[Any] | None = None  # the task's coroutine, which STALL cancels where the attempt waits
+    cut: bool = False  # STALL cut it (``Client.abandon``): the cancellation is the stall's, not a stop's
 
     def row(self, now: float) -> list[float]:
         """The heartbeat's row (ipc.messages.Heartbeat ``old``)."""
@@ -151,14 +152,16 @@ class Client:
         return [w.row(now) for w in heapq.nsmallest(k, self.wire, key=lambda w: w.sent)]
 
     def abandon(self, age_s: float, now: float) -> int:
-        """STALL: every attempt on the wire for at least ``age_s`` seconds is cut where it waits (its scope's
-        deadline moved to now); ``execute`` turns the cut into a ``timeout_stall`` failure and the retry policy
-        decides as for any timeout. The request's connection is closed with it, so no late answer can come back
-        to it. How many were cut."""
+        """STALL: every attempt on the wire for at least ``age_s`` seconds is cut where it waits (its task is
+        cancelled, once, marked as cut); ``execute`` turns the cut into a ``timeout_stall`` failure and the retry
+        policy decides as for any timeout. aiohttp closes the request's connection as the cancellation passes,
+        so no late answer can come back to it. How many were cut. (An entry is in ``wire`` only while its task
+        waits inside the attempt: the cancellation always lands there.)"""
         n = 0
         for w in self.wire:
-            if now - w.sent >= age_s and w.cut is not None:
-                w.cut.reschedule(0.0)  # at or before the loop's time: expires at the next turn of the loop
+            if not w.cut and now - w.sent >= age_s and w.task is not None:
+                w.cut = True
+                w.task.cancel("stalled (--stall-after)")
                 n += 1
         return n
 
@@ -282,12 +285,15 @@ class Client:
             st.begin(t_a - t_q, ep.index)
             self.on_wire += 1
             ep.sent()
-            wire = OnWire(key, ep.index, t_a, st.used)
+            wire = OnWire(key, ep.index, t_a, st.used, task=asyncio.current_task())
             self.wire.add(wire)
             try:
-                async with asyncio.timeout(None) as wire.cut:  # no deadline of its own: only STALL sets one
-                    a = await self.attempt(ep.url(path), payload, stream, need, ep.headers, wire)
-            except TimeoutError:  # the STALL's cut (the attempt turns every timeout of its own into a failure)
+                a = await self.attempt(ep.url(path), payload, stream, need, ep.headers, wire)
+            except asyncio.CancelledError:
+                # STALL's cut (Client.abandon) becomes the attempt's failure, unless the task is stopped as well
+                # (then uncancel leaves a request standing and the stop goes on)
+                if not wire.cut or wire.task is None or wire.task.uncancel() > 0:
+                    raise
                 a = Attempt(None, b"", None, None, errors.stalled(time.monotonic() - t_a))
                 st.stalled += 1
             finally:

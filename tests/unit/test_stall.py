@@ -174,3 +174,20 @@ def test_a_request_that_always_stalls_uses_up_its_attempts() -> None:
 def test_a_stall_is_the_endpoints_failure_like_any_timeout() -> None:
     f = stalled(301.0)
     assert f.code == "timeout_stall" and f.kind is FailureKind.ENDPOINT and f.endpoint_side and "301s" in f.message
+
+
+def test_a_stop_during_a_cut_still_stops_the_task() -> None:
+    async def go() -> bool:
+        client = _client(_hang_first)
+        run = asyncio.create_task(client.execute("/v1/chat/completions", {"model": "m", "messages": []}, key=3))
+        while not client.wire:
+            await asyncio.sleep(0)
+        assert client.abandon(0.0, float("inf")) == 1
+        assert client.abandon(0.0, float("inf")) == 0  # cut once: a second STALL cancels nothing more
+        run.cancel()  # the worker ends meanwhile: the stop is not taken for the stall
+        try:
+            await run
+        except asyncio.CancelledError:
+            return client.calls == 1
+        return False
+    assert asyncio.run(go())
