@@ -51,6 +51,7 @@ class RunConfig:
     checkpoint_interval_s: float = 2.0
     grace_s: float = OPT["grace"]
     hang_timeout_s: float = OPT["hang_timeout"]
+    stall_after_s: float = OPT["stall_after"]  # issue 28: no result this long, requests on the wire: STALL
     max_task_crashes: int = OPT["max_task_crashes"]
     max_restarts: int = OPT["max_restarts"]
     quiet: bool = OPT["quiet"]
@@ -152,6 +153,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         concurrency=max(kw["max_concurrency"] if adaptive else kw["concurrency"], workers), adaptive=adaptive,
         window=kw["window"], max_line_mb=kw["max_line_mb"],
         on_invalid=kw["on_invalid"], fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
+        stall_after_s=kw["stall_after"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=per_worker,

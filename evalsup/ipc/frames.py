@@ -38,11 +38,12 @@ class FrameKind(enum.IntEnum):
     BREAKER_CLOSE = 9  # json {"was_down": bool}: it is back (or was never down): carry on
     PROBE = 20  # check the endpoint with a request of its own (GET /models) and say how it went
     RELEASE = 21  # u64 position: the worker's result ring is free before it (see ipc.ring)
+    STALL = 23  # json {"age": s}: abandon the attempts on the wire for at least s seconds, and retry them
     # worker -> supervisor
     READY = 10  # json {"pid": ..., "concurrency": ...}
     RESULT = 11  # meta {"k", "ok", "lat", "att", "rb", "ec", "pt", "ct", "ttft", "sc"} + output line, or meta
     #              with "sh": [position, length] of the line in the worker's ring and nothing after it
-    HEARTBEAT = 12  # json {"inflight", "queued", "parked", "done", "retries"}
+    HEARTBEAT = 12  # json {"inflight", "queued", "parked", "done", "retries", "wire", "old", ...}
     BYE = 13  # json {"done": n}: drained, about to exit
     FATAL = 14  # json {"message": str}: the worker cannot go on
     LEAKS = 15  # json {"text": str}: top allocation sites (tracemalloc), sent before a drain exit

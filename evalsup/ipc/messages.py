@@ -39,6 +39,7 @@ class ResultMeta(TypedDict):
     chk: NotRequired[int]  # present: a large body checked by simdjson rather than built (worker.bodies)
     sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
     ep: NotRequired[int]  # the endpoint that served the last attempt (its index in WorkerConfig.endpoints)
+    st: NotRequired[int]  # attempts abandoned as stalled (timeout_stall, on the supervisor's STALL); absent: 0
 
 
 class Heartbeat(TypedDict):
@@ -50,6 +51,16 @@ class Heartbeat(TypedDict):
     done: int
     retries: int
     eps: list[list[int]] | None  # with several endpoints: [its limit, requests on the wire to it] each (issue 21)
+    # the oldest requests on the wire (at most ``WIRE_TOP``), oldest first, each an ``OnWire`` row:
+    # [task key, endpoint index, seconds on the wire, attempt, bytes received so far] (issue 28)
+    old: NotRequired[list[list[float]]]
+
+
+WIRE_TOP = 5  # requests on the wire a heartbeat names (the oldest), and `evalsup status` shows
+
+
+class Stall(TypedDict):
+    age: float  # STALL: abandon every attempt on the wire for at least this many seconds, and retry it
 
 
 class Ready(TypedDict):

@@ -83,6 +83,13 @@ class Call:
             await asyncio.sleep(delay)
             if state.down:  # an outage that started while this request waited
                 return self.abort("down")
+        if ov.hang:  # a stalled slot: nothing is sent until the client gives up on the request
+            self.state.stats.fault("hang")
+            while not (self.request.transport is None or self.request.transport.is_closing()):
+                await asyncio.sleep(0.1)
+            self.aborted = True
+            abort_transport(self.request, rst=True)
+            return web.Response(status=499)  # never sent: the client is gone
         if ov.reset:
             return self.abort("reset")
         if ov.status is not None and not 200 <= ov.status < 300:

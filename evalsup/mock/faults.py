@@ -34,16 +34,17 @@ class Override:
     retry_after: float | None = None
     refusal: str | None = None  # chat: answer with this refusal instead of content
     in_stream: bool = False  # a 5xx status on a streamed request comes as an error event inside a 200 stream
+    hang: bool = False  # no answer at all: the request is held until the client goes (a stalled server slot)
     times: int | None = None  # the faults above apply to the first `times` attempts of this exact request only
 
     @property
     def has_fault(self) -> bool:
-        return self.status is not None or self.reset or self.malformed or self.cut_stream
+        return self.status is not None or self.reset or self.malformed or self.cut_stream or self.hang
 
     def without_faults(self) -> Override:
         """The same override with its faults spent (delay, text, kb still apply)."""
-        return dataclasses.replace(self, status=None, reset=False, malformed=False, cut_stream=False, times=None,
-                                   in_stream=False)
+        return dataclasses.replace(self, status=None, reset=False, hang=False, malformed=False, cut_stream=False,
+                                   times=None, in_stream=False)
 
 
 NO_OVERRIDE = Override()
@@ -116,6 +117,7 @@ def parse_override(value: Any) -> Override:
         malformed=_flag(value, "malformed"),
         kb=_number(value, "kb"),
         cut_stream=_flag(value, "cut_stream"),
+        hang=_flag(value, "hang"),
         retry_after=_number(value, "retry_after"),
     )
 

@@ -12,7 +12,7 @@ table, ``{FrameKind: handler}``), which decide nothing of their own beyond bookk
 What is decided, and where:
 - who holds which task, the redo and suspect queues: ``ledger.TaskLedger``;
 - a worker's life: ``workers.WorkerHandle`` (states and their moves, ``Exit``);
-- which workers are hung: ``hang.HangWatch``;
+- which workers are hung: ``hang.HangWatch``; whether the run has stalled on its oldest requests: ``stall.StallWatch``;
 - may a worker be added: ``scaling.ScaleUp.may_add`` with a ``scaling.ScaleGate``;
 - what a RESULT changes (wake the dispatcher, warm or recycle the worker, hold the pipes): ``after_result``;
 - what a worker's exit leads to (stop, nothing, a restart counted against the intensity): ``after_exit``;
@@ -41,7 +41,7 @@ from evalsup.config.ratelimits import rate_share
 from evalsup.config.run_config import RunConfig
 from evalsup.ipc import FrameKind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, BufferPool, ProtocolError
-from evalsup.ipc.messages import Auth, ResultMeta
+from evalsup.ipc.messages import WIRE_TOP, Auth, ResultMeta
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint, previous_fingerprint
 from evalsup.rundir.journal import Journal
@@ -61,6 +61,7 @@ from evalsup.supervisor.policies import RecycleCause, RestartIntensity
 from evalsup.supervisor.progress import LineCounter, RateWindow, show_progress
 from evalsup.supervisor.progress import snapshot as progress_snapshot
 from evalsup.supervisor.scaling import ScaleGate, ScaleUp, cpu_seconds
+from evalsup.supervisor.stall import OnWire, StallWatch, on_wire
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.view import RunView
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
@@ -104,6 +105,7 @@ class Supervisor:
         self.active = cfg.first_workers  # worker slots in use (grows with autoscale, see supervisor.scaling)
         self.scaler = ScaleUp()
         self.hang = HangWatch(cfg.hang_timeout_s, TICK_S)
+        self.stall = StallWatch(cfg.stall_after_s, time.monotonic())  # its clock starts again with the run
         self.reader: TaskReader | None = None
         self._scanned: tuple[tuple[int, int, int], IdSet] | None = None  # the pre-scan's start and id set
         self.fp: dict[str, Any] = {}
@@ -442,6 +444,7 @@ class Supervisor:
         await self._prepare()
         quiet_gc()
         self._start_watching()
+        self.stall.result(time.monotonic())  # the quiet clock starts with the run, not with the endpoint check
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.on_signal, sig)
@@ -655,6 +658,35 @@ class Supervisor:
                 if not hung.starting:
                     self.log(f"worker {w.pid} sent no heartbeat for {hung.silent_s:.0f}s (hung); killing it")
                 self.kill(w, Exit.HUNG)
+            self._stall_tick(now)
+
+    def _on_wire(self, now: float) -> list[OnWire]:
+        """The requests the live workers' last heartbeats name, oldest first (supervisor.stall)."""
+        return on_wire(((w.id, w.last_beat, w.old) for w in self.workers if w.alive), now)
+
+    def _name_wire(self, x: OnWire) -> dict[str, Any]:
+        """A request on the wire as memory.jsonl and the stall line name it: the task's id, not its key."""
+        w = next((w for w in self.workers if w.id == x.worker), None)
+        ref = w.held.get(x.key) if w is not None else None
+        urls = self.endpoints.urls
+        return {"id": ref.id if ref is not None else None, "endpoint": urls[x.endpoint] if 0 <= x.endpoint < len(urls)
+                else None, "age_s": round(x.age_s, 1), "attempt": x.attempt, "bytes": x.got}
+
+    def _stall_tick(self, now: float) -> None:
+        """``StallWatch`` decides whether the run has stalled on its oldest requests; STALL goes to their workers."""
+        got = self.stall.check(now, self._on_wire(now), paused=self.endpoints.open or self.stopping is StopMode.NOW)
+        if got is None:
+            return
+        named = [self._name_wire(x) for x in got.oldest]
+        self.events("stall", quiet_s=round(got.quiet_s, 1), requests=named)
+        self.log(f"stalled: no result for {got.quiet_s:.0f}s (--stall-after {got.age_s:g}s); abandoning and retrying "
+                 f"what has been on the wire that long (timeout_stall): " + "; ".join(
+                     f"{n['id']!r} at {n['endpoint']}, {n['age_s']:.0f}s, attempt {n['attempt']}, {n['bytes']:,} bytes"
+                     for n in named))
+        by_id = {w.id: w for w in self.workers}
+        for wid in got.workers:
+            if (w := by_id.get(wid)) is not None and w.alive:
+                self.send(w, FrameKind.STALL, {"age": got.age_s})
 
     async def _monitor(self) -> None:
         """Every --monitor-interval: the memory control decides (``MemoryControl.tick``), this applies it."""
@@ -664,6 +696,7 @@ class Supervisor:
             await asyncio.sleep(self.cfg.monitor_interval_s)
             mem.concurrency_limit = limit_total(self.workers)  # into memory.jsonl (issue 21)
             mem.on_wire = sum(w.wire for w in self.workers if w.alive)
+            mem.oldest = [self._name_wire(x) for x in self._on_wire(time.monotonic())[:WIRE_TOP]]  # for status
             mem.endpoints = endpoint_loads(self.workers, self.endpoints) if self.endpoints.many else None
             dec = mem.tick(self.workers, self.paused, self.stats.done)
             for note in dec.notes:
@@ -758,6 +791,7 @@ class Supervisor:
             self.stats.ring_results += 1
         self.append(line)
         self.stats.on_result(meta)
+        self.stall.result(time.monotonic())
         if self.metrics is not None:
             self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
         if self.memory is not None and meta["ok"]:
@@ -790,6 +824,7 @@ class Supervisor:
         w.wire = int(beat.get("wire", 0))
         w.conc_limit = int(beat.get("limit") or 0)  # the adaptive limit, summed for display (issue 21)
         w.ep_load = beat.get("eps")  # and each endpoint's, with several
+        w.old = beat.get("old")  # its oldest requests on the wire (supervisor.stall; memory.jsonl for status)
 
     def _on_ready(self, w: WorkerHandle, payload: memoryview) -> None:
         w.ready()

@@ -65,6 +65,7 @@ class MemoryControl:
         self.concurrency_limit = 0  # issue 21: the workers' limits summed (set by the arbiter), for memory.jsonl
         self.on_wire = 0  # requests on the wire (set by the arbiter), for memory.jsonl and the report
         self.endpoints: list[Any] | None = None  # several endpoints: each one's load (set by the arbiter)
+        self.oldest: list[dict[str, Any]] | None = None  # the oldest requests on the wire (set by the arbiter)
         if self.limit:
             self.cap = self.budget.cap(max(80 * MIB, 0) + cfg.workers * 60 * MIB, cfg.concurrency)
         self.cap_announced = False
@@ -191,6 +192,8 @@ class MemoryControl:
                "low": self.watermark.low_bytes if self.watermark else None}
         if self.endpoints is not None:
             rec["endpoints"] = self.endpoints  # [{url, state, limit, in_flight}] (supervisor.limits)
+        if self.oldest:
+            rec["oldest"] = self.oldest  # [{id, endpoint, age_s, attempt, bytes}], at most WIRE_TOP (issue 28)
         try:
             self._file.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
             self._file.flush()

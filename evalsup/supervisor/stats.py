@@ -62,6 +62,7 @@ class RunStats:
     ttft: Histogram = field(default_factory=Histogram)
     errors: dict[str, int] = field(default_factory=dict)
     retries: int = 0
+    stalled: int = 0  # attempts abandoned on a STALL (timeout_stall) and retried, this session (issue 28)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
@@ -84,6 +85,7 @@ class RunStats:
         self.session_done += 1
         self.latency.add(float(meta["lat"]))
         self.retries += int(meta["rt"])
+        self.stalled += int(meta.get("st", 0))
         code = meta.get("ec")
         if code:
             self.errors[code] = self.errors.get(code, 0) + 1

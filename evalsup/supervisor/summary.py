@@ -40,6 +40,7 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         "errors": dict(st.errors),
         **({"scores": st.scores.summary()} if st.scores else {}),
         "retries": st.retries,
+        "timeout_stall": st.stalled,  # attempts abandoned because the run had stalled on them, and retried
         # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
         "breaker": {"opened": run.endpoints.opened, "down_s": round(run.endpoints.total_down_s(time.monotonic()), 2)},
         # (with several --base-url only: one endpoint's figures are the run's, and its URL stays out of reports)
@@ -110,6 +111,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
             f"{e['index']}: " + ("left out" if "left_out" in e else f"{e['results']:,} results"
                                  + (f", ejected {e['ejected']}x ({e['down_s']:.1f}s)" if e["ejected"] else ""))
             for e in eps)))
+    if summary.get("timeout_stall"):
+        rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
+                                   "no result in the run for --stall-after while they were on the wire)"))
     rows.extend(score_rows(summary.get("scores", {})))
     if summary["poisoned"]:
         rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))

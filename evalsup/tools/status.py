@@ -65,6 +65,8 @@ class RunStatus:
     in_flight: int | None = None  # running: requests on the wire at the last memory sample
     concurrency_limit: int | None = None  # running: the workers' (adaptive) limits summed, same sample
     endpoints: list[dict[str, Any]] | None = None  # running, several endpoints: url, state, limit, in_flight each
+    # running: the oldest requests on the wire at the last memory sample (id, endpoint, age_s, attempt, bytes)
+    oldest: list[dict[str, Any]] | None = None
     pid: int | None = None
     exit_code: int | None = None
     restarts: dict[str, int] = field(default_factory=dict)
@@ -257,6 +259,8 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
             st.in_flight, st.concurrency_limit = int(last.get("in_flight") or 0), int(last["concurrency_limit"])
         if isinstance(last.get("endpoints"), list):
             st.endpoints = [e for e in last["endpoints"] if isinstance(e, dict)]
+        if isinstance(last.get("oldest"), list):
+            st.oldest = [o for o in last["oldest"] if isinstance(o, dict)]
         if st.checkpoint_age_s > 30:
             st.why = ((st.why + "; ") if st.why else "") + f"no checkpoint for {st.checkpoint_age_s:,.0f}s (stuck?)"
     else:
@@ -316,6 +320,10 @@ def format_run(st: RunStatus) -> str:
         what = (f"{int(e.get('in_flight') or 0):,} in flight, limit {int(e.get('limit') or 0):,}"
                 if e.get("state") == EndpointState.UP else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
         lines.append(f"  endpoint    {e.get('url')}: {what}")
+    for i, o in enumerate(st.oldest or ()):  # what holds up the end of the run (issue 28)
+        lines.append(f"  {'oldest' if i == 0 else '':<11} {o.get('id')!r} at {o.get('endpoint')}: "
+                     f"{fmt_duration(float(o.get('age_s') or 0))} on the wire, attempt {o.get('attempt')}, "
+                     f"{int(o.get('bytes') or 0):,} bytes received")
     pid = f" (pid {st.pid})" if st.state is RunState.RUNNING else ""
     lines.append(f"  checkpoint  {st.checkpoint_age_s:,.1f}s ago{pid}")
     if st.exit_code is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +48,25 @@ class Outcome:
     server_s: float = 0.0  # the last attempt, from the request written to the last byte (issue 21)
     queue_s: float = 0.0  # waits for the pacers (--max-requests-per-s, --max-tokens-per-min; global, endpoint's)
     endpoint: int = 0  # the endpoint of the last attempt (its index in WorkerConfig.endpoints)
+    stalled: int = 0  # attempts abandoned on the supervisor's STALL (timeout_stall)
+
+
+@dataclass(slots=True, eq=False)
+class OnWire:
+    """One attempt on the wire (issue 28): what the heartbeat names when it is among the oldest, and what STALL
+    abandons (``Client.abandon``). Lives exactly as long as the attempt: nothing is kept per task beyond it."""
+
+    key: int  # the task's key
+    endpoint: int  # its index in WorkerConfig.endpoints
+    sent: float  # monotonic: when the request went out
+    attempt: int  # the task's attempt this is (counted against --max-attempts)
+    got: int = 0  # bytes of the answer received so far
+    task: asyncio.Task[Any] | None = None  # the task's coroutine, which STALL cancels where the attempt waits
+    cut: bool = False  # STALL cut it (``Client.abandon``): the cancellation is the stall's, not a stop's
+
+    def row(self, now: float) -> list[float]:
+        """The heartbeat's row (ipc.messages.Heartbeat ``old``)."""
+        return [self.key, self.endpoint, round(now - self.sent, 1), self.attempt, self.got]
 
 
 @dataclass(slots=True)
@@ -110,6 +130,7 @@ class Client:
         self.parked = 0
         self.retries = 0
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
+        self.wire: set[OnWire] = set()  # those requests, each its attempt's (heartbeat "old", STALL)
         # tasks waiting out a retry's back-off (a 5xx, a reset; not a 429's wait, which is the server's flow
         # control): with an adaptive limit they hold no slot, as they load no server (schedule.Schedule.active)
         self.resting = 0
@@ -126,7 +147,26 @@ class Client:
                 raw = raw.replace(s, b"[redacted]")
         return raw
 
-    async def _each_chunk(self, resp: aiohttp.ClientResponse, take: Callable[[bytes], object]) -> None:
+    def oldest(self, now: float, k: int) -> list[list[float]]:
+        """The ``k`` requests longest on the wire, oldest first, as the heartbeat's rows."""
+        return [w.row(now) for w in heapq.nsmallest(k, self.wire, key=lambda w: w.sent)]
+
+    def abandon(self, age_s: float, now: float) -> int:
+        """STALL: every attempt on the wire for at least ``age_s`` seconds is cut where it waits (its task is
+        cancelled, once, marked as cut); ``execute`` turns the cut into a ``timeout_stall`` failure and the retry
+        policy decides as for any timeout. aiohttp closes the request's connection as the cancellation passes,
+        so no late answer can come back to it. How many were cut. (An entry is in ``wire`` only while its task
+        waits inside the attempt: the cancellation always lands there.)"""
+        n = 0
+        for w in self.wire:
+            if not w.cut and now - w.sent >= age_s and w.task is not None:
+                w.cut = True
+                w.task.cancel("stalled (--stall-after)")
+                n += 1
+        return n
+
+    async def _each_chunk(self, resp: aiohttp.ClientResponse, take: Callable[[bytes], object],
+                          wire: OnWire | None = None) -> None:
         """Hand the body to ``take`` chunk by chunk as aiohttp's parser hands it over (`readchunk`), without
         joining, raising ResponseTooLarge past --max-response-mb. A plain loop rather than an async generator:
         each of those costs the loop's registry of async generators an entry per response (~5 us a request at
@@ -140,31 +180,34 @@ class Client:
                 n += len(chunk)
                 if n > cap:
                     raise ResponseTooLarge(n)
+                if wire is not None:
+                    wire.got = n
                 take(chunk)
             elif content.at_eof():
                 return
 
-    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _read(self, resp: aiohttp.ClientResponse, wire: OnWire | None = None) -> bytes:
         length = resp.content_length
         if length is not None and length > self.max_response_bytes:
             raise ResponseTooLarge(length)
         chunks: list[bytes] = []
-        await self._each_chunk(resp, chunks.append)
+        await self._each_chunk(resp, chunks.append, wire)
         # One join, the only copy of the body this side of aiohttp's parser: aiohttp's read() and iter_any() join
         # whatever chunks are buffered at each wake-up, then join those blocks again (a 1 MB body copied twice).
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, start: float) -> tuple[bytes, Any, StreamAssembler]:
+    async def _read_stream(self, resp: aiohttp.ClientResponse, start: float,
+                           wire: OnWire | None = None) -> tuple[bytes, Any, StreamAssembler]:
         asm = StreamAssembler(start)
-        await self._each_chunk(resp, asm.feed)
+        await self._each_chunk(resp, asm.feed, wire)
         body = asm.body()  # raises StreamCut when the stream stopped early
         raw = orjson.dumps(body)
         return raw, body, asm
 
     async def attempt(self, url: str, payload: bytes, stream: bool, need: str | None = None,
-                      headers: Mapping[str, str] | None = None) -> Attempt:
+                      headers: Mapping[str, str] | None = None, wire: OnWire | None = None) -> Attempt:
         """One request; ``need``: the key a 200 body must have to be an answer (tasks.routes.answer_key);
-        ``headers``: the endpoint's (``Endpoint.headers``)."""
+        ``headers``: the endpoint's (``Endpoint.headers``); ``wire``: its entry on the wire (bytes counted)."""
         start = time.monotonic()
         status: int | None = None
         request_id: str | None = None
@@ -177,10 +220,10 @@ class Client:
                     retry_after = parse_retry_after(resp.headers.get("Retry-After"))
                 # a body is read by what it is: SSE is assembled even when no stream was asked for
                 if status == 200 and resp.content_type == "text/event-stream":
-                    raw, parsed, asm = await self._read_stream(resp, start)
+                    raw, parsed, asm = await self._read_stream(resp, start, wire)
                     raw = self._scrub(raw)
                     return Attempt(200, raw, parsed, request_id, None, asm.ttft_s, asm.itl_s)
-                raw = self._scrub(await self._read(resp))
+                raw = self._scrub(await self._read(resp, wire))
         except ResponseTooLarge as e:
             return Attempt(status, b"", None, request_id, errors.answer(
                 Code.TOO_LARGE, f"response of {e.args[0]} bytes exceeds --max-response-mb", status))
@@ -242,14 +285,25 @@ class Client:
             st.begin(t_a - t_q, ep.index)
             self.on_wire += 1
             ep.sent()
+            wire = OnWire(key, ep.index, t_a, st.used, task=asyncio.current_task())
+            self.wire.add(wire)
             try:
-                a = await self.attempt(ep.url(path), payload, stream, need, ep.headers)
+                a = await self.attempt(ep.url(path), payload, stream, need, ep.headers, wire)
+            except asyncio.CancelledError:
+                # STALL's cut (Client.abandon) becomes the attempt's failure, unless the task is stopped as well
+                # (then uncancel leaves a request standing and the stop goes on)
+                if not wire.cut or wire.task is None or wire.task.uncancel() > 0:
+                    raise
+                a = Attempt(None, b"", None, None, errors.stalled(time.monotonic() - t_a))
+                st.stalled += 1
             finally:
                 self.on_wire -= 1
                 ep.answered()
+                self.wire.discard(wire)
             st.server_s = time.monotonic() - t_a
             f = a.failure
-            if self.observe is not None:
+            # (a STALL's cut is evalsup's decision, not a measure of the server's time: the limit never sees it)
+            if self.observe is not None and (f is None or f.code != Code.TIMEOUT_STALL):
                 self.observe(ep, a.status, None if f is None else str(f.code), st.server_s)
             if f is None:
                 ep.succeeded(t_a, last)
@@ -354,7 +408,7 @@ class Client:
             error = a.failure.record()
         return Outcome(a.status, body, len(a.raw), a.request_id, error, st.used, time.monotonic() - st.start,
                        a.parsed, a.ttft_s, a.itl_s, a.raw if isinstance(body, orjson.Fragment) else None, st.sent,
-                       st.server_s, st.queued, st.endpoint)
+                       st.server_s, st.queued, st.endpoint, st.stalled)
 
     async def _room_elsewhere_within(self, ep: Endpoint, seconds: float) -> bool:
         """Sit out a wait ``ep`` asked for (429), or only until another endpoint has room and asked for no wait

@@ -3,13 +3,15 @@
 TASK queues a task (``schedule.Schedule``); the rest steer the worker: PAUSE/RESUME (the memory throttle), LIMIT
 (the supervisor's cap on requests in flight), RATE (this worker's share of the rate limits, global and per
 endpoint), BREAKER_OPEN/BREAKER_CLOSE (an endpoint ejected, left out, or back), PROBE (the breaker asks this
-worker to probe an endpoint), RELEASE (a ring line written), DRAIN (finish what is in flight, hand the rest back).
+worker to probe an endpoint), RELEASE (a ring line written), DRAIN (finish what is in flight, hand the rest back),
+STALL (abandon the attempts on the wire for at least so many seconds: they fail as ``timeout_stall`` and retry).
 Payloads are typed in ``ipc.messages``. No handler waits: the read loop calls them in order, then starts
 whatever may start (``Schedule.pump``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from evalsup.ipc import FrameKind, decode_json, split_meta
@@ -22,7 +24,8 @@ from evalsup.worker.schedule import Schedule
 
 class Control:
     def __init__(self, schedule: Schedule, endpoints: EndpointPool, pacer: Pacer, outbox: Outbox,
-                 probe: Callable[[int], None], drain: Callable[[], None], report: Callable[[], str]) -> None:
+                 probe: Callable[[int], None], drain: Callable[[], None], report: Callable[[], str],
+                 abandon: Callable[[float, float], int] = lambda age, now: 0) -> None:
         self.schedule = schedule
         self.endpoints = endpoints
         self.pacer = pacer
@@ -30,11 +33,12 @@ class Control:
         self.probe = probe  # starts the breaker's probe of an endpoint (Client.probe), in the background
         self.drain = drain  # the worker drains: it ends once nothing is queued or in flight
         self.report = report  # the leak report's text (DRAIN with "report")
+        self.abandon = abandon  # cuts the attempts on the wire that long (Client.abandon): STALL
         self.handlers: dict[FrameKind, Callable[[memoryview], None]] = {
             FrameKind.TASK: self.task, FrameKind.RELEASE: self.release, FrameKind.PAUSE: self.pause,
             FrameKind.RESUME: self.resume, FrameKind.RATE: self.rate, FrameKind.BREAKER_OPEN: self.breaker_open,
             FrameKind.BREAKER_CLOSE: self.breaker_close, FrameKind.PROBE: self.probe_frame, FrameKind.LIMIT: self.limit,
-            FrameKind.DRAIN: self.drain_frame,
+            FrameKind.DRAIN: self.drain_frame, FrameKind.STALL: self.stall,
         }
 
     def on_frame(self, kind: FrameKind, payload: memoryview) -> None:
@@ -74,6 +78,10 @@ class Control:
 
     def limit(self, payload: memoryview) -> None:
         self.schedule.set_limit(int(decode_json(payload)["inflight"]))
+
+    def stall(self, payload: memoryview) -> None:
+        """The run saw no result for --stall-after: cut every attempt on the wire that long (ipc.messages.Stall)."""
+        self.abandon(float(decode_json(payload)["age"]), time.monotonic())
 
     def drain_frame(self, payload: memoryview) -> None:
         if payload and decode_json(payload).get("report"):

@@ -11,6 +11,8 @@ client builds a ``Failure``; the retry policy (``retry.RetryPolicy.decide``) and
     ├── transport (no HTTP answer)     connection_refused   the connection itself was refused: endpoint down
     │                                  connection_error     reset or closed mid-request
     │                                  timeout_connect | timeout_read | timeout_total
+    │                                  timeout_stall        abandoned: the run had no result for --stall-after
+    │                                                       while it was on the wire (the supervisor's STALL)
     │                                  stream_cut           an SSE stream stopped before its end
     │                                  stream_error         the server failed mid-stream (an error event)
     ├── answer (a 200 that is broken)  invalid_json | invalid_response | response_too_large
@@ -41,6 +43,8 @@ class Code(enum.StrEnum):
     TIMEOUT_CONNECT = "timeout_connect"
     TIMEOUT_READ = "timeout_read"
     TIMEOUT_TOTAL = "timeout_total"
+    # abandoned on the supervisor's word: no result in the whole run for --stall-after while it was on the wire
+    TIMEOUT_STALL = "timeout_stall"
     STREAM_CUT = "stream_cut"
     STREAM_ERROR = "stream_error"  # an error event inside a 200 stream (the server's code kept beside it)
     INVALID_JSON = "invalid_json"
@@ -98,6 +102,15 @@ class Failure:
 def transport(code: Code, message: str, said: dict[str, str] | None = None) -> Failure:
     """No HTTP answer: refused, reset, a timeout, a cut stream, or an error event mid-stream."""
     return Failure(code, message, FailureKind.ENDPOINT, said=said or {})
+
+
+def stalled(age_s: float) -> Failure:
+    """An attempt abandoned on the supervisor's STALL: the run had seen no result for --stall-after while this
+    one was on the wire for ``age_s`` s. The endpoint's, like any timeout: retried, an attempt used (so it cannot
+    loop for ever), and evidence for the breaker, whose probe then says whether the endpoint as a whole answers
+    (its parked attempts are then counted) or is down (they are not: no task pays for an outage)."""
+    return transport(Code.TIMEOUT_STALL, f"no answer after {age_s:.0f}s on the wire while the run had no result "
+                                         "for --stall-after; abandoned and retried")
 
 
 # aiohttp's (and asyncio's) exceptions -> the failure of the attempt, as httpx maps httpcore's: (exception types,

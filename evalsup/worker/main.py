@@ -25,7 +25,7 @@ import orjson
 from evalsup.common.process import quiet_gc
 from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame
 from evalsup.ipc.frames import FrameParser
-from evalsup.ipc.messages import WorkerConfig
+from evalsup.ipc.messages import WIRE_TOP, WorkerConfig
 from evalsup.scoring.plugin import load_callable
 from evalsup.scoring.scorers import ScorerOptions
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers, secret_values, url_secrets
@@ -74,7 +74,8 @@ class Worker:
         self.client: Client | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self.control = Control(self.schedule, self.endpoints, self.pacer, self.outbox, self._probe, self._drain,
-                               lambda: leak_report(self.pid, self.done))
+                               lambda: leak_report(self.pid, self.done),
+                               lambda age, now: self.client.abandon(age, now) if self.client else 0)
 
     def _pump(self) -> None:
         """Start every task that may start now (``Schedule.pump``); their STARTED notes go out within the delay."""
@@ -159,11 +160,14 @@ class Worker:
         schedule = self.schedule
         while True:
             c = self.client
-            self.out.send(encode_json(FrameKind.HEARTBEAT, {
+            beat: dict[str, Any] = {
                 "inflight": schedule.inflight, "queued": len(schedule.queue), "done": self.done, "t": time.time(),
                 "parked": c.parked if c else 0, "retries": c.retries if c else 0,
                 "wire": c.on_wire if c else 0,  # requests on the wire (status/progress "in flight")
-                "limit": schedule.allowed(), "eps": self.endpoints.load(schedule.limit)}))  # adaptive (issue 21)
+                "limit": schedule.allowed(), "eps": self.endpoints.load(schedule.limit)}  # adaptive (issue 21)
+            if c is not None and c.wire:  # the oldest requests on the wire: status shows them, STALL acts on them
+                beat["old"] = c.oldest(time.monotonic(), WIRE_TOP)
+            self.out.send(encode_json(FrameKind.HEARTBEAT, beat))
             await self.out.drain()
             await asyncio.sleep(interval)
 

@@ -51,6 +51,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
             "sc": None if scored is None else scored.scores, "ep": oc.endpoint}
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
+    if oc.stalled:
+        info["st"] = oc.stalled  # attempts abandoned as stalled (timeout_stall), for the summary
     if isinstance(oc.parsed, UsageOnly):
         info["chk"] = 1  # checked by simdjson, not built (counted in the summary)
     return out, info

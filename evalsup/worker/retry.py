@@ -80,6 +80,7 @@ class AttemptState:
     queued: float = 0.0  # seconds waited for the pacers (the record's queue_s, with the worker's queue)
     server_s: float = 0.0  # the last attempt at the server, from its request written to its last byte
     endpoint: int = 0  # the last attempt's endpoint
+    stalled: int = 0  # attempts abandoned on the supervisor's STALL (timeout_stall; each counted as used)
     avoid: Endpoint | None = None  # the endpoint that just asked this request to wait (429): the next pick avoids it
 
     def begin(self, queued: float, endpoint: int) -> None:
