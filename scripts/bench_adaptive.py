@@ -14,8 +14,17 @@ the share of requests answered 429 (the mock's own counters), the settle time (f
 limit in memory.jsonl stays within +-25 % of its median over the rest of the busy run) and, for the halving,
 the time from the change until the limit has followed (stays within +-25 % of its new median).
 
+A second scenario (``--mix-n``, issue 28): refusals that do not depend on the load. A mock with no capacity
+limit that answers 30 % 429 (Retry-After 1 s), 10 % 500 and 20 % cut streams whatever is sent; streamed tasks;
+a fixed sweep (``--mix-sweep``, 1, 4, 16, 64) against the default. Per run: ok tasks/s, its ratio to the best
+fixed, the median summed limit, the breaker's openings (summary.json).
+
+``--before DIR``: also run each default from another checkout (the code before a change), in the same
+invocation, so that the ratios compare on one machine's load.
+
     scripts/bench_adaptive.py                      # the issue's figures: K=64, Q=64, 200 ms, 10,000 tasks
     scripts/bench_adaptive.py --n 3000 --sweep 32,64,128 --json out.json
+    scripts/bench_adaptive.py --n 0 --halve-at 0 --mix-n 500 --before /work/before   # the mix alone
 """
 
 from __future__ import annotations
@@ -52,10 +61,27 @@ def _admin(base: str, path: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(r.read())
 
 
-def _env() -> dict[str, str]:
+def _env(code: Path = ROOT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "EVALSUP_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(code)
     return env
+
+
+def _start_mock(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    mock = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(port), *args], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            _admin(base, "/_mock/stats")
+            return mock, base
+        except OSError:
+            if time.monotonic() > deadline:
+                mock.terminate()
+                raise
+            time.sleep(0.2)
 
 
 def _limits(run_dir: Path) -> list[tuple[float, int, int]]:
@@ -84,7 +110,7 @@ def settle_time(samples: list[tuple[float, int, int]], t0: float, n: int) -> flo
 
 
 def run_one(base: str, tasks: Path, n: int, work: Path, name: str, extra: list[str],
-            halve_at: float | None = None, capacity: int = 64) -> dict[str, Any]:
+            halve_at: float | None = None, capacity: int = 64, code: Path = ROOT) -> dict[str, Any]:
     _admin(base, "/_mock/config", {"capacity": capacity})
     _admin(base, "/_mock/reset", {})
     out = work / f"{name}.run"
@@ -95,7 +121,7 @@ def run_one(base: str, tasks: Path, n: int, work: Path, name: str, extra: list[s
     if halve_at is not None:
         timer = threading.Timer(halve_at, lambda: _admin(base, "/_mock/config", {"capacity": capacity // 2}))
         timer.start()
-    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    p = subprocess.run(cmd, env=_env(code), capture_output=True, text=True)
     wall = time.time() - t0
     if timer is not None:
         timer.cancel()
@@ -114,6 +140,7 @@ def run_one(base: str, tasks: Path, n: int, work: Path, name: str, extra: list[s
         "latency_p50_s": summary["latency_s"].get("p50"), "latency_p99_s": summary["latency_s"].get("p99"),
         "limit_median": statistics.median([lim for _, lim, d in samples if d < 0.9 * n] or [0]),
         "settle_s": settle_time(samples, t0, n),
+        "breaker_opened": (summary.get("breaker") or {}).get("opened"),
     }
     if halve_at is not None:
         tc = t0 + halve_at
@@ -124,71 +151,104 @@ def run_one(base: str, tasks: Path, n: int, work: Path, name: str, extra: list[s
     return row
 
 
+def _table(rows: list[dict[str, Any]], halve_at: float) -> None:
+    best = max((r["ok_per_s"] for r in rows if r["name"].startswith("fixed")), default=0.0)
+    print("| run | ok tasks/s | of best fixed | 429 share | failed | breaker opened | limit (median) | settle s | "
+          "p50 / p99 s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = r["ok_per_s"] / best if best else 0.0
+        extra = (f" (halved at {halve_at:.0f} s: {r['limit_before']:.0f} -> {r['limit_after']:.0f}, "
+                 f"followed in {r['follow_s']} s)" if "follow_s" in r else "")
+        print(f"| {r['name']} | {r['ok_per_s']:.1f} | {ratio:.2f} | {r['share_429']:.2%} | {r['failed']} | "
+              f"{r['breaker_opened']} | {r['limit_median']:.0f}{extra} | {r['settle_s']} | "
+              f"{r['latency_p50_s']} / {r['latency_p99_s']} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--n", type=int, default=10_000, help="Tasks of the capacity scenario (0: skip it).")
     ap.add_argument("--capacity", type=int, default=64)
     ap.add_argument("--queue", type=int, default=64)
     ap.add_argument("--latency-ms", type=float, default=200.0)
     ap.add_argument("--jitter-ms", type=float, default=20.0)
     ap.add_argument("--sweep", default="16,32,64,128,256")
     ap.add_argument("--halve-at", type=float, default=10.0, help="Seconds into the halving run (0: no such run).")
+    ap.add_argument("--mix-n", type=int, default=0, help="Tasks of the load-independent mix scenario (0: skip).")
+    ap.add_argument("--mix-sweep", default="1,4,16,64")
+    ap.add_argument("--mix", default="0.3,0.1,0.2", help="The mix's 429, 500 and cut-stream shares.")
+    ap.add_argument("--before", type=Path, default=None, help="Also run each default from this checkout.")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="evalsup-bench-adaptive-"))
-    tasks = work / "tasks.jsonl"
-    with open(tasks, "w") as f:
-        for i in range(args.n):
-            f.write(json.dumps({"id": f"t{i}", "messages": [{"role": "user", "content": f"question {i}"}]}) + "\n")
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    mock = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(port), "--latency-ms", str(args.latency_ms),
-                             "--jitter-ms", str(args.jitter_ms), "--capacity", str(args.capacity), "--queue",
-                             str(args.queue)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    defaults: list[tuple[str, Path]] = [("default", ROOT)]
+    if args.before is not None:
+        defaults.append(("default (before)", args.before.resolve()))
     rows: list[dict[str, Any]] = []
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                _admin(base, "/_mock/stats")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        for c in [int(x) for x in args.sweep.split(",") if x]:
-            rows.append(run_one(base, tasks, args.n, work, f"fixed-{c}", ["--concurrency", str(c)],
-                                capacity=args.capacity))
-            print(json.dumps(rows[-1]), flush=True)
-        for name, extra in (("default", []), ("default, no server metrics", ["--server-metrics", "off"])):
-            rows.append(run_one(base, tasks, args.n, work, name.replace(" ", "_").replace(",", ""), extra,
-                                capacity=args.capacity))
-            rows[-1]["name"] = name
-            print(json.dumps(rows[-1]), flush=True)
-        if args.halve_at > 0:
-            for name, extra in (("default, capacity halved", []),
-                                ("default, no server metrics, capacity halved", ["--server-metrics", "off"])):
-                rows.append(run_one(base, tasks, args.n, work, name.replace(" ", "_").replace(",", ""), extra,
-                                    halve_at=args.halve_at, capacity=args.capacity))
-                rows[-1]["name"] = name
+    mix_rows: list[dict[str, Any]] = []
+    if args.n > 0:
+        tasks = work / "tasks.jsonl"
+        with open(tasks, "w") as f:
+            for i in range(args.n):
+                f.write(json.dumps({"id": f"t{i}", "messages": [{"role": "user", "content": f"question {i}"}]}) + "\n")
+        mock, base = _start_mock(["--latency-ms", str(args.latency_ms), "--jitter-ms", str(args.jitter_ms),
+                                  "--capacity", str(args.capacity), "--queue", str(args.queue)])
+        try:
+            for c in [int(x) for x in args.sweep.split(",") if x]:
+                rows.append(run_one(base, tasks, args.n, work, f"fixed-{c}", ["--concurrency", str(c)],
+                                    capacity=args.capacity))
                 print(json.dumps(rows[-1]), flush=True)
-    finally:
-        mock.terminate()
-        mock.wait(10)
-    best = max((r["ok_per_s"] for r in rows if r["name"].startswith("fixed")), default=0.0)
-    print(f"\nK={args.capacity} Q={args.queue} {args.latency_ms:.0f} ms (+-{args.jitter_ms:.0f}), {args.n:,} tasks; "
-          f"ideal {args.capacity / args.latency_ms * 1000:.0f} tasks/s\n")
-    print("| run | ok tasks/s | of best fixed | 429 share | failed | limit (median) | settle s | p50 / p99 s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = r["ok_per_s"] / best if best else 0.0
-        extra = (f" (halved at {args.halve_at:.0f} s: {r['limit_before']:.0f} -> {r['limit_after']:.0f}, "
-                 f"followed in {r['follow_s']} s)" if "follow_s" in r else "")
-        print(f"| {r['name']} | {r['ok_per_s']:.0f} | {ratio:.2f} | {r['share_429']:.2%} | {r['failed']} | "
-              f"{r['limit_median']:.0f}{extra} | {r['settle_s']} | {r['latency_p50_s']} / {r['latency_p99_s']} |")
+            for dname, code in defaults:
+                for name, extra in ((dname, []), (f"{dname}, no server metrics", ["--server-metrics", "off"])):
+                    rows.append(run_one(base, tasks, args.n, work, _slug(name), extra, capacity=args.capacity,
+                                        code=code))
+                    rows[-1]["name"] = name
+                    print(json.dumps(rows[-1]), flush=True)
+                if args.halve_at > 0:
+                    for name, extra in ((f"{dname}, capacity halved", []),
+                                        (f"{dname}, no server metrics, capacity halved", ["--server-metrics", "off"])):
+                        rows.append(run_one(base, tasks, args.n, work, _slug(name), extra, halve_at=args.halve_at,
+                                            capacity=args.capacity, code=code))
+                        rows[-1]["name"] = name
+                        print(json.dumps(rows[-1]), flush=True)
+        finally:
+            mock.terminate()
+            mock.wait(10)
+    if args.mix_n > 0:
+        p429, p500, pcut = (float(x) for x in args.mix.split(","))
+        tasks = work / "mix.jsonl"
+        with open(tasks, "w") as f:
+            for i in range(args.mix_n):
+                f.write(json.dumps({"id": f"m{i}", "messages": [{"role": "user", "content": f"question {i}"}]}) + "\n")
+        mock, base = _start_mock(["--latency-ms", str(args.latency_ms), "--jitter-ms", str(args.jitter_ms),
+                                  "--fail-429", str(p429), "--fail-500", str(p500), "--cut-stream", str(pcut),
+                                  "--retry-after", "1"])
+        try:
+            runs = [(f"fixed-{c}", ["--concurrency", c], ROOT) for c in args.mix_sweep.split(",") if c]
+            runs += [(dname, [], code) for dname, code in defaults]
+            for name, extra, code in runs:
+                mix_rows.append(run_one(base, tasks, args.mix_n, work, "mix_" + _slug(name), ["--stream", *extra],
+                                        capacity=0, code=code))
+                mix_rows[-1]["name"] = name
+                print(json.dumps(mix_rows[-1]), flush=True)
+        finally:
+            mock.terminate()
+            mock.wait(10)
+    if rows:
+        print(f"\nK={args.capacity} Q={args.queue} {args.latency_ms:.0f} ms (+-{args.jitter_ms:.0f}), "
+              f"{args.n:,} tasks; ideal {args.capacity / args.latency_ms * 1000:.0f} tasks/s\n")
+        _table(rows, args.halve_at)
+    if mix_rows:
+        print(f"\nLoad-independent mix: {args.mix} (429 with Retry-After 1 s, 500, cut stream), no capacity limit, "
+              f"{args.latency_ms:.0f} ms (+-{args.jitter_ms:.0f}), {args.mix_n:,} streamed tasks\n")
+        _table(mix_rows, 0)
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows},
-                                        indent=2))
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+                                         "mix_rows": mix_rows}, indent=2))
+
+
+def _slug(name: str) -> str:
+    return name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
 
 
 if __name__ == "__main__":

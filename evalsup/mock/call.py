@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -104,6 +105,9 @@ class Call:
             self.fault = Fault.MALFORMED
         elif not ov.cut_stream:
             self.fault = FaultInjector.fault_for(self.cfg, u)
+            if self.fault is Fault.CUT_STREAM:  # the answer is cut as a "cut_stream" override cuts it
+                self.fault = Fault.NONE
+                self.override = dataclasses.replace(ov, cut_stream=True)
         return None
 
     def _retry_after(self) -> float:

@@ -17,6 +17,7 @@ class MockConfig:
     retry_after_s: float = 1.0
     reset: float = 0.0  # probability of a connection reset (abort the transport without response)
     malformed: float = 0.0  # probability of a 200 with a body that is not valid JSON
+    cut_stream: float = 0.0  # probability of an answer cut midway (half the body or of the SSE events, then closed)
     seed: int = 0
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
@@ -32,9 +33,10 @@ class MockConfig:
 
 
 _FLOAT_FIELDS = frozenset(
-    {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed"}
+    {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed",
+     "cut_stream"}
 )
-_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed"})
+_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream"})
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(MockConfig))
 
 

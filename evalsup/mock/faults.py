@@ -18,6 +18,7 @@ class Fault(enum.Enum):
     ERROR_500 = "500"
     ERROR_429 = "429"
     MALFORMED = "malformed"
+    CUT_STREAM = "cut_stream"
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,8 @@ def parse_override(value: Any) -> Override:
 class FaultInjector:
     """Owns the seeded RNGs. One fault draw per generation request, in arrival order.
 
-    A single uniform draw is split into bands (reset, 500, 429, malformed), so the sequence of draws does not
-    depend on which knobs are set. Latency jitter uses its own RNG so it never shifts the fault sequence.
+    A single uniform draw is split into bands (reset, 500, 429, malformed, cut stream), so the sequence of
+    draws does not depend on which knobs are set. Latency jitter uses its own RNG so it never shifts the fault sequence.
     """
 
     def __init__(self, seed: int) -> None:
@@ -153,6 +154,9 @@ class FaultInjector:
         edge += cfg.malformed
         if u < edge:
             return Fault.MALFORMED
+        edge += cfg.cut_stream
+        if u < edge:
+            return Fault.CUT_STREAM
         return Fault.NONE
 
     def latency_s(self, cfg: MockConfig) -> float:

@@ -52,6 +52,7 @@ _DEFAULTS: dict[str, Any] = {
     "retry_after_s": 1.0,
     "reset": 0,
     "malformed": 0,
+    "cut_stream": 0,
     "seed": 7,
     "models": ["mock-model"],
     "api_key": None,
@@ -333,6 +334,22 @@ def test_cut_stream(mock: MockThread) -> None:
         chat(mock, mock={"cut_stream": True, "kb": 64})
     stats = mock.stats()
     assert stats["faults"]["cut_stream"] == 3 and stats["statuses"] == {"200": 3}
+
+
+def test_random_cut_streams(mock: MockThread) -> None:
+    """--cut-stream P: a share of the answers cut midway, as a "cut_stream" override cuts one."""
+    admin(mock, "/_mock/config", {"cut_stream": 1.0})
+    with pytest.raises((ConnectionError, http.client.HTTPException)):
+        chat(mock, stream=True)
+    admin(mock, "/_mock/config", {"cut_stream": 0.5, "seed": 5})
+    cut = 0
+    for _ in range(40):
+        try:
+            chat(mock, stream=True)
+        except (ConnectionError, http.client.HTTPException):
+            cut += 1
+    assert 5 < cut < 35
+    assert mock.stats()["faults"]["cut_stream"] == cut + 1
 
 
 def test_bad_requests(mock: MockThread) -> None:
