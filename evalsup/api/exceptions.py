@@ -55,7 +55,7 @@ _INPUT = re.compile(
     r"^\S.*:\d+: "  # file:line: reason (a bad task line)
     r"|: no such file|: not a regular file|: not a (gzip|zstandard) file|: not a valid (gzip|zstandard) stream"
     r"|^tasks\[\d+\]: |: not the tasks the run in |changed since the run in|: cannot read: "
-    r"|is shorter than its checkpoint|stdin \(-\) is a terminal|reading \.zst needs"
+    r"|is shorter than its checkpoint|stdin \(-\) is a terminal|reading \.zst needs|: no task in it|^bad input: "
 )
 _ENDPOINT = re.compile(r"cannot reach the endpoint|the endpoint has been down")
 

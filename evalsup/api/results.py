@@ -12,6 +12,7 @@ import orjson
 from evalsup.api.exceptions import BadInput
 from evalsup.rundir import layout
 from evalsup.rundir.results_file import LineAt
+from evalsup.tasks.routes import answer_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,15 +31,10 @@ class Record:
 
     @property
     def text(self) -> str | None:
-        """The answer's text: the first choice's message content (chat) or text (completions), if any."""
-        try:
-            choice = self.body["choices"][0]
-        except (TypeError, KeyError, IndexError):
-            return None
-        if isinstance(choice.get("message"), dict):
-            content = choice["message"].get("content")
-            return content if isinstance(content, str) else None
-        return choice.get("text") if isinstance(choice.get("text"), str) else None
+        """The answer's text, for every route (evalsup.tasks.routes.answer_text): the first choice's message
+        content (chat) or text (completions), a Responses answer's output text; None for embeddings, a tool
+        call, or no body."""
+        return answer_text(self.body)
 
     @classmethod
     def from_dict(cls, rec: dict[str, Any]) -> Record:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,18 +84,19 @@ def _check_settings(task_arg: str, options: dict[str, Any]) -> None:
     the CLI's message, before any task is copied or a process started."""
     import click
 
+    from evalsup.cli.main import given_options
     from evalsup.cli.main import run as run_command
-    from evalsup.config.run_config import ConfigError, build_config
+    from evalsup.config.run_config import ConfigError
+    from evalsup.rundir.run_json import resume_config
 
     try:
         ctx = run_command.make_context("evalsup run", [task_arg, *_argv(options)])
     except click.ClickException as e:
         raise BadSettings(e.format_message()) from None
-    params = {k: v for k, v in ctx.params.items() if k != "tasks"}
-    if params.get("out") is None and task_arg == "-":
+    if ctx.params.get("out") is None and task_arg == "-":
         raise BadSettings("reading tasks from stdin (-) needs out=RUN_DIR (where its copy and the results go)")
-    try:
-        build_config(Path(task_arg), params)
+    try:  # as the CLI will: a keyword left out (None) takes, on a resume, the run's recorded request setting
+        resume_config(Path(task_arg), given_options(ctx, ctx.params))
     except ConfigError as e:
         raise BadSettings(str(e)) from None
 
@@ -123,7 +125,7 @@ def _tail(path: Path, keep: collections.deque[str], echo: bool, done: threading.
                 done.wait(0.1)
 
 
-def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool
+def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool, env: dict[str, str] | None = None
                ) -> tuple[int, dict[str, Any] | None, collections.deque[str]]:
     """Run ``cmd`` (an `evalsup run`) to its end; its exit code, --json summary and last stderr lines.
 
@@ -133,7 +135,7 @@ def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool
     err_path, out_path = tmp / "stderr", tmp / "stdout"
     with open(err_path, "wb") as err_f, open(out_path, "wb") as out_f:
         proc = subprocess.Popen(cmd, stdin=None if stdin else subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                env=_child_env(), start_new_session=True,
+                                env={**_child_env(), **(env or {})}, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     err_lines: collections.deque[str] = collections.deque(maxlen=200)
     done = threading.Event()
@@ -160,10 +162,18 @@ def _supervise(cmd: list[str], stdin: bool, tmp: Path, progress: bool
 
 
 def _last_message(lines: Iterable[str]) -> str:
-    """The CLI's one-line message: its last ``evalsup: ...`` line (or click's ``Error: ...``)."""
+    """The CLI's message: its last ``evalsup: ...`` line (or click's ``Error: ...``), with the indented lines
+    that end the output right after it (a refused resume's changed settings, one a line)."""
+    tail: list[str] = []
+    at_end = True  # still among the indented lines that end the output
     for line in reversed(list(lines)):
         if line.startswith("evalsup: "):
-            return line[len("evalsup: "):]
+            return "\n".join([line[len("evalsup: "):], *reversed(tail)])
+        at_end = at_end and line.startswith("  ")
+        if at_end:
+            tail.append(line)
+            continue
+        tail = []
         if line.startswith("Error: "):
             return line[len("Error: "):]
         if line.startswith("{") and '"msg"' in line:  # --log-format json
@@ -190,6 +200,15 @@ def _echo(msg: str) -> None:
     sys.stderr.flush()
 
 
+def _credentials_off_the_command_line(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Base URLs holding user:password@ (issue 34) go to the child as OPENAI_BASE_URL, not on its command line,
+    which any process title shows; (the options without them, the child's extra environment)."""
+    urls = options.get("base_url") or []
+    if not any("@" in urllib.parse.urlsplit(u).netloc for u in urls) or any("," in u for u in urls):
+        return options, {}
+    return {**options, "base_url": None}, {"OPENAI_BASE_URL": ",".join(urls)}
+
+
 def _child_env() -> dict[str, str]:
     """The caller's environment, with this evalsup importable in the child (a source tree as much as a wheel)."""
     env = dict(os.environ)
@@ -204,7 +223,9 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
 
     ``tasks``: a task file (.jsonl, .jsonl.gz, .jsonl.zst, a FIFO, "-" for stdin) or any iterable of task dicts
     (a list, a generator, a datasets.Dataset, ``df.to_dict("records")``; then ``out`` is required).
-    The keyword options are `evalsup run`'s (``evalsup run --help``), with the same names and defaults.
+    The keyword options are `evalsup run`'s (``evalsup run --help``), with the same names and defaults; calling
+    it again resumes, and a request option left out (model, max_tokens, temperature, stream, scorers...) then
+    takes the value the run recorded in its run.json.
     Raises BadInput, BadSettings, RunStopped (``.code``, ``.resumable``) or EndpointUnavailable.
     """
     bad = [k for k in options if k not in BY_NAME or not BY_NAME[k].api]
@@ -239,11 +260,12 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
             raise RunStopped(str(e), LOCKED, resumable=True) from None
         except (InputError, RunDirError) as e:
             raise BadInput(str(e)) from None
+    options, env = _credentials_off_the_command_line(options)
     cmd = [sys.executable, "-m", "evalsup", "run", task_arg, *_argv(options), "--json"]
     if not progress:
         cmd.append("--quiet")
     with tempfile.TemporaryDirectory(prefix="evalsup-run-") as tmp:
-        code, summary, err_lines = _supervise(cmd, task_arg == "-", Path(tmp), progress)
+        code, summary, err_lines = _supervise(cmd, task_arg == "-", Path(tmp), progress, env)
     err = error_for_exit(code, _last_message(err_lines))
     if err is not None:
         raise err

@@ -63,6 +63,14 @@ def run_options(f: Any) -> Any:
     return f
 
 
+def given_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """The run options the user gave (on the command line, or as evalsup.run's keywords), with their ``values``:
+    not those click filled in with a default, which on a resume are the run's recorded request settings'
+    (evalsup.rundir.run_json.resume_config)."""
+    return {k: v for k, v in values.items() if k != "tasks" and ctx.get_parameter_source(k) not in (
+        None, click.core.ParameterSource.DEFAULT)}
+
+
 def _move_aside(run_dir: Path, quiet: bool = False) -> None:
     """--fresh: move the run directory aside (never deleted), never from under a run that holds it."""
     from evalsup.config.exitcodes import BAD_INPUT, LOCKED
@@ -87,16 +95,21 @@ def run(tasks: Path | None, **kw: Any) -> None:
     TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
     ({"id", "messages"} or {"id", "prompt"}, sent to /v1/chat/completions with --model). Other keys of
     a line are copied to its record's "metadata". Rerunning the same command after a crash or a stop
-    resumes where the run left off: every task ends up in results.jsonl exactly once.
+    resumes where the run left off: every task ends up in results.jsonl exactly once. A resume keeps the
+    request settings recorded in RUN_DIR/run.json: a request flag left out (--model, --max-tokens,
+    --temperature, --stream, --scorer...) takes the run's value; one given with another value is refused
+    unless --accept-changed-settings.
 
     TASKS may also be gzip or zstandard compressed (.jsonl.gz, .jsonl.zst), a FIFO, or - for stdin (with
     --out): it is streamed once into the run directory's own copy, RUN_DIR/tasks.jsonl, which the run reads.
 
     Exit codes: 0 every task has its record (failed requests are records, not errors); 75 stopped before
     the end (signal, endpoint down, key refused, crash loop, disk full): rerun to resume; 2 bad input or
-    settings; 73 another evalsup holds the run directory; 1 anything else.
+    settings (every task line is checked before the first request; an input with no task is exit 2 too);
+    73 another evalsup holds the run directory; 1 anything else.
     """
     from evalsup.rundir.inputs import InputError, InputKind, classify, materialize
+    from evalsup.rundir.run_json import resume_config
     from evalsup.supervisor import early_signals as earlysignals
 
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
@@ -106,12 +119,14 @@ def run(tasks: Path | None, **kw: Any) -> None:
         _fail("missing TASKS (the task file); see evalsup run --help")
     assert tasks is not None
     try:
-        cfg = build_config(tasks, kw)
+        cfg, resumed = resume_config(tasks, given_options(click.get_current_context(), kw))
         src = classify(tasks)
         if src.kind == InputKind.STDIN and kw["out"] is None:
             raise ConfigError("reading tasks from stdin (-) needs --out RUN_DIR (where its copy and the results go)")
     except (ConfigError, InputError) as e:
         _fail(str(e))
+    if resumed is not None and not cfg.quiet:  # request flags left out: the run's own settings, from run.json
+        _note(resumed, cfg.log_format)
     if cfg.fresh:
         _move_aside(cfg.run_dir, cfg.quiet)
     if src.kind != InputKind.FILE:
@@ -131,8 +146,15 @@ def run(tasks: Path | None, **kw: Any) -> None:
     sys.exit(run_job(cfg))
 
 
-def _note(msg: str) -> None:
-    click.echo(f"evalsup: {msg}", err=True)
+def _note(msg: str, log_format: str = "text") -> None:
+    if log_format == "json":  # as the run's own log lines (--log-format json)
+        import time
+
+        import orjson
+
+        click.echo(orjson.dumps({"t": round(time.time(), 3), "level": "info", "msg": msg}).decode(), err=True)
+    else:
+        click.echo(f"evalsup: {msg}", err=True)
 
 
 @main.command()
@@ -194,13 +216,15 @@ main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
               help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
 @click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Processes scoring in parallel.")
-@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively.")
+@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively (choice always does).")
 @click.option("--no-strip", is_flag=True, help="Do not strip surrounding white space.")
+@click.option("--normalize", is_flag=True,
+              help="Compare as SQuAD does (lower case; punctuation, articles, extra white space left out).")
 @click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write (default: RUN_DIR/results.scored.jsonl).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
-          pattern: str | None, output: Path | None) -> None:
+          normalize: bool, pattern: str | None, output: Path | None) -> None:
     """Score an existing run's results again, without sending any request.
 
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
@@ -215,7 +239,8 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
             # not while a run writes results.jsonl; a run directory we cannot write in is scored unlocked
             with contextlib.suppress(RunDirError):
                 stack.enter_context(locked(run_dir, create=False, command="score"))
-            summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output)
+            summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output,
+                              normalize=normalize)
     except RunDirBusy as e:
         _fail(str(e), LOCKED)
     except (ValueError, OSError) as e:

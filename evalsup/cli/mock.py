@@ -38,6 +38,8 @@ Per-request overrides: a "mock" object in the request body (a simple task line's
 \b
 Fault modes for clients' tests:
   rate-limit storm             --fail-429 0.5 --retry-after 1 (or POST /_mock/config {"fail_429": 0.5})
+  a gateway's ways             --basic-auth-env NAME (user:password), --require-query api-version=V, and
+                               --api-key-header api-key: Azure OpenAI (POST /openai/deployments/NAME/...)
   revoked key                  --revoke-after N, or POST /_mock/config {"revoked": true}: 401, code
                                invalid_api_key, on every /v1 request
   outage                       POST /_mock/config {"down": true}, later {"down": false}
@@ -69,6 +71,12 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="Fraction answered 200 with a body that is not valid JSON (or a broken SSE event).")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require \"Authorization: Bearer $NAME\" (the key is read from that variable, never printed).")
+@click.option("--api-key-header", metavar="NAME", default=None,
+              help="With --api-key-env: require the key in this header instead (Azure OpenAI: api-key).")
+@click.option("--basic-auth-env", metavar="NAME", default=None,
+              help="Require HTTP basic auth with the user:password in this variable (never printed), as a gateway.")
+@click.option("--require-query", metavar="NAME=VALUE[&...]", default=None,
+              help="Answer 404 to a request without these query parameters (Azure OpenAI: api-version=...).")
 @click.option("--revoke-after", type=click.IntRange(0), default=None, metavar="N",
               help="Answer every /v1 request after the first N with 401 invalid_api_key (a key revoked mid-run).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the answers and of the fault draws.")
@@ -79,7 +87,8 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="With --capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After.")
 def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
          fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
-         api_key_env: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int) -> None:
+         api_key_env: str | None, api_key_header: str | None, basic_auth_env: str | None, require_query: str | None,
+         revoke_after: int | None, seed: int, capacity: int, queue: int) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
 
     \b
@@ -95,7 +104,15 @@ def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: floa
         if not key:
             click.echo(f"evalsup: --api-key-env {api_key_env}: the variable is not set or empty", err=True)
             sys.exit(2)
-    cfg = MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
+    basic = None
+    if basic_auth_env is not None:
+        basic = os.environ.get(basic_auth_env)
+        if not basic or ":" not in basic:
+            click.echo(f"evalsup: --basic-auth-env {basic_auth_env}: the variable is not set to user:password",
+                       err=True)
+            sys.exit(2)
+    cfg = MockConfig(basic_auth=basic, api_key_header=api_key_header, require_query=require_query,
+                     latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed, seed=seed,
                      models=models or ("mock-model",), api_key=key, revoke_after=revoke_after, capacity=capacity,
                      queue=queue)

@@ -2,7 +2,10 @@
 
 The `evalsup run` command's click options (cli.py), `RunConfig`'s defaults and `build_config` (config.py), and
 the keyword arguments of `evalsup.run(...)` (api.py) are all made from ``RUN_OPTIONS``; nothing restates a
-default. A value given explicitly is used as given (``--max-wait-down 0`` is 0 s, not the default).
+default. A value given explicitly is used as given (``--max-wait-down 0`` is 0 s, not the default). An option
+left out is not the same as its default given: on a resume, a request setting left out (--model, --max-tokens,
+--stream, --scorer...) takes the value the run recorded in run.json (evalsup.rundir.run_json.resume_config), so
+build_config's ``given`` holds only what the user gave.
 
 This module is plain data (no click, no evalsup imports), so any side may import it cheaply.
 """
@@ -138,8 +141,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Process only the lines whose index (non-blank lines from 0) is K mod N; auto reads "
                 "JOB_COMPLETION_INDEX+EVALSUP_SHARDS, SLURM_ARRAY_TASK_ID+SLURM_ARRAY_TASK_COUNT or "
                 "AWS_BATCH_JOB_ARRAY_INDEX+AWS_BATCH_JOB_ARRAY_SIZE. Run dir: TASKS.run/shard-K-of-N/."),
-    Option("stream", ("--stream",), "flag", False,
-           help="Stream responses (SSE): records ttft_s; the reassembled body is written."),
+    Option("stream", ("--stream/--no-stream",), "bool", False,
+           help="Stream responses (SSE): records ttft_s; the reassembled body is written. --no-stream: one whole "
+                "body (the default of a new run)."),
     Option("max_requests_per_s", ("--max-requests-per-s",), "str", (), multiple=True, pairs=True, metavar="N|URL=N",
            help="Request rate limit. N: all requests together, across all workers and endpoints; URL=N: only the "
                 "requests sent to that endpoint (one of --base-url). Repeatable; the limits hold together, e.g. "
@@ -175,13 +179,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="module:function called in the worker for each task (testing hooks)."),
     Option("scorers", ("--scorer",), "str", (), multiple=True, metavar="NAME|module:fn|file.py:fn",
            help="Score each successful response in the workers (repeatable): exact_match, contains, "
-                "regex, json_valid, choice, or your own function fn(task, response) -> number|bool|dict."),
+                "regex, json_valid, choice, math, or your own function fn(task, response) -> number|bool|dict|None."),
     Option("scorer_timeout", ("--scorer-timeout",), "float", 30.0, show_default=True,
            help="Seconds one scorer call may take; past it the task gets an error score."),
     Option("ignore_case", ("--ignore-case",), "flag", False,
-           help="exact_match/contains/regex/choice: compare case-insensitively."),
+           help="exact_match/contains/regex: compare case-insensitively (choice always does)."),
     Option("no_strip", ("--no-strip",), "flag", False,
            help="exact_match/contains/regex: do not strip surrounding white space."),
+    Option("normalize", ("--normalize",), "flag", False,
+           help="exact_match/contains/regex: compare as SQuAD does (lower case; punctuation, the articles "
+                "a/an/the and extra white space left out)."),
     Option("regex", ("--regex",), "str",
            help="Pattern for the regex scorer when a task has no 'pattern' (its first group is compared "
                 "to 'expected')."),

@@ -125,9 +125,10 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         trace_memory=kw["trace_memory"], stream=kw["stream"],
         scorers=tuple(kw["scorers"]), scorer_timeout_s=kw["scorer_timeout"],
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
+        score_normalize=kw["normalize"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
     )
-    _check_headers(wc.headers)
+    _check_requests(wc)
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
 
     def mb(name: str) -> int | None:
@@ -146,7 +147,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     per_worker = kw["max_tasks_per_worker"]
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
-        tasks_path=tasks, run_dir=Path(kw["out"]) if kw["out"] is not None else default_run_dir(tasks, shard),
+        tasks_path=tasks, run_dir=run_dir_of(tasks, kw["out"], shard),
         worker=wc, workers=workers, shard=shard, autoscale=autoscale and workers > 1,
         concurrency=max(kw["max_concurrency"] if adaptive else kw["concurrency"], workers), adaptive=adaptive,
         window=kw["window"], max_line_mb=kw["max_line_mb"],
@@ -183,12 +184,25 @@ def retry_failed_task_file(tasks: Path | None, value: str | None) -> tuple[Path 
     return tasks, value
 
 
-def _check_headers(specs: tuple[str, ...]) -> None:
-    """A --header that cannot be used stops the run before it starts; never shows a value."""
-    from evalsup.tasks.headers import HeaderError, build_headers
+def _check_requests(w: WorkerConfig) -> None:
+    """What would keep a request from being sent stops the run before it starts, never showing a value: a
+    --header that cannot be used, a --base-url that cannot be requested, or two sources for the Authorization
+    header (a URL's user:password@ and the API key, or a --header Authorization; issue 34)."""
+    from evalsup.tasks.headers import HeaderError, api_key, build_headers, key_source, request_headers
+    from evalsup.tasks.requests import url_problem
 
+    for url in w.endpoints:
+        problem = url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"--base-url {public_url(url)} {problem}")
     try:
-        build_headers(specs)
+        common = build_headers(w.headers)
+        try:
+            key = api_key(w.api_key_env, w.api_key_file)
+        except OSError:  # (the key file is read, and its error said, where the key is used)
+            key = None
+        for url in w.endpoints:
+            request_headers(url, common, key, key_source(w.api_key_env, w.api_key_file))
     except HeaderError as e:
         raise ConfigError(str(e)) from None
 
@@ -221,6 +235,14 @@ def resolve_base_urls(flags: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 RUN_DIR_SUFFIX = ".run"  # TASKS.jsonl -> TASKS.run (evalsup.rundir.layout lists it with the rest)
+
+
+def run_dir_of(tasks: Path, out: str | Path | None, shard: str | tuple[int, int] | None) -> Path:
+    """The run directory: --out, else TASKS.run beside the task file (its shard-K-of-N/ under --shard, given as
+    parsed or as the option's text). Raises ConfigError for a bad --shard."""
+    if out is not None:
+        return Path(out)
+    return default_run_dir(tasks, parse_shard(shard) if isinstance(shard, str) else shard)
 
 
 def default_run_dir(tasks_path: Path, shard: tuple[int, int] | None = None) -> Path:

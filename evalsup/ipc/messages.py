@@ -35,6 +35,7 @@ class ResultMeta(TypedDict):
     pt: int  # prompt tokens (usage)
     ct: int  # completion tokens (usage)
     sc: dict[str, Any] | None  # scores by scorer name
+    us: NotRequired[list[str]]  # the scorers that left the task unscored (no 'expected'): counted apart
     chk: NotRequired[int]  # present: a large body checked by simdjson rather than built (worker.bodies)
     sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
     ep: NotRequired[int]  # the endpoint that served the last attempt (its index in WorkerConfig.endpoints)
@@ -143,6 +144,7 @@ class WorkerConfig:
     score_strip: bool = True
     score_ignore_case: bool = False
     score_pattern: str | None = None
+    score_normalize: bool = False  # exact_match/contains/regex: SQuAD's normalize_answer on both sides
     ring_fd: int | None = None  # the shared-memory ring for large result lines (ipc.ring), if any
     ring_size: int = 0
     # adaptive concurrency, server signals, headers (issue 21): see evalsup.worker.adaptive

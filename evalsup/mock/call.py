@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,7 +123,8 @@ class Call:
         return self.check_model()
 
     def check_model(self) -> tuple[str, web.Response | None]:
-        model = self.body.get("model")
+        # Azure OpenAI's deployment path names the model (the body's, if any, is not read there)
+        model = self.request.match_info.get("deployment") or self.body.get("model")
         if not isinstance(model, str) or not model:
             return "", error(self.request, 400, "you must provide a model parameter", param="model")
         if self.cfg.models and model not in self.cfg.models:
@@ -248,6 +251,30 @@ def _fail_after(events: Iterator[bytes], n: int, last: bytes) -> Iterator[bytes]
 
 # ---------------------------------------------------------------------------------------------- /v1 wrapper
 
+
+def _refused(request: web.Request, cfg: MockConfig) -> web.Response | None:
+    """A request the endpoint's gateway turns away: a required query parameter missing (404, as Azure OpenAI
+    answers without its api-version), no basic auth or the wrong one, no key or the wrong one (401)."""
+    if cfg.require_query:
+        want = urllib.parse.parse_qsl(cfg.require_query, keep_blank_values=True)
+        if any(request.query.get(k) != v for k, v in want):
+            return error(request, 404, "Resource not found (a required query parameter is missing or wrong).")
+    auth = request.headers.get("Authorization")
+    if cfg.basic_auth is not None:
+        token = base64.b64encode(cfg.basic_auth.encode()).decode("ascii")
+        if auth != f"Basic {token}":
+            return error(request, 401, "Basic authentication required." if auth is None
+                         else "Incorrect user or password.")
+    key = cfg.api_key
+    if key is None:
+        return None
+    got = request.headers.get(cfg.api_key_header) if cfg.api_key_header else auth
+    want_key = key if cfg.api_key_header else f"Bearer {key}"
+    if got != want_key:
+        return error(request, 401, "You didn't provide an API key." if got is None else "Incorrect API key provided.")
+    return None
+
+
 V1Handler = Callable[[Call], Awaitable[web.StreamResponse]]
 
 
@@ -264,10 +291,9 @@ def v1(inner: V1Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse
             return call.abort("down")
         stats.enter()
         try:
-            key = call.cfg.api_key
-            if key is not None and auth != f"Bearer {key}":
-                msg = "You didn't provide an API key." if auth is None else "Incorrect API key provided."
-                resp: web.StreamResponse = error(request, 401, msg)
+            refused = _refused(request, call.cfg)
+            if refused is not None:
+                resp: web.StreamResponse = refused
             elif state.key_revoked():
                 resp = error(request, 401, "Incorrect API key provided: the key was revoked (mock).",
                              code="invalid_api_key")

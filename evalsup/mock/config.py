@@ -25,6 +25,10 @@ class MockConfig:
     revoke_after: int | None = None  # the key is revoked after this many /v1 requests (counted since start/reset)
     capacity: int = 0  # at most this many served at once (0: no limit; evalsup.mock.capacity)
     queue: int = 0  # with capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After
+    # a gateway's ways (issue 34): requests without "Authorization: Basic base64(user:password)" get 401
+    basic_auth: str | None = None  # "user:password"
+    api_key_header: str | None = None  # the header that carries api_key instead of Authorization (Azure: api-key)
+    require_query: str | None = None  # "name=value&...": a /v1 or Azure request without each of them gets 404
 
 
 _FLOAT_FIELDS = frozenset(
@@ -67,9 +71,11 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if not all(isinstance(m, str) for m in value):
                 raise ValueError("models must be a list of strings")
             changes[name] = tuple(value)
-        elif name == "api_key":
+        elif name in ("api_key", "basic_auth", "api_key_header", "require_query"):
             if value is not None and not isinstance(value, str):
-                raise ValueError("api_key must be a string or null")
+                raise ValueError(f"{name} must be a string or null")
+            if name == "basic_auth" and value is not None and ":" not in value:
+                raise ValueError("basic_auth must be 'user:password'")
             changes[name] = value
         elif name in ("echo_headers_in_errors", "revoked"):
             if not isinstance(value, bool):

@@ -1,7 +1,8 @@
 """An OpenAI-compatible mock endpoint with fault injection, for tests and benchmarks: the app and how it runs.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses,
-GET /v1/models[/{id}],
+GET /v1/models[/{id}], Azure OpenAI's POST /openai/deployments/{name}/chat/completions (and /completions,
+/embeddings),
 plus admin endpoints GET /_mock/stats, POST /_mock/reset, GET|POST /_mock/config.
 
 Answers are a pure function of (seed, request content); faults come from a seeded RNG owned by the server
@@ -70,6 +71,12 @@ def create_app(cfg: MockConfig) -> web.Application:
     r.add_get("/v1/models", v1(models), allow_head=False)
     r.add_get("/v1/models/{model}", v1(model), allow_head=False)
     r.add_route("*", "/v1/{tail:.*}", v1(unknown))
+    # Azure OpenAI's form: the deployment (the model) in the path, the routes right under it (issue 34)
+    azure = "/openai/deployments/{deployment}"
+    r.add_post(azure + "/chat/completions", v1(chat_completions))
+    r.add_post(azure + "/completions", v1(completions))
+    r.add_post(azure + "/embeddings", v1(embeddings))
+    r.add_route("*", "/openai/{tail:.*}", v1(unknown))
     r.add_get("/metrics", metrics, allow_head=False)  # the capacity model's queue gauges
     r.add_get("/_mock/stats", admin_stats, allow_head=False)
     r.add_post("/_mock/reset", admin_reset)

@@ -84,8 +84,9 @@ class State:
 
     def config_json(self) -> dict[str, Any]:
         out = config_to_json(self.cfg)
-        if out["api_key"] is not None:
-            out["api_key"] = "***"
+        for secret in ("api_key", "basic_auth"):
+            if out[secret] is not None:
+                out[secret] = "***"
         out["down"] = self.down
         return out
 

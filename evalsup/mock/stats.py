@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import collections
+import re
 import time
 from typing import Any
 
 MAX_ARRIVALS = 200_000
 KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/models"})
+
+
+# Azure OpenAI's routes, counted whatever the deployment's name
+_AZURE = re.compile(r"^/openai/deployments/[^/]+/")
+AZURE_PATHS = frozenset(f"/openai/deployments/*/{r}" for r in ("chat/completions", "completions", "embeddings"))
 
 
 class MockStats:
@@ -36,7 +42,11 @@ class MockStats:
 
     def arrival(self, path: str, has_auth: bool) -> None:
         self.requests += 1
-        key = path if path in KNOWN_PATHS else "other"
+        key = path
+        if key not in KNOWN_PATHS:
+            key = _AZURE.sub("/openai/deployments/*/", path, 1)
+            if key not in AZURE_PATHS:
+                key = "other"
         self.by_path[key] = self.by_path.get(key, 0) + 1
         self.arrivals.append(time.time())
         if has_auth:

@@ -7,19 +7,27 @@ settings is refused (exit 2), one line per difference and the way out; ``--accep
 the new ones and records the change in ``run.json["changes"]``. Settings that change no request (workers,
 concurrency, timeouts, attempts, logging) are not recorded and change freely. ``run.json["endpoints"]`` keeps
 the last session's endpoints (public URLs), and a resume with others says so in one line (``note_endpoints``).
+
+A resume continues with the recorded settings (invariant 9): ``resume_config`` builds the run's config with
+every request flag left out at run.json's value (saying so in one line), so only a flag given with another
+value is a change. A key an older run.json lacks takes today's default, in that merge and in the guard's
+comparison alike. The endpoint's path is not a flag that can be left out (the endpoint always comes from
+--base-url or $OPENAI_BASE_URL); it is only compared.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
-from evalsup.config.run_config import RunConfig
+from evalsup.config.options import BY_NAME, DEFAULTS
+from evalsup.config.run_config import ConfigError, RunConfig, build_config, run_dir_of
 from evalsup.rundir.checkpoint import JournalError, write_atomic
 from evalsup.rundir.layout import RUN_JSON
 
@@ -43,6 +51,7 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_strip": w.score_strip,
         "score_ignore_case": w.score_ignore_case,
         "score_pattern": w.score_pattern,
+        "score_normalize": w.score_normalize,
     }
 
 
@@ -64,9 +73,43 @@ def note_endpoints(run_dir: Path, urls: list[str], log: Callable[[str], None]) -
     write_atomic(run_dir / RUN_JSON, orjson.dumps({**rec, "endpoints": urls}, option=orjson.OPT_INDENT_2))
 
 
-_FLAGS = {"model": "--model", "max_tokens": "--max-tokens", "temperature": "--temperature", "stream": "--stream",
-          "endpoint_path": "--base-url (its path)", "scorers": "--scorer", "score_strip": "--no-strip",
-          "score_ignore_case": "--ignore-case", "score_pattern": "--regex"}
+@dataclass(frozen=True)
+class _Flag:
+    """The option (evalsup.config.options) that sets one request setting, and what run.json may hold for it."""
+
+    option: str
+    kinds: tuple[type, ...]  # the types a recorded value may have (exactly: True is no max_tokens)
+    inverted: bool = False  # the option says the opposite (--no-strip is score_strip False)
+
+    def to_option(self, value: Any) -> Any:
+        if self.inverted:
+            return not value
+        return tuple(value) if isinstance(value, list) else value
+
+    def to_setting(self, value: Any) -> Any:
+        if self.inverted:
+            return not value
+        return list(value) if isinstance(value, tuple) else value
+
+    def valid(self, value: Any) -> bool:
+        return type(value) in self.kinds and (not isinstance(value, list) or all(type(v) is str for v in value))
+
+
+# Each request setting a flag sets (request_settings' keys but endpoint_path): left out on a resume, it takes
+# run.json's value; a key an older run.json lacks takes the option's default.
+FLAGGED: dict[str, _Flag] = {
+    "model": _Flag("model", (str, type(None))),
+    "max_tokens": _Flag("max_tokens", (int, type(None))),
+    "temperature": _Flag("temperature", (float, int, type(None))),
+    "stream": _Flag("stream", (bool,)),
+    "scorers": _Flag("scorers", (list,)),
+    "score_strip": _Flag("no_strip", (bool,), inverted=True),
+    "score_ignore_case": _Flag("ignore_case", (bool,)),
+    "score_pattern": _Flag("regex", (str, type(None))),
+    "score_normalize": _Flag("normalize", (bool,)),
+}
+SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
+_FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)"}
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any] | None:
@@ -83,8 +126,13 @@ def read_run_json(run_dir: Path) -> dict[str, Any] | None:
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """One line per request setting that differs. A setting ``old`` (an older run.json) lacks counts as today's
+    default; one with no default (the endpoint's path) as unknown, so not a difference."""
+    old = {**SETTING_DEFAULTS, **old}
     out = []
     for k in sorted(set(old) | set(new)):
+        if k not in old:
+            continue
         if old.get(k) != new.get(k):
             out.append(f"{k} ({_FLAGS.get(k, k)}): {old.get(k)!r} then, {new.get(k)!r} now")
     return out
@@ -102,14 +150,17 @@ def guard(run_dir: Path, settings: dict[str, Any], resuming: bool, accept: bool)
         return []
     diff = differences(rec["settings"], settings)
     if not diff:
+        if set(settings) - set(rec["settings"]):  # an older run.json: the settings it lacked, at their defaults
+            write_atomic(run_dir / RUN_JSON, orjson.dumps(
+                {**rec, "settings": {**rec["settings"], **settings}}, option=orjson.OPT_INDENT_2))
         return []
     if not accept:
         lines = [f"{run_dir}: the run was started with other request settings; resuming would mix them in one "
                  "results file:"]
         lines += [f"  {d}" for d in diff]
-        lines.append("  rerun with --fresh to start over (the old run directory is moved aside), with --out for a new "
-                     "one, with the old settings, or with --accept-changed-settings to go on with the new ones "
-                     "(recorded in run.json)")
+        lines.append("  rerun without those flags (a request flag left out takes the run's value), with --fresh to "
+                     "start over (the old run directory is moved aside), with --out for a new one, or with "
+                     "--accept-changed-settings to go on with the new ones (recorded in run.json)")
         raise SettingsChanged("\n".join(lines))
     changes = list(rec.get("changes", []))
     changes.append({"time": now, "from": rec["settings"], "to": settings})
@@ -125,3 +176,52 @@ def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
     except (JournalError, OSError):
         return None
     return None if rec is None else dict(rec["settings"])
+
+
+# ---------------------------------------------------------------------------------- a resume's settings
+
+
+def recorded_options(run_dir: Path, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The request options left out of ``given`` (option name -> value) as run.json records them: what a resume
+    continues with. Empty without a run.json (a new run), and for one that cannot be read (the guard refuses
+    it, under the run directory's lock). A key an older run.json lacks is left out: it takes today's default.
+    Raises ConfigError for a recorded value that no flag could have set (a hand-edited run.json)."""
+    try:
+        rec = read_run_json(run_dir)
+    except (JournalError, OSError):
+        return {}
+    if rec is None:
+        return {}
+    out: dict[str, Any] = {}
+    for key, flag in FLAGGED.items():
+        if flag.option in given or key not in rec["settings"]:
+            continue
+        value = rec["settings"][key]
+        if not flag.valid(value):
+            raise ConfigError(f"{run_dir / RUN_JSON}: settings.{key} is {value!r}, which {_FLAGS[key]} cannot "
+                              f"be; give {_FLAGS[key]}, restore run.json, or start over with --fresh")
+        out[flag.option] = flag.to_option(value)
+    return out
+
+
+def resume_config(tasks: Path, given: dict[str, Any]) -> tuple[RunConfig, str | None]:
+    """`evalsup run`'s config: build_config(tasks, given), where on a resume (a run.json in the run directory,
+    and no --fresh) every request option left out of ``given`` takes the run's recorded value (invariant 9).
+    ``given`` holds only the options the user gave: a default click filled in is not given. This is the one
+    place the recorded settings are merged, before the config is frozen and the supervisor (whose guard
+    compares them with run.json) starts.
+
+    Returns the config, and the line that says so when it took a setting that is not today's default (None
+    otherwise, and when the guard will refuse the resume for a flag given with another value)."""
+    if given.get("fresh"):
+        return build_config(tasks, given), None
+    run_dir = run_dir_of(tasks, given.get("out"), given.get("shard"))
+    taken = recorded_options(run_dir, given)
+    cfg = build_config(tasks, {**given, **taken})
+    shown = {k: f.to_setting(taken[f.option]) for k, f in FLAGGED.items()
+             if f.option in taken and f.to_setting(taken[f.option]) != SETTING_DEFAULTS[k]}
+    if not shown or (differences(recorded_settings(run_dir) or {}, request_settings(cfg))
+                     and not cfg.accept_changed_settings):
+        return cfg, None
+    return cfg, (f"resuming with the settings of {run_dir / RUN_JSON}: "
+                 + ", ".join(f"{k}={v!r}" for k, v in shown.items()))

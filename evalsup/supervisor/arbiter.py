@@ -45,7 +45,7 @@ from evalsup.ipc import FrameKind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, BufferPool, ProtocolError
 from evalsup.ipc.messages import Auth, ResultMeta
 from evalsup.ipc.ring import ring_size_from_env
-from evalsup.rundir.checkpoint import Checkpoint, JournalError, previous_fingerprint
+from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint, previous_fingerprint
 from evalsup.rundir.journal import Journal
 from evalsup.rundir.layout import EVENTS, MEMORY
 from evalsup.rundir.results_file import ResumeState
@@ -56,6 +56,7 @@ from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.events import EventLog, write_leaks
 from evalsup.supervisor.hang import HangWatch
+from evalsup.supervisor.input_check import bad_input, judge
 from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.limits import endpoint_loads, limit_total
 from evalsup.supervisor.log_gate import LogGate
@@ -67,7 +68,9 @@ from evalsup.supervisor.scaling import ScaleGate, ScaleUp, cpu_seconds
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.view import RunView
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
-from evalsup.tasks.fingerprint import fingerprint
+from evalsup.tasks.fingerprint import fingerprint, grew_at_line_end, same_input
+from evalsup.tasks.idset import IdSet
+from evalsup.tasks.prescan import prescan
 from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
 from evalsup.tasks.records import output_line
 
@@ -109,6 +112,7 @@ class Supervisor:
         self.scaler = ScaleUp()
         self.hang = HangWatch(cfg.hang_timeout_s, TICK_S)
         self.reader: TaskReader | None = None
+        self._scanned: tuple[tuple[int, int, int], IdSet] | None = None  # the pre-scan's start and id set
         self.fp: dict[str, Any] = {}
         self.credit = asyncio.Event()  # set when a credit returns or the set of workers changes
         self.stopping: StopMode | None = None  # None until the run stops
@@ -143,25 +147,73 @@ class Supervisor:
 
     # ----- set-up -----
 
+    async def _scan_input(self) -> None:
+        """The pre-scan (issue 28): every line not yet read is checked before the endpoint check, before any
+        worker starts, before the run directory is touched; a bad line (or an input with no task) refuses the
+        run with one line, exit 2. The scan builds the id set the run's reader reads on with. A resume scans
+        only from the checkpoint's frontier (what the run read before it was checked then; its ids are loaded
+        from ids.bin). A run directory that is not the same input's is left to ``_open`` to refuse."""
+        cfg = self.cfg
+        if not cfg.tasks_path.is_file():
+            raise RunRefused(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
+        try:
+            cp = load_checkpoint(cfg.run_dir)
+        except (JournalError, OSError):
+            return  # damaged or unreadable: _open says so (and refuses)
+        self.fp = fingerprint(cfg.tasks_path, cp.fingerprint if cp is not None else None)  # hash only if written
+        if cfg.shard is not None:
+            self.fp["shard"] = list(cfg.shard)
+        ids = IdSet()
+        start = (0, 0, 0)
+        if cp is not None:
+            how = same_input(cp.fingerprint, self.fp, cfg.tasks_path)
+            if how == "changed" or (how == "grown" and not grew_at_line_end(cfg.tasks_path,
+                                                                           int(cp.fingerprint["size"]))):
+                self._scanned = None  # _open refuses it in its words
+                return
+            start = (cp.frontier, cp.line_no, cp.index)
+            if cp.ids_len:
+                ids.load(self.journal.read_ids(cp.ids_len))
+        skip = cfg.on_invalid == "skip"
+        scan = await asyncio.to_thread(prescan, cfg.tasks_path, cfg.max_line_bytes, ids, start=start,
+                                       keep_going=skip, should_stop=lambda: self.stopping is not None)
+        verdict = judge(scan, str(cfg.tasks_path), skip)
+        if not verdict.go:
+            assert verdict.say is not None
+            if cp is not None:  # the run directory says why this session ended (evalsup status)
+                log = EventLog(cfg.run_dir / EVENTS)
+                log("end", finished=False, done=cp.succeeded + cp.failed, code=ex.BAD_INPUT, stopped=verdict.reason)
+                log.close()
+            raise RunRefused(verdict.say, ex.BAD_INPUT)
+        if verdict.say:
+            self.log(verdict.say)
+        self._scanned = (start, ids)
+
     def _open(self) -> None:
         cfg = self.cfg
         if not cfg.tasks_path.is_file():
             raise RunRefused(f"{cfg.tasks_path}: no such file", ex.BAD_INPUT)
-        self.fp = fingerprint(cfg.tasks_path, previous_fingerprint(cfg.run_dir))  # resume: hash only if written
-        if cfg.shard is not None:
-            self.fp["shard"] = list(cfg.shard)
+        if not self.fp:  # not taken by the pre-scan (a damaged checkpoint, or a test that opens directly)
+            self.fp = fingerprint(cfg.tasks_path, previous_fingerprint(cfg.run_dir))  # resume: hash only if written
+            if cfg.shard is not None:
+                self.fp["shard"] = list(cfg.shard)
         try:
             state = self.journal.prepare(self.fp, str(cfg.tasks_path))
         except JournalError as e:
             raise RunRefused(str(e), e.code) from None  # 2: changed input/settings, damaged; EXIT_DISK: disk
-        if state is None:
-            self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes)
+        cp = state.checkpoint if state is not None else None
+        start = (cp.frontier, cp.line_no, cp.index) if cp is not None else (0, 0, 0)
+        scanned = self._scanned
+        if scanned is not None and scanned[0] == start:  # the pre-scan's id set: every id up to the end
+            self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start, ids=scanned[1])
+        else:  # no pre-scan from here: ids up to the frontier, the rest checked as read
+            self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start)
+            if cp is not None and cp.ids_len:
+                self.reader.ids.load(self.journal.read_ids(cp.ids_len))
+        self._scanned = None
+        if state is None or cp is None:
             return
-        cp = state.checkpoint
         self.resumed_from = state
-        self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, cp.frontier, cp.line_no, cp.index)
-        if cp.ids_len:
-            self.reader.ids.load(self.journal.read_ids(cp.ids_len))
         self.stats.succeeded = cp.succeeded + state.succeeded_after
         self.stats.failed = cp.failed + state.failed_after
         self.stats.invalid = cp.invalid
@@ -446,6 +498,7 @@ class Supervisor:
     async def _prepare(self) -> None:
         """Start the workers while the endpoint is checked (their interpreters take a moment to start); open
         the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
+        await self._scan_input()  # before the endpoint check and the workers: bad input sends nothing
         check = asyncio.create_task(check_endpoints(self.cfg)) if self.cfg.check else None
         try:
             for slot in range(self.active):
@@ -513,8 +566,7 @@ class Supervisor:
                     self.append_invalid(e)
                     continue
                 self.reader.unread()  # a rerun must meet this line again, not read on past it
-                self.stop(f"{e}  (use --on-invalid skip to record bad lines in invalid.jsonl and go on)", ex.BAD_INPUT,
-                          StopMode.DRAIN)
+                self.stop(bad_input(e), ex.BAD_INPUT, StopMode.DRAIN)  # a line appended while the run went
                 return None
             if got is None:
                 self.exhausted = True
@@ -759,7 +811,12 @@ class Supervisor:
         self.credit.set()
 
     def _on_fatal(self, w: WorkerHandle, payload: memoryview) -> None:
+        """FATAL: a worker cannot go on. Before READY its settings are wrong (the stop comes with its exit); once
+        running, a request could not be sent at all (issue 34): a setting is wrong, not the endpoint, so the run
+        stops at once (exit 2), its tasks outstanding for the rerun, and nothing waits for the endpoint."""
         w.fatal = str(decode_json(payload).get("message"))
+        if w.state is not State.STARTING:
+            self.stop(w.fatal, ex.BAD_INPUT, StopMode.NOW)
 
     def _on_leaks(self, w: WorkerHandle, payload: memoryview) -> None:
         self.log(write_leaks(self.cfg.run_dir, w.pid, str(decode_json(payload).get("text", ""))))

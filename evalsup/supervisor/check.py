@@ -10,30 +10,44 @@ import urllib.parse
 import orjson
 
 from evalsup.config.run_config import RunConfig
-from evalsup.tasks.headers import api_key, build_headers, secret_values
-from evalsup.tasks.requests import join_url, public_url
-from evalsup.tasks.routes import CHAT, probe_body
+from evalsup.tasks.headers import (
+    HeaderError,
+    api_key,
+    build_headers,
+    key_source,
+    request_headers,
+    secret_values,
+    url_secrets,
+)
+from evalsup.tasks.requests import credentials, join_url, public_url
+from evalsup.tasks.routes import BY_PATH, CHAT, probe_body
 
 
 class CheckFailed(Exception):
     """The endpoint cannot serve this run; the message says which and how to fix it."""
 
 
-def first_model(cfg: RunConfig) -> str | None:
-    """--model, or the model named by the first task line."""
-    if cfg.worker.model:
-        return cfg.worker.model
+def first_request(cfg: RunConfig) -> tuple[str, str | None]:
+    """The route the first task line names (a known one; else chat completions, the simple form's) and the model
+    (--model, or the one that line names): what the check's tiny request asks, as the tasks will."""
+    path, model = CHAT.path, cfg.worker.model
     with open(cfg.tasks_path, "rb") as f:
         for line in f:
             if line.strip():
                 try:
                     obj = orjson.loads(line)
                 except orjson.JSONDecodeError:
-                    return None
-                body = obj.get("body") if isinstance(obj, dict) else None
+                    break
+                if not isinstance(obj, dict):
+                    break
+                url = obj.get("url")
+                if isinstance(url, str) and url in BY_PATH and probe_body(url, "m") is not None:
+                    path = url
+                body = obj.get("body")
                 m = body.get("model") if isinstance(body, dict) else None
-                return m if isinstance(m, str) else None
-    return None
+                model = model or (m if isinstance(m, str) else None)
+                break
+    return path, model
 
 
 def _message(data: bytes, key: str | None) -> str:
@@ -50,10 +64,15 @@ class _Unreachable(Exception):
     pass
 
 
+class _Unsendable(Exception):
+    """The request could not be made at all (a header, the URL): a setting is wrong, not the endpoint."""
+
+
 def _http(cfg: RunConfig, method: str, url: str, headers: dict[str, str],
           body: bytes | None = None) -> tuple[int, bytes]:
     """One request with the standard library (the supervisor does not load aiohttp for one request): the
-    connection within --connect-timeout, the answer within 30 s. Raises _Unreachable."""
+    connection within --connect-timeout, the answer within 30 s. Raises _Unreachable, or _Unsendable when the
+    request could not be made (a ValueError that is no connection's: a header value, the URL)."""
     u = urllib.parse.urlsplit(url)
     try:
         conn: http.client.HTTPConnection
@@ -72,22 +91,33 @@ def _http(cfg: RunConfig, method: str, url: str, headers: dict[str, str],
             return r.status, r.read(1 << 20)
         finally:
             conn.close()
-    except (OSError, http.client.HTTPException, ValueError) as e:
+    except (OSError, http.client.HTTPException) as e:  # (ssl's certificate errors are OSErrors too)
         raise _Unreachable(f"{type(e).__name__}: {e}") from None
+    except ValueError as e:
+        raise _Unsendable(f"{type(e).__name__}: {e}") from None
 
 
 def _check(cfg: RunConfig, url: str) -> str:
     base = public_url(url)  # for messages: no credentials
     key = api_key(cfg.worker.api_key_env, cfg.worker.api_key_file)
-    headers = build_headers(cfg.worker.headers)  # issue 21: --header and the User-Agent, as the workers send
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    model = first_model(cfg)
+    # exactly what the workers send (tasks.headers.request_headers): Content-Type, User-Agent, --header, and the
+    # key or the URL's basic auth; to the URL without user:password@, its query kept (issue 34)
+    try:
+        headers = request_headers(url, build_headers(cfg.worker.headers), key,
+                                  key_source(cfg.worker.api_key_env, cfg.worker.api_key_file))
+    except HeaderError as e:  # (refused by build_config before a run starts)
+        raise CheckFailed(str(e)) from None
+    address = credentials(url)[0]
+    path, model = first_request(cfg)
     auth_hint = (f"the endpoint refused the API key: set ${cfg.worker.api_key_env}"
                  " (or --api-key-env NAME / --api-key-file PATH)" if not cfg.worker.api_key_file
                  else f"the endpoint refused the API key in {cfg.worker.api_key_file}")
+    if credentials(url)[1] is not None and not key:
+        auth_hint = f"the endpoint refused the user:password in --base-url {base} (HTTP basic auth)"
     try:
-        status, data = _http(cfg, "GET", join_url(url, "/v1/models"), headers)
+        status, data = _http(cfg, "GET", join_url(address, "/v1/models"), headers)
+    except _Unsendable as e:
+        raise CheckFailed(_unsendable(base, address, e)) from None
     except _Unreachable as e:
         raise CheckFailed(f"cannot reach the endpoint {base}: {e} (is the server running? is --base-url / "
                           "$OPENAI_BASE_URL right? --no-check skips this check)") from None
@@ -105,10 +135,11 @@ def _check(cfg: RunConfig, url: str) -> str:
         return f"endpoint {base} is up and serves {model}"
     if not model:
         return f"endpoint {base} is up"
-    body = probe_body(CHAT.path, model)
+    body = probe_body(path, model)
     try:
-        status, data = _http(cfg, "POST", join_url(url, CHAT.path),
-                             {**headers, "Content-Type": "application/json"}, orjson.dumps(body))
+        status, data = _http(cfg, "POST", join_url(address, path), headers, orjson.dumps(body))
+    except _Unsendable as e:
+        raise CheckFailed(_unsendable(base, address, e)) from None
     except _Unreachable as e:
         raise CheckFailed(f"cannot reach the endpoint {base}: {e}") from None
     if status in (401, 403):
@@ -116,6 +147,11 @@ def _check(cfg: RunConfig, url: str) -> str:
     if status == 404:
         raise CheckFailed(f"model {model!r} or its route is not found at {base} (HTTP 404: {_message(data, key)})")
     return f"endpoint {base} answered HTTP {status} for {model}"
+
+
+def _unsendable(base: str, address: str, e: Exception) -> str:
+    return (f"a request to {base} could not be sent ({str(e).replace(address, base)}): a setting is wrong, not the "
+            "endpoint; nothing was sent")
 
 
 async def check_endpoints(cfg: RunConfig) -> tuple[list[str], dict[int, str]]:
@@ -148,6 +184,6 @@ async def check_endpoint(cfg: RunConfig, url: str | None = None) -> str:
         return await asyncio.to_thread(_check, cfg, url or cfg.worker.base_url)
     except CheckFailed as e:  # issue 21: an endpoint may echo a --header secret in its error
         msg = str(e)
-        for secret in secret_values(cfg.worker.headers):
+        for secret in [*secret_values(cfg.worker.headers), *url_secrets(url or cfg.worker.base_url)]:
             msg = msg.replace(secret, "[redacted]")
         raise CheckFailed(msg) from None

@@ -91,8 +91,8 @@ class RunStats:
         if ttft is not None:
             self.ttft.add(float(ttft))
         scores = meta.get("sc")
-        if scores:
-            self.scores.add(scores)
+        if scores or "us" in meta:
+            self.scores.add(scores or {}, meta.get("us", ()))
         if "chk" in meta:
             self.bodies_checked += 1
         ep = meta.get("ep", 0)

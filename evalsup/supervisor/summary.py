@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
+from evalsup.config import exitcodes
 from evalsup.rundir.run_json import recorded_settings
 from evalsup.supervisor.view import RunView
 
@@ -37,7 +38,7 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
-        **({"scores": st.scores.summary()} if st.scores.n or st.scores.errors else {}),
+        **({"scores": st.scores.summary()} if st.scores else {}),
         "retries": st.retries,
         # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
         "breaker": {"opened": run.endpoints.opened, "down_s": round(run.endpoints.total_down_s(time.monotonic()), 2)},
@@ -60,10 +61,16 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
     }
 
 
+def stopped_how(s: dict[str, Any]) -> str:
+    """Why an unfinished run stopped and what to do: a resume, unless the input or settings were bad (exit 2:
+    the same command would meet them again; the reason names what to fix)."""
+    why = s.get("stop_reason") or s.get("stopped") or "unfinished"
+    return why if s.get("exit_code") == exitcodes.BAD_INPUT else f"{why}; rerun the same command to resume"
+
+
 def summary_line(s: dict[str, Any]) -> str:
     """The whole summary in one line (--quiet)."""
-    why = s.get("stop_reason") or s.get("stopped") or "unfinished"
-    state = "finished" if s.get("finished") else f"stopped ({why}; rerun to resume)"
+    state = "finished" if s.get("finished") else f"stopped ({stopped_how(s)})"
     invalid = f", {s['invalid']:,} invalid" if s.get("invalid") else ""
     return (f"evalsup: {state}: {s['total']:,} done ({s['succeeded']:,} ok, {s['failed']:,} failed{invalid}), "
             f"{s['this_session']:,} this session in {s['wall_s']:,.1f}s ({s['requests_per_s'] or 0:,.1f} req/s) "
@@ -79,6 +86,7 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     lat = summary["latency_s"]
     rss = summary["peak_rss_mb"]
     rows = [
+        *([] if summary.get("finished") else [("stopped", stopped_how(summary))]),
         ("tasks", f"{summary['total']:,} done: {summary['succeeded']:,} ok, {summary['failed']:,} failed"
                   + (f", {summary['invalid']:,} invalid lines skipped" if summary["invalid"] else "")),
         ("this session", f"{summary['this_session']:,} in {summary['wall_s']:.1f}s "
@@ -113,7 +121,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
 def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for name, sc in scores.items():
-        errs = f", {sc['errors']} errors" if sc["errors"] else ""
+        # unscored tasks (no 'expected') are neither wrong nor errors: counted apart, outside n
+        errs = (f", {sc['unscored']:,} unscored" if sc.get("unscored") else "") + (
+            f", {sc['errors']:,} errors" if sc["errors"] else "")
         if sc.get("accuracy") is not None:
             lo, hi = sc["ci95"]
             rows.append((f"score {name}", f"accuracy {sc['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
@@ -121,7 +131,7 @@ def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
         elif sc.get("mean") is not None:
             rows.append((f"score {name}", f"mean {sc['mean']:.4f}, n={sc['count']:,}{errs}"))
         else:
-            rows.append((f"score {name}", f"{sc['errors']} errors, no score"))
+            rows.append((f"score {name}", f"no score (n=0){errs}"))
     return rows
 
 

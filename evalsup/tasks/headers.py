@@ -1,4 +1,6 @@
-"""Extra request headers (`--header 'Name: value'`, issue 21), evalsup's User-Agent and the API key.
+"""Extra request headers (`--header 'Name: value'`, issue 21), evalsup's User-Agent, the API key and HTTP basic
+auth from a --base-url's user:password@ (issue 34): every header of a request, built once for both sides
+(``request_headers``), so the connection check sends what the tasks send.
 
 A value may come from the environment (``Name: env:VAR``) or a file (``Name: @path``) so a secret is never on a
 command line. Only the specs travel (the CONFIG frame); each side resolves them itself, and no value is ever
@@ -11,6 +13,7 @@ import os
 import re
 
 from evalsup import __version__
+from evalsup.tasks.requests import basic_auth, credentials, public_url
 
 _NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 # set by evalsup itself: a --header must not replace them (the key has its own flags)
@@ -27,6 +30,11 @@ def api_key(key_env: str | None, key_file: str | None) -> str | None:
         with open(key_file, encoding="utf-8") as f:
             return f.read().strip() or None
     return os.environ.get(key_env or "OPENAI_API_KEY") or None
+
+
+def key_source(key_env: str | None, key_file: str | None) -> str:
+    """Where the API key comes from, for a message (never the key)."""
+    return f"the API key in {key_file}" if key_file else f"the API key (${key_env or 'OPENAI_API_KEY'})"
 
 
 def user_agent() -> str:
@@ -87,3 +95,36 @@ def secret_values(specs: tuple[str, ...] | list[str], env: dict[str, str] | None
             if len(value) >= 4:
                 out.append(value)
     return out
+
+
+def request_headers(base_url: str, common: dict[str, str], key: str | None,
+                    key_from: str = "the API key") -> dict[str, str]:
+    """Every header of a request to the endpoint at ``base_url``: Content-Type, ``common`` (``build_headers``'
+    User-Agent and --header), and the Authorization: ``Bearer KEY``, or HTTP basic auth from the URL's
+    user:password@ (sent as curl and the openai SDK's client send it; the URL is then requested without it,
+    ``requests.credentials``). Both would be the one Authorization header, as would user:password@ and a
+    --header Authorization: HeaderError (``key_from`` names the key's source), never a silent choice."""
+    out = {"Content-Type": "application/json", **common}
+    _, userinfo = credentials(base_url)
+    if userinfo is not None:
+        where = f"--base-url {public_url(base_url)}: its user:password@ (HTTP basic auth)"
+        if key:
+            raise HeaderError(f"{where} and {key_from} would both be the Authorization header: drop one, or "
+                              "send the key in a header of its own (--header 'api-key: env:VAR')")
+        if any(k.lower() == "authorization" for k in common):
+            raise HeaderError(f"{where} and --header Authorization would both be the Authorization header: "
+                              "give one")
+        out["Authorization"] = basic_auth(*userinfo)
+    elif key:
+        out["Authorization"] = f"Bearer {key}"
+    return out
+
+
+def url_secrets(base_url: str) -> list[str]:
+    """What of a --base-url is secret, to scrub from whatever an endpoint echoes back and from messages: its
+    password, and the basic-auth token made of it."""
+    _, userinfo = credentials(base_url)
+    if userinfo is None:
+        return []
+    token = basic_auth(*userinfo).partition(" ")[2]
+    return [s for s in (userinfo[1], token) if len(s) >= 4]

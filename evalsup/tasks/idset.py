@@ -35,10 +35,13 @@ class IdSet:
     def nbytes(self) -> int:
         return (len(self._hashes) + len(self._offsets)) * 8
 
-    def add(self, task_id: str, offset: int, id_at: Callable[[int], str | None]) -> int | None:
+    def add(self, task_id: str, offset: int, id_at: Callable[[int], str | None], log: bool = True) -> int | None:
         """Add ``task_id`` found at ``offset``; return the offset of an earlier line with the same id, if any.
 
         ``id_at(offset)`` reads the id of the line at an earlier offset, for the exact check on a hash match.
+        The same id at the same offset is the same line, added before (by the pre-scan, with ``log=False``):
+        no duplicate, no re-read, and it is logged now (the log, ids.bin, holds the ids of the lines the run
+        has read, those before its frontier).
         """
         h = id_hash(task_id)
         i = h & self._mask
@@ -49,12 +52,16 @@ class IdSet:
                 break
             if slot == h:
                 earlier = self._offsets[i]
+                if earlier == offset:
+                    break
                 if id_at(earlier) == task_id:
                     return earlier
             i = (i + 1) & self._mask
-        self._store(i, h, offset)  # i is the empty slot the search ended at: no second probe to find it
-        self._log.append(h)
-        self._log.append(offset)
+        if hashes[i] == _EMPTY:
+            self._store(i, h, offset)  # i is the empty slot the search ended at: no second probe to find it
+        if log:
+            self._log.append(h)
+            self._log.append(offset)
         return None
 
     def find(self, task_id: str, id_at: Callable[[int], str | None]) -> int | None:
@@ -82,6 +89,11 @@ class IdSet:
         self._offsets[i] = offset
         self._count += 1
         if self._count * 4 > len(self._hashes) * 3:
+            self._grow()
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` ids in all without growing on the way (growing re-inserts every id, in Python)."""
+        while n * 4 > len(self._hashes) * 3:
             self._grow()
 
     def take_log(self) -> bytes:

@@ -5,7 +5,8 @@ Two input forms are accepted, one JSON object per line:
 * OpenAI Batch API: ``{"custom_id": "...", "method": "POST", "url": "/v1/chat/completions", "body": {...}}``
 * simple: ``{"id": "...", "messages": [...]}`` or ``{"id": "...", "prompt": "..."}``
 
-Any other top-level key is carried to the output record's ``metadata`` (see ``requests.to_request``). The
+Any other top-level key is carried to the output record's ``metadata``, and a line's own ``metadata`` object
+is that metadata as given, the other keys beside it (a key in both is refused; see ``requests.to_request``). The
 supervisor reads and validates with this module; the worker never reads the file.
 """
 
@@ -18,7 +19,7 @@ from typing import IO, Any
 import orjson
 
 from evalsup.tasks.idset import IdSet
-from evalsup.tasks.requests import BATCH_URLS
+from evalsup.tasks.requests import BATCH_URLS, metadata_problem
 from evalsup.tasks.routes import DEFAULT
 
 
@@ -56,6 +57,9 @@ def validate(obj: Any) -> str:
     """Check one parsed line; return its id or raise ValueError with the reason."""
     if not isinstance(obj, dict):
         raise ValueError(f"a task line must be a JSON object, not {type(obj).__name__}")
+    problem = metadata_problem(obj)
+    if problem:
+        raise ValueError(problem)
     if "custom_id" in obj:
         tid = task_id_of(obj)
         if tid is None or tid == "":
@@ -92,7 +96,7 @@ class TaskReader:
     """
 
     def __init__(self, path: Path, max_line_bytes: int, start_offset: int = 0, start_line: int = 0,
-                 start_index: int = 0, ids: IdSet | None = None) -> None:
+                 start_index: int = 0, ids: IdSet | None = None, log_ids: bool = True) -> None:
         self.path = path
         self.name = str(path)
         self.max_line_bytes = max_line_bytes
@@ -103,6 +107,7 @@ class TaskReader:
         self.line_no = start_line  # physical lines read (1-based numbering of the last one)
         self.index = start_index  # non-blank lines read, counting from 0 (for sharding)
         self.ids = ids if ids is not None else IdSet()
+        self.log_ids = log_ids  # False for the pre-scan: ids.bin logs the ids of the lines the run itself read
         self.exhausted = False
         self._last = (start_offset, start_line, start_index)
 
@@ -169,7 +174,7 @@ class TaskReader:
                 tid = validate(obj)
             except ValueError as e:
                 raise TaskError(self.name, self.line_no, start, str(e), body) from None
-            earlier = self.ids.add(tid, start, self._id_at)
+            earlier = self.ids.add(tid, start, self._id_at, self.log_ids)
             if earlier is not None:
                 raise TaskError(self.name, self.line_no, start, f"duplicate id {tid!r} (first seen at byte {earlier})",
                                 body)

@@ -16,8 +16,17 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-# a step into a body: a key, a list index, or "*" for each item of a list
-Step = str | int
+
+@dataclass(frozen=True, slots=True)
+class Each:
+    """A step into each item of a list (only the dicts whose "type" is ``type``, when given): the texts found
+    under them are joined."""
+
+    type: str | None = None
+
+
+# a step into a body: a key, a list index, or Each (every item of a list)
+Step = str | int | Each
 TextPath = tuple[Step, ...]
 
 
@@ -30,7 +39,8 @@ class Route:
     sse: str | None  # the reassembler of its stream (evalsup.worker.sse.chat / .responses); None: never streamed
     stream_usage: bool  # a streamed request asks for the usage chunk (stream_options.include_usage)
     probe: tuple[tuple[str, Any], ...]  # the tiny request's body, besides "model" (probe_body)
-    text: tuple[TextPath, ...]  # where the answer's text is, first found wins (scoring.scorers.response_text)
+    text: tuple[TextPath, ...]  # where the answer's text is, first found wins (answer_text; the scorers'
+    #                             response_text is the same rule written again: tests/unit/test_routes.py)
 
     @property
     def suffix(self) -> str:
@@ -49,7 +59,9 @@ EMBEDDINGS = Route("/v1/embeddings", "data", samples=False, streams=False, sse=N
                    text=())
 RESPONSES = Route("/v1/responses", "output", samples=True, streams=True, sse="responses", stream_usage=False,
                   probe=(("input", "ping"), ("max_output_tokens", 16)),
-                  text=(("output_text",), ("output", "*", "content", "*", "text")))
+                  # the raw body has no output_text (the openai SDK computes it): the message items' output_text
+                  # parts, joined; a reasoning item's text is not the answer
+                  text=(("output_text",), ("output", Each("message"), "content", Each("output_text"), "text")))
 
 ROUTES: tuple[Route, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)  # route_of tries them in this order
 BY_PATH: dict[str, Route] = {r.path: r for r in ROUTES}
@@ -62,6 +74,38 @@ def route_of(path: str) -> Route | None:
     for r in ROUTES:
         if p.endswith(r.suffix):
             return r
+    return None
+
+
+def _at(value: Any, path: TextPath) -> str | None:
+    for i, step in enumerate(path):
+        if isinstance(step, Each):
+            if not isinstance(value, list):
+                return None
+            found = [_at(v, path[i + 1:]) for v in value
+                     if isinstance(v, dict) and (step.type is None or v.get("type") == step.type)]
+            texts = [t for t in found if t is not None]
+            return "".join(texts) if texts else None
+        if isinstance(step, int):
+            if not isinstance(value, list) or len(value) <= step:
+                return None
+            value = value[step]
+        else:
+            if not isinstance(value, dict):
+                return None
+            value = value.get(step)
+    return value if isinstance(value, str) else None
+
+
+def answer_text(body: Any) -> str | None:
+    """The answer's text in a response body of any route (each route's ``text`` rows tried in table order, the
+    first found wins): chat's message content, a completion's text, a Responses answer; None when it holds none
+    (embeddings, a tool call)."""
+    for r in ROUTES:
+        for path in r.text:
+            got = _at(body, path)
+            if got is not None:
+                return got
     return None
 
 

@@ -13,7 +13,7 @@ import orjson
 from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import iter_records
-from evalsup.scoring.scorers import ScoreFn, ScorerOptions, ScoreStats, load_scorer, score_sync
+from evalsup.scoring.scorers import Scored, ScoreFn, ScorerOptions, ScoreStats, load_scorer, score_sync
 
 BATCH = 500
 _scorers: list[tuple[str, ScoreFn]] = []
@@ -23,20 +23,20 @@ def _init(specs: list[str], options: ScorerOptions) -> None:
     _scorers[:] = [load_scorer(s, options) for s in specs]
 
 
-def _score_batch(lines: list[bytes]) -> list[tuple[bytes, dict[str, float | None] | None]]:
-    out: list[tuple[bytes, dict[str, float | None] | None]] = []
+def _score_batch(lines: list[bytes]) -> list[tuple[bytes, Scored | None]]:
+    out: list[tuple[bytes, Scored | None]] = []
     for line in lines:
         rec = orjson.loads(line)
         rec.pop("scores", None)
         rec.pop("score_errors", None)
-        scores: dict[str, float | None] | None = None
+        scored: Scored | None = None
         if rec.get("error") is None and rec.get("response"):
             task = {"id": rec["custom_id"], **(rec.get("metadata") or {})}
-            scores, errors = score_sync(_scorers, task, rec["response"].get("body"))
-            rec["scores"] = scores
-            if errors:
-                rec["score_errors"] = errors
-        out.append((orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), scores))
+            scored = score_sync(_scorers, task, rec["response"].get("body"))
+            rec["scores"] = scored.scores  # a scorer that left the task unscored is absent, as in a run
+            if scored.errors:
+                rec["score_errors"] = scored.errors
+        out.append((orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), scored))
     return out
 
 
@@ -55,11 +55,11 @@ def _batches(path: Path) -> Iterator[list[bytes]]:
 
 
 def rescore(run_dir: Path, specs: list[str], workers: int, strip: bool, ignore_case: bool, pattern: str | None,
-            output: Path | None) -> dict[str, Any]:
+            output: Path | None, normalize: bool = False) -> dict[str, Any]:
     src = run_dir / layout.RESULTS
     if not src.exists():
         raise ValueError(f"{run_dir}: no results.jsonl")
-    options = ScorerOptions(strip, ignore_case, pattern)
+    options = ScorerOptions(strip, ignore_case, pattern, normalize)
     _init(specs, options)  # fail here, once, on a bad scorer name
     dest = output or run_dir / layout.SCORED
     tmp = dest.with_name(dest.name + ".partial")
@@ -71,15 +71,15 @@ def rescore(run_dir: Path, specs: list[str], workers: int, strip: bool, ignore_c
         for batch in batches:  # at most 2 batches a process in flight: memory stays flat
             pending.append(pool.apply_async(_score_batch, (batch,)))
             if len(pending) >= 2 * workers:
-                for line, scores in pending.pop(0).get():
+                for line, scored in pending.pop(0).get():
                     w.write(line)
-                    if scores is not None:
-                        stats.add(scores)
+                    if scored is not None:
+                        stats.add(scored.scores, scored.unscored)
         for p in pending:
-            for line, scores in p.get():
+            for line, scored in p.get():
                 w.write(line)
-                if scores is not None:
-                    stats.add(scores)
+                if scored is not None:
+                    stats.add(scored.scores, scored.unscored)
     os.replace(tmp, dest)
     summary = stats.summary()
     (run_dir / layout.SCORES).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))

@@ -22,6 +22,7 @@ import orjson
 
 from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
+from evalsup.config.exitcodes import BAD_INPUT
 from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
 from evalsup.rundir.layout import is_run_dir, parse_shard_dir, shard_dir_name, writer_alive
@@ -40,7 +41,7 @@ class RunState(enum.StrEnum):
     NOT_STARTED = "not started"  # no checkpoint yet
     RUNNING = "running"  # a run holds the directory's lock
     FINISHED = "finished"  # every task has its record
-    STOPPED = "stopped"  # ended before that: rerun to resume
+    STOPPED = "stopped"  # ended before that: rerun to resume (after fixing the input, when it was bad)
     UNREADABLE = "unreadable"  # the checkpoint cannot be read
 
 
@@ -173,8 +174,9 @@ def _why_stopped(run_dir: Path, cp: Checkpoint, events: list[dict[str, Any]]) ->
         elif ev.get("event") == "end":
             end = ev
     summary = _json_file(run_dir / layout.SUMMARY)
-    try:  # a summary.json of an earlier session says nothing of this one
-        if summary is not None and (run_dir / layout.SUMMARY).stat().st_mtime < cp.time - 1:
+    try:  # a summary.json of an earlier session says nothing of this one (nor of a later refusal's `end`)
+        mtime = (run_dir / layout.SUMMARY).stat().st_mtime
+        if summary is not None and (mtime < cp.time - 1 or (end is not None and float(end.get("t") or 0) > mtime)):
             summary = None
     except OSError:
         summary = None
@@ -198,6 +200,8 @@ def _why_stopped(run_dir: Path, cp: Checkpoint, events: list[dict[str, Any]]) ->
     if reason is None:
         reason = ("ended without a word (killed, or the machine went down)" if end is None and summary is None
                   else "stopped")
+    if code == BAD_INPUT:  # bad input or settings: the reason says what to fix; the same command meets it again
+        return reason, code
     return reason + "; rerun the same command to resume", code
 
 

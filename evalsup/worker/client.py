@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from evalsup.tasks.routes import answer_key, asks_stream_usage
 from evalsup.worker import errors
 from evalsup.worker.bodies import BodyParser, UsageOnly, one_line
 from evalsup.worker.endpoints import Endpoint, EndpointPool
-from evalsup.worker.errors import Code, Failure
+from evalsup.worker.errors import Code, Failure, FailureKind, LocalError
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.probes import key_check, probe_request, send_probe
 from evalsup.worker.retry import AttemptState, Decision, RetryPolicy, Verdict, parse_retry_after
@@ -83,16 +83,16 @@ def estimate_tokens(body: dict[str, Any]) -> int:
 
 
 class Client:
-    def __init__(self, session: aiohttp.ClientSession, endpoints: EndpointPool, headers: dict[str, str],
-                 policy: RetryPolicy, max_response_bytes: int, seed: int,
+    def __init__(self, session: aiohttp.ClientSession, endpoints: EndpointPool, policy: RetryPolicy,
+                 max_response_bytes: int, seed: int,
                  pacer: Pacer, on_trip: Callable[[int, str], None], on_probe: Callable[[int, bool, str], None],
                  secret: str | None = None, whole_bodies: bool = True,
                  on_auth: Callable[[int, str], None] | None = None,
-                 cap: Callable[[], int] = lambda: 1) -> None:
+                 cap: Callable[[], int] = lambda: 1, on_local: Callable[[str], None] | None = None) -> None:
         self.session = session
-        self.endpoints = endpoints  # each attempt goes to endpoints.pick (worker.endpoints)
+        # each attempt goes to endpoints.pick (worker.endpoints), with that endpoint's headers (its auth)
+        self.endpoints = endpoints
         self.cap = cap  # the supervisor's cap on this worker's requests in flight (LIMIT)
-        self.headers = headers
         self.policy = policy
         self.max_response_bytes = max_response_bytes
         self.rng = random.Random(seed)
@@ -100,6 +100,8 @@ class Client:
         self.on_trip = on_trip
         self.on_probe = on_probe
         self.on_auth = on_auth or (lambda e, message: None)
+        self.on_local = on_local or (lambda message: None)  # a request could not be sent at all: FATAL
+        self._local: asyncio.Event | None = None  # set once told (the run stops; the tasks wait meanwhile)
         self._checks: set[asyncio.Task[None]] = set()  # key checks under way (AuthWatch)
         self.secret = secret.encode() if secret else None
         self.secrets = [self.secret] if self.secret else []  # and --header values (worker.main)
@@ -159,14 +161,16 @@ class Client:
         raw = orjson.dumps(body)
         return raw, body, asm
 
-    async def attempt(self, url: str, payload: bytes, stream: bool, need: str | None = None) -> Attempt:
-        """One request; ``need``: the key a 200 body must have to be an answer (tasks.routes.answer_key)."""
+    async def attempt(self, url: str, payload: bytes, stream: bool, need: str | None = None,
+                      headers: Mapping[str, str] | None = None) -> Attempt:
+        """One request; ``need``: the key a 200 body must have to be an answer (tasks.routes.answer_key);
+        ``headers``: the endpoint's (``Endpoint.headers``)."""
         start = time.monotonic()
         status: int | None = None
         request_id: str | None = None
         retry_after: float | None = None
         try:
-            async with self.session.post(url, data=payload, headers=self.headers) as resp:
+            async with self.session.post(url, data=payload, headers=headers) as resp:
                 status = resp.status
                 request_id = request_id_of(resp.headers)  # x-request-id or an equivalent, never ""
                 if status != 200:
@@ -185,8 +189,8 @@ class Client:
         except StreamFailed as e:  # an error event inside a 200 stream, with the server's code
             return Attempt(None, b"", None, request_id, errors.transport(
                 Code.STREAM_ERROR, e.message, {"server_code": e.code} if e.code else None))
-        except errors.CAUGHT as e:  # aiohttp's and asyncio's: one table (errors.EXCEPTIONS)
-            return Attempt(None, b"", None, request_id, errors.from_exception(e, stream))
+        except errors.CAUGHT as e:  # aiohttp's and asyncio's: one table (errors.EXCEPTIONS); local ones apart
+            return Attempt(None, b"", None, request_id, errors.from_exception(e, stream, status is not None))
         single = one_line(raw) if status == 200 else None
         try:
             parsed = self.bodies.parse(raw, single, need) if single is not None else orjson.loads(raw)
@@ -239,7 +243,7 @@ class Client:
             self.on_wire += 1
             ep.sent()
             try:
-                a = await self.attempt(ep.url(path), payload, stream, need)
+                a = await self.attempt(ep.url(path), payload, stream, need, ep.headers)
             finally:
                 self.on_wire -= 1
                 ep.answered()
@@ -254,6 +258,8 @@ class Client:
                     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
                         ep.correct_usage(pacer, usage["total_tokens"], estimate)
                 return self._outcome(a, st)
+            if f.kind is FailureKind.LOCAL:  # nothing was sent: never the endpoint's failure, nor the task's
+                await self._stop_local(ep, f.message)
             if ep.failed(key, f):  # tripped here: now everywhere
                 self.on_trip(ep.index, f.message)
             d = policy.decide(f, st, self.rng, up=ep.up, elsewhere=pool.any_up(), endpoints=len(pool))
@@ -309,6 +315,23 @@ class Client:
         finally:
             self.parked -= 1
 
+    async def _stop_local(self, ep: Endpoint, message: str) -> None:
+        """A request to ``ep`` could not be sent at all (``errors.local``): the settings' or evalsup's problem.
+        The supervisor is told once (FATAL: it stops the run, exit 2) and the task waits, unanswered, until the
+        worker is ended: it stays outstanding for the rerun, no attempt counted, nothing ejected."""
+        if self._local is None:
+            self._local = asyncio.Event()
+            for s in self.secrets:  # (the message may quote a header or the URL)
+                message = message.replace(s.decode(), "[redacted]")
+            said = message.replace(ep.address, ep.public)
+            self.on_local(f"a request to {ep.public} could not be sent ({said}): a setting is wrong, not the "
+                          "endpoint; nothing was sent and no task was failed for it: fix it and rerun")
+        self.parked += 1
+        try:
+            await self._local.wait()  # never set: the supervisor ends this worker
+        finally:
+            self.parked -= 1
+
     async def _rest(self, seconds: float) -> None:
         self.resting += 1
         self.on_rest()
@@ -346,14 +369,24 @@ class Client:
         return False
 
     def _check_key(self, ep: Endpoint) -> None:
-        t = asyncio.create_task(key_check(self.session, self.headers, ep, self._last, self.on_auth, self.on_trip))
+        t = asyncio.create_task(self._key_check(ep))
         self._checks.add(t)
         t.add_done_callback(self._checks.discard)
+
+    async def _key_check(self, ep: Endpoint) -> None:
+        try:
+            await key_check(self.session, ep, self._last, self.on_auth, self.on_trip)
+        except LocalError as e:
+            await self._stop_local(ep, str(e))
 
     async def probe(self, index: int = 0) -> None:
         """The breaker's probe (worker.probes). Any answer but a 5xx (a 400, a 429 included) says the endpoint
         as a whole serves."""
         ep = self.endpoints.all[index]
-        status, detail = await send_probe(self.session, self.headers, ep, probe_request(ep, ep.last_ok or self._last))
+        try:
+            status, detail = await send_probe(self.session, ep, probe_request(ep, ep.last_ok or self._last))
+        except LocalError as e:
+            await self._stop_local(ep, str(e))
+            return
         ok = status is not None and status < 500
         self.on_probe(index, ok, detail)

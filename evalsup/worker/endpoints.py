@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from evalsup.tasks.requests import join_url, public_url
+from evalsup.tasks.requests import credentials, join_url, public_url
 from evalsup.worker.adaptive import AdaptiveLimit
 from evalsup.worker.breaker import AuthWatch, HandedBack, LocalBreaker
 from evalsup.worker.errors import Failure
@@ -38,13 +38,18 @@ from evalsup.worker.pacing import Pacer
 
 
 class Endpoint:
-    __slots__ = ("_urls", "adaptive", "auth", "base_url", "breaker", "cool_until", "index", "last_ok", "on_wire",
-                 "out", "pacer", "pending", "public")
+    __slots__ = ("_urls", "adaptive", "address", "auth", "base_url", "breaker", "cool_until", "headers", "index",
+                 "last_ok", "on_wire", "out", "pacer", "pending", "public")
 
-    def __init__(self, index: int, base_url: str, adaptive: AdaptiveLimit | None = None) -> None:
+    def __init__(self, index: int, base_url: str, adaptive: AdaptiveLimit | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
         self.index = index
         self.base_url = base_url
-        self.public = public_url(base_url)  # what records show: no credentials
+        self.public = public_url(base_url)  # what records show: no credentials, no query
+        # what requests go to: no user:password@ (sent as basic auth in ``headers``), the query kept (issue 34)
+        self.address = credentials(base_url)[0]
+        # every header of a request to it (tasks.headers.request_headers: its own Authorization with the rest)
+        self.headers: Mapping[str, str] = headers or {}
         self.breaker = LocalBreaker()
         self.auth = AuthWatch()  # is the key refused here? (then the run stops, or goes on without it)
         self.last_ok: tuple[str, str] | None = None  # (path, model) it last answered: what the key check asks
@@ -171,17 +176,19 @@ class Endpoint:
     def url(self, path: str) -> str:
         url = self._urls.get(path)
         if url is None:
-            url = join_url(self.base_url, path)
+            url = join_url(self.address, path)
             if len(self._urls) < 64:  # bounded, whatever paths a task file names
                 self._urls[path] = url
         return url
 
 
 class EndpointPool:
-    def __init__(self, urls: Sequence[str], adaptive: Callable[[], AdaptiveLimit | None] = lambda: None) -> None:
+    def __init__(self, urls: Sequence[str], adaptive: Callable[[], AdaptiveLimit | None] = lambda: None,
+                 headers: Callable[[str], Mapping[str, str]] | None = None) -> None:
+        """``headers``: every header of a request to the endpoint at a URL (``tasks.headers.request_headers``)."""
         if not urls:
             raise ValueError("no endpoint")
-        self.all = [Endpoint(i, u, adaptive()) for i, u in enumerate(urls)]
+        self.all = [Endpoint(i, u, adaptive(), headers(u) if headers else None) for i, u in enumerate(urls)]
         self._back: asyncio.Future[bool] | None = None  # resolved when an endpoint rejoins (parked requests)
         self._handing_back = False  # the worker drains: a request that would park is handed back instead
         self.paced = False  # some endpoint has a pacer of its own (apply_rate)

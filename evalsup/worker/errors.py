@@ -5,6 +5,9 @@ client builds a ``Failure``; the retry policy (``retry.RetryPolicy.decide``) and
 (``breaker.LocalBreaker``) read its kind; the record carries its code. Nothing else spells a code.
 
     Failure
+    ├── local (nothing was sent)       internal_error       a request that could not leave: a client library's
+    │                                                       ValueError, a bad header, an unsupported URL. The
+    │                                                       settings' or evalsup's problem, never the endpoint's
     ├── transport (no HTTP answer)     connection_refused   the connection itself was refused: endpoint down
     │                                  connection_error     reset or closed mid-request
     │                                  timeout_connect | timeout_read | timeout_total
@@ -16,7 +19,9 @@ client builds a ``Failure``; the retry policy (``retry.RetryPolicy.decide``) and
                                        http_5xx: the server failed; http_4xx: the request is wrong
 
 The transport failures come from aiohttp's (and asyncio's) exceptions through one table, ``EXCEPTIONS``, read
-by ``from_exception``: the client catches ``CAUGHT`` around an attempt and asks it, nothing else maps them.
+by ``from_exception``: the client catches ``CAUGHT`` around an attempt and asks it, nothing else maps them. An
+exception raised before any answer came that says the request itself could not be made (``local``) is never
+the endpoint's: no breaker evidence, no retry; the client stops the run (issue 34).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class FailureKind(enum.Enum):
     AUTH = "auth"  # the key was refused: evidence that the run must stop
     REQUEST = "request"  # this request will not succeed: no retry
     FINAL = "final"  # no retry whatever the status (too large)
+    LOCAL = "local"  # the request never left (evalsup's or the settings' problem): the run stops, exit 2
 
 
 ENDPOINT_STATUSES = frozenset({500, 502, 503, 504})
@@ -112,8 +118,25 @@ EXCEPTIONS: tuple[tuple[tuple[type[BaseException], ...], Code, Code, str | None]
 CAUGHT: tuple[type[BaseException], ...] = tuple(t for types, *_ in EXCEPTIONS for t in types)
 
 
-def from_exception(e: BaseException, stream: bool) -> Failure:
-    """The failure an exception of ``CAUGHT`` raised by an attempt stands for (``stream``: a stream was asked)."""
+class LocalError(Exception):
+    """A request of the worker's own (a probe, the key check) could not be sent: ``local``'s case."""
+
+
+def local(e: BaseException) -> bool:
+    """Whether ``e``, raised before any answer came, says the request could not be made at all: a ValueError
+    of the client library (aiohttp's "Cannot combine AUTHORIZATION header with ...", a header holding a line
+    break), a URL it cannot request (``InvalidURL``, a scheme it does not speak). Not an error of the connection
+    (certificate errors are ValueErrors too, and OSErrors), nor a redirect the server sent to a bad URL."""
+    if isinstance(e, OSError | aiohttp.RedirectClientError):
+        return False
+    return isinstance(e, ValueError | aiohttp.NonHttpUrlClientError)
+
+
+def from_exception(e: BaseException, stream: bool, answered: bool = False) -> Failure:
+    """The failure an exception of ``CAUGHT`` raised by an attempt stands for (``stream``: a stream was asked;
+    ``answered``: the server had answered, so it was raised reading the answer, never local)."""
+    if not answered and local(e):
+        return Failure(Code.INTERNAL, f"{type(e).__name__}: {e}"[:300], FailureKind.LOCAL)
     for types, code, stream_code, message in EXCEPTIONS:
         if isinstance(e, types):
             return transport(stream_code if stream else code, message or f"{type(e).__name__}: {e}"[:300])

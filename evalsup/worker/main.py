@@ -28,7 +28,7 @@ from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.scoring.plugin import load_callable
 from evalsup.scoring.scorers import ScorerOptions
-from evalsup.tasks.headers import api_key, build_headers, secret_values
+from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers, secret_values, url_secrets
 from evalsup.tasks.requests import RequestDefaults, to_request
 from evalsup.worker import records
 from evalsup.worker.adaptive import adaptive_from_config
@@ -50,11 +50,15 @@ class Worker:
         self.reader = reader
         self.out = out
         self.concurrency = cfg.concurrency
-        # one per --base-url, each with its breaker evidence and adaptive limit (None with --concurrency)
-        self.endpoints = EndpointPool(cfg.endpoints, lambda: adaptive_from_config(cfg, len(cfg.endpoints)))
+        self.extra_headers = build_headers(cfg.headers)  # --header, User-Agent (a bad one: FATAL, not a crash)
+        self.key = api_key(cfg.api_key_env, cfg.api_key_file)
+        source = key_source(cfg.api_key_env, cfg.api_key_file)
+        # one per --base-url, each with its breaker evidence, adaptive limit (None with --concurrency) and headers
+        # (its own Authorization: the key, or basic auth from its URL; a conflict was refused before the start)
+        self.endpoints = EndpointPool(cfg.endpoints, lambda: adaptive_from_config(cfg, len(cfg.endpoints)),
+                                      lambda url: request_headers(url, self.extra_headers, self.key, source))
         self.schedule = Schedule(cfg.concurrency, cfg.limit, self.endpoints, self._begin)
         self.outbox = Outbox(out, cfg.ring_fd, cfg.ring_size)
-        self.extra_headers = build_headers(cfg.headers)  # --header, User-Agent (a bad one: FATAL, not a crash)
         self._live: set[asyncio.Task[None]] = set()
         self.draining = False
         self.done = 0
@@ -63,7 +67,7 @@ class Worker:
         self.plugin = load_callable(cfg.plugin) if cfg.plugin else None
         self.scoring: Scoring | None = None
         if cfg.scorers:
-            opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern)
+            opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.pid = os.getpid()
         self.pacer = Pacer(random.Random(self.pid))
@@ -128,14 +132,13 @@ class Worker:
         if self.plugin is not None:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
-        scores: dict[str, float | None] | None = None
-        score_errors: dict[str, str] | None = None
+        scored = None
         if self.scoring is not None and oc.error is None:
             self.outbox.before_user_code(key)
-            scores, score_errors = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
+            scored = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
         endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scores, score_errors)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored)
 
     def _probe(self, e: int) -> None:
         if self.client is not None:
@@ -186,26 +189,24 @@ class Worker:
         timeout = aiohttp.ClientTimeout(total=cfg.total_timeout_s, sock_connect=cfg.connect_timeout_s,
                                         sock_read=cfg.read_timeout_s)
         connector = aiohttp.TCPConnector(limit=self.concurrency, ssl=not cfg.insecure)
-        headers = {"Content-Type": "application/json", **self.extra_headers}  # --header, User-Agent
-        key = api_key(cfg.api_key_env, cfg.api_key_file)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
+        key = self.key
         policy = RetryPolicy(max_attempts=cfg.max_attempts, cap_s=cfg.max_retry_wait_s,
                              max_limited_s=cfg.max_rate_limited_s)
         schedule, outbox = self.schedule, self.outbox
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            client = Client(session, self.endpoints, headers, policy,
+            client = Client(session, self.endpoints, policy,
                             int(cfg.max_response_mb * (1 << 20)), seed=self.pid, cap=lambda: schedule.limit,
                             pacer=self.pacer, on_trip=outbox.trip,
-                            on_probe=outbox.probe_result, secret=key, on_auth=outbox.auth,
+                            on_probe=outbox.probe_result, secret=key, on_auth=outbox.auth, on_local=outbox.fatal,
                             whole_bodies=self.scoring is not None or self.plugin is not None)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
+            client.secrets += [v.encode() for u in cfg.endpoints for v in url_secrets(u)]  # basic auth (issue 34)
             self.client, client.on_rest = client, self._pump
             tasks = [asyncio.create_task(self.heartbeat())]
             if cfg.adaptive:  # every attempt and the server's queue feed each endpoint's limit
                 schedule.resting = lambda: client.resting  # a request resting in a back-off holds no slot
                 client.observe = self.endpoints.observer(schedule.active, lambda: schedule.limit)
-                tasks.append(scrape_endpoints(session, self.endpoints, cfg.server_metrics, headers))
+                tasks.append(scrape_endpoints(session, self.endpoints, cfg.server_metrics))
             reading = asyncio.create_task(self.read_loop())
             drained = asyncio.create_task(self.finished.wait())
             await asyncio.wait([reading, drained], return_when=asyncio.FIRST_COMPLETED)

@@ -117,5 +117,10 @@ class Outbox:
         self.out.send(encode_json(FrameKind.AUTH, {"message": message, "e": e}))
         self.out.flush()
 
+    def fatal(self, message: str) -> None:
+        """FATAL mid-run: a request could not be sent at all (issue 34); the supervisor stops the run (exit 2)."""
+        self.out.send(encode_json(FrameKind.FATAL, {"message": message}))
+        self.out.flush()
+
     def probe_result(self, e: int, ok: bool, detail: str) -> None:
         self.out.send(encode_json(FrameKind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))

@@ -15,6 +15,7 @@ import orjson
 from evalsup.tasks.requests import join_url
 from evalsup.tasks.routes import probe_body
 from evalsup.worker.endpoints import Endpoint
+from evalsup.worker.errors import LocalError, local
 
 
 def probe_request(ep: Endpoint, last: tuple[str, str] | None) -> tuple[str, bytes] | None:
@@ -50,24 +51,30 @@ def key_verdict(status: int | None, posted: bool) -> KeyVerdict:
     return KeyVerdict.UNSURE
 
 
-async def send_probe(session: aiohttp.ClientSession, headers: dict[str, str], ep: Endpoint,
+async def send_probe(session: aiohttp.ClientSession, ep: Endpoint,
                      req: tuple[str, bytes] | None) -> tuple[int | None, str]:
-    """Send ``probe_request``'s request (GET /models for None): (its HTTP status, or None when no answer came;
-    what happened, for a log line: never the key)."""
+    """Send ``probe_request``'s request (GET /models for None) with the headers and auth the tasks' requests to
+    ``ep`` carry: (its HTTP status, or None when no answer came; what happened, for a log line: never the key).
+    Raises LocalError when the request could not be sent at all (``errors.local``): never the endpoint's."""
     what = "a 1-token request" if req is not None else "GET /models"
+    answered = False
     try:
         if req is not None:
-            ctx = session.post(req[0], data=req[1], headers=headers)
+            ctx = session.post(req[0], data=req[1], headers=ep.headers)
         else:
-            ctx = session.get(join_url(ep.base_url, "/v1/models"), headers=headers)
+            ctx = session.get(join_url(ep.address, "/v1/models"), headers=ep.headers)
         async with ctx as resp:
+            answered = True
             await resp.read()
             return resp.status, f"{what}: HTTP {resp.status}"
     except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError) as e:  # (a closed session at the end)
-        return None, f"{what}: {type(e).__name__}: {e}"[:300]
+        detail = f"{type(e).__name__}: {e}"[:300].replace(ep.address, ep.public)
+        if not answered and local(e):
+            raise LocalError(f"{what}: {detail}") from None
+        return None, f"{what}: {detail}"
 
 
-async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep: Endpoint,
+async def key_check(session: aiohttp.ClientSession, ep: Endpoint,
                     fallback: tuple[str, str] | None, on_auth: Callable[[int, str], None],
                     on_trip: Callable[[int, str], None]) -> None:
     """Refusals at ``ep`` wait for a verdict (worker.breaker.AuthWatch): ask the endpoint with a request of our
@@ -82,7 +89,7 @@ async def key_check(session: aiohttp.ClientSession, headers: dict[str, str], ep:
         while ep.auth.pending:
             sent = time.monotonic()
             req = probe_request(ep, ep.last_ok or fallback)
-            status, detail = await send_probe(session, headers, ep, req)
+            status, detail = await send_probe(session, ep, req)
             verdict = key_verdict(status, req is not None)
             if verdict is KeyVerdict.LOST:
                 if ep.key_lost():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evalsup.scoring.scorers import Scored
 from evalsup.tasks.records import output_line, output_line_around
 from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.client import Outcome
@@ -18,11 +19,11 @@ BIG_BODY = 1 << 14  # a response body this large is written around, not copied i
 
 
 def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any],
-          metadata: dict[str, Any], scores: dict[str, float | None] | None = None,
-          score_errors: dict[str, str] | None = None) -> tuple[list[bytes], dict[str, Any]]:
+          metadata: dict[str, Any], scored: Scored | None = None) -> tuple[list[bytes], dict[str, Any]]:
     """Task ``tid`` (its key ``key``): its output line (as parts to write one after the other) and the RESULT
     meta. ``waited_s``: the time it waited in this worker's queue; ``endpoint``: the index and public URL of its
-    last attempt's endpoint (``endpoint_of``)."""
+    last attempt's endpoint (``endpoint_of``); ``scored``: its scores, when the run scores (a scorer that left it
+    unscored is absent from the record's scores and named in the meta's ``us``)."""
     # latency_s is the server's (the last attempt, request written to last byte); queue_s the time it waited
     # here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
     metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(waited_s + oc.queue_s, 6),
@@ -33,8 +34,9 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
     if oc.itl_s is not None:
         metrics["itl_s"] = round(oc.itl_s, 6)
     fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
-                              "metrics": metrics, "metadata": metadata or None, "scores": scores,
-                              "score_errors": score_errors}
+                              "metrics": metrics, "metadata": metadata or None,
+                              "scores": None if scored is None else scored.scores,
+                              "score_errors": None if scored is None else scored.errors}
     if oc.raw_json is not None and len(oc.raw_json) >= BIG_BODY:  # raw_json: the body is the endpoint's bytes
         # the endpoint's own bytes go out between the record's head and tail: never copied into a line
         head, tail = output_line_around(tid, **fields)
@@ -45,8 +47,10 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
     info = {"k": key, "ok": oc.error is None, "lat": oc.server_s, "att": oc.attempts, "rb": oc.raw_len,
             "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s, "rt": oc.sent - 1,
             "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
-            "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0, "sc": scores,
-            "ep": oc.endpoint}
+            "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0,
+            "sc": None if scored is None else scored.scores, "ep": oc.endpoint}
+    if scored is not None and scored.unscored:
+        info["us"] = scored.unscored
     if isinstance(oc.parsed, UsageOnly):
         info["chk"] = 1  # checked by simdjson, not built (counted in the summary)
     return out, info

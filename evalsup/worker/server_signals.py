@@ -114,18 +114,17 @@ async def scrape_loop(session: aiohttp.ClientSession, url: str, headers: dict[st
         q = await fetch_queue(session, url, headers)
 
 
-def scrape_endpoints(session: aiohttp.ClientSession, pool: EndpointPool, flag: str | None,
-                     headers: dict[str, str]) -> asyncio.Task[Any]:
+def scrape_endpoints(session: aiohttp.ClientSession, pool: EndpointPool, flag: str | None) -> asyncio.Task[Any]:
     """Scrape the server of each endpoint with an adaptive limit (``flag``: --server-metrics) into that limit
-    (``Endpoint.server_queue``), as one task that runs until cancelled. The key and --header values go only to
-    the endpoint's own host."""
+    (``Endpoint.server_queue``), as one task that runs until cancelled. The endpoint's headers (the key or its
+    basic auth, --header values) go only to its own host."""
     scrapes = []
     for ep in pool.all:
-        url = metrics_url(ep.base_url, flag)
+        url = metrics_url(ep.address, flag)
         if url is None or ep.adaptive is None:
             continue
-        same_host = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(ep.base_url).netloc
-        sent = {k: v for k, v in headers.items() if k != "Content-Type"} if same_host else {}
+        same_host = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(ep.address).netloc
+        sent = {k: v for k, v in ep.headers.items() if k != "Content-Type"} if same_host else {}
         scrapes.append(scrape_loop(session, url, sent, bool(flag), ep.server_queue))
     if not scrapes:
         return asyncio.create_task(asyncio.Event().wait())  # nothing to scrape; cancelled with the others

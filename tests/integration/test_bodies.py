@@ -53,7 +53,8 @@ def test_scorers_see_a_large_body_whole(tmp_path: Path, mock: MockThread) -> Non
     recs = read_results(tmp_path / "sc.run")
     assert len(recs) == 10
     for x in recs:
-        assert x["scores"]["length"] == len(x["response"]["body"]["choices"][0]["message"]["content"]) > 150_000
+        text = x["response"]["body"]["choices"][0]["message"]["content"]
+        assert x["scores"]["length_and_hit.length"] == len(text) > 150_000
     assert orjson.loads((tmp_path / "sc.run" / "summary.json").read_bytes())["large_bodies_checked"] == 0
 
 

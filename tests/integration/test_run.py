@@ -78,7 +78,7 @@ def test_batch_form_all_endpoints_and_metadata(tmp_path: Path, mock: MockThread)
     CreateEmbeddingResponse.model_validate(recs["emb"]["response"]["body"])
     ChatCompletion.model_validate(recs["simple"]["response"]["body"])
     assert recs["chat"]["metadata"] == {"expected": "A"}
-    assert recs["comp"]["metadata"] == {"metadata": {"k": 1}}
+    assert recs["comp"]["metadata"] == {"k": 1}  # the line's own metadata, as given
     assert "metadata" not in recs["emb"]
     assert recs["simple"]["metadata"] == {"expected": "B", "choices": ["A", "B"]}
 
@@ -119,6 +119,8 @@ BAD_LINES = [
 
 @pytest.mark.parametrize(("bad", "message"), BAD_LINES, ids=[m for _, m in BAD_LINES])
 def test_bad_line_stops_with_file_and_line(tmp_path: Path, mock: MockThread, bad: bytes, message: str) -> None:
+    """Found by the pre-scan before any request (issue 28): no request reaches the endpoint, nothing is
+    written; the line is named the same way, and a rerun meets it again."""
     tasks = write_tasks(tmp_path / "t.jsonl", 300)
     data = tasks.read_bytes().splitlines(keepends=True)
     data.insert(250, bad + b"\n")  # line 251
@@ -127,15 +129,11 @@ def test_bad_line_stops_with_file_and_line(tmp_path: Path, mock: MockThread, bad
     assert r.returncode == 2, r.stderr
     err_lines = [x for x in r.stderr.splitlines() if f"{tasks}:251:" in x]
     assert len(err_lines) == 1 and message in err_lines[0], r.stderr
-    # what was earned before the bad line is kept, each id once
-    recs = read_results(tmp_path / "t.run")
-    ids = [x["custom_id"] for x in recs]
-    assert len(ids) == len(set(ids)) and len(ids) > 0
-    assert set(ids) <= {f"t{i}" for i in range(250)}
-    # a rerun meets the same line again instead of reading on past it
+    assert r.stderr.count("\n") == 1 and "--on-invalid skip" in r.stderr, r.stderr
+    assert mock.stats()["requests"] == 0  # not even the endpoint check
+    assert not (tmp_path / "t.run").exists()
     again = run_cli("run", "--max-line-mb", "0.25", "--model", "mock-model", "--base-url", mock.url, str(tasks))
     assert again.returncode == 2 and f"{tasks}:251:" in again.stderr, again.stderr
-    assert len(read_results(tmp_path / "t.run")) >= len(ids)
 
 
 def test_on_invalid_skip_records_bad_lines(tmp_path: Path, mock: MockThread) -> None:
@@ -151,6 +149,11 @@ def test_on_invalid_skip_records_bad_lines(tmp_path: Path, mock: MockThread) -> 
     invalid = [orjson.loads(x) for x in (tmp_path / "t.run" / "invalid.jsonl").read_bytes().splitlines()]
     assert [x["line"] for x in invalid] == [11, 21, 31, 41, 51, 61]
     assert orjson.loads((tmp_path / "t.run" / "summary.json").read_bytes())["invalid"] == 6
+    # the pre-scan counted them before the first request, in one line
+    said = [x for x in r.stderr.splitlines() if "bad lines of" in x]
+    assert len(said) == 1 and said[0].startswith(
+        f"evalsup: {tasks}: 6 bad lines of 106 will be skipped (--on-invalid skip; recorded in invalid.jsonl as "
+        "the run reads them); the first: line 11: malformed JSON"), r.stderr
 
 
 def _children(pid: int) -> list[int]:

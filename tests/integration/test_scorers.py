@@ -64,7 +64,8 @@ def test_user_scorers_raise_and_timeout(tmp_path: Path, mock: MockThread) -> Non
     s = _run(tasks, mock.url, "--scorer", f"{PLUGIN}:length_and_hit", "--scorer", f"{PLUGIN}:boom",
              "--scorer", f"{PLUGIN}:slow", "--scorer-timeout", "1")
     sc = s["scores"]
-    assert sc["length"]["mean"] == len("hello world") and sc["hit"]["accuracy"] == 1.0
+    # a custom scorer's dict keys are SCORER.KEY: two scorers' keys never clash
+    assert sc["length_and_hit.length"]["mean"] == len("hello world") and sc["length_and_hit.hit"]["accuracy"] == 1.0
     assert sc["boom"]["errors"] == 2 and sc["boom"]["count"] == 18  # t3 and t13 raise
     assert sc["slow"]["errors"] == 1 and sc["slow"]["count"] == 19
     recs = {x["custom_id"]: x for x in read_results(tmp_path / "u.run")}
@@ -91,6 +92,43 @@ def test_evalsup_score_reproduces_without_requests(tmp_path: Path, mock: MockThr
         rescored = [orjson.loads(line) for line in f]
     assert [x["custom_id"] for x in rescored] == [x["custom_id"] for x in read_results(tmp_path / "r.run")]
     assert all(orig[x["custom_id"]] == x["scores"] for x in rescored)
+
+
+def test_a_mixed_eval_counts_tasks_without_expected_as_unscored(tmp_path: Path, mock: MockThread) -> None:
+    rows: list[dict[str, Any]] = []
+    for i in range(40):  # 24 multiple-choice tasks with an answer key, 16 open questions without one
+        row: dict[str, Any] = {"id": f"t{i}", "prompt": f"q{i}", "metadata": {"subject": "law" if i % 2 else "art"},
+                               "mock": {"text": "The answer is (d)." if i % 3 else "I think B is right"}}
+        if i < 24:
+            row["expected"] = "D"
+            row["choices"] = ["w", "x", "y", "z"]
+        rows.append(row)
+    tasks = _tasks(tmp_path / "mixed.jsonl", rows)
+    wide = {"COLUMNS": "200"}  # the summary table's rows on one line each
+    r = run_cli("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks), "--scorer", "choice",
+                "--scorer", "exact_match", "--ignore-case", "--scorer", f"{PLUGIN}:length_and_hit", env=wide)
+    assert r.returncode == 0, r.stderr
+    s = orjson.loads((tmp_path / "mixed.run" / "summary.json").read_bytes())
+    sc = s["scores"]
+    # 16 of the 24 answer (d): right, case aside; the other 8 say B
+    assert sc["choice"]["count"] == 24 and sc["choice"]["unscored"] == 16 and sc["choice"]["errors"] == 0
+    assert sc["choice"]["accuracy"] == pytest.approx(16 / 24)
+    assert sc["exact_match"] == {**sc["exact_match"], "count": 24, "unscored": 16, "errors": 0, "accuracy": 0.0}
+    assert sc["length_and_hit.length"]["count"] == 40 and sc["length_and_hit.hit"]["unscored"] == 0
+    line = next(x for x in r.stdout.splitlines() if "score choice" in x)
+    assert "n=24, 16 unscored" in line and "errors" not in line, r.stdout
+    recs = {x["custom_id"]: x for x in read_results(tmp_path / "mixed.run")}
+    assert recs["t1"]["metadata"] == {"subject": "law", "expected": "D", "choices": ["w", "x", "y", "z"]}
+    assert recs["t30"]["metadata"] == {"subject": "art"}  # as given, not metadata.metadata
+    assert recs["t1"]["scores"] == {"choice": 1.0, "exact_match": 0.0, "length_and_hit.length": 18.0,
+                                    "length_and_hit.hit": 0.0}
+    assert "choice" not in recs["t30"]["scores"] and "score_errors" not in recs["t30"]  # unscored: absent
+    # evalsup score counts the same
+    r = run_cli("score", str(tmp_path / "mixed.run"), "--scorer", "choice", "--scorer", "exact_match",
+                "--ignore-case", "--scorer", f"{PLUGIN}:length_and_hit", "-w", "2", env=wide)
+    assert r.returncode == 0, r.stderr
+    assert orjson.loads((tmp_path / "mixed.run" / "scores.json").read_bytes()) == sc
+    assert "n=24, 16 unscored" in next(x for x in r.stdout.splitlines() if "score choice" in x)
 
 
 def test_unknown_scorer_is_a_clear_error(tmp_path: Path, mock: MockThread) -> None:

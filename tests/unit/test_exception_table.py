@@ -1,5 +1,6 @@
 """errors.EXCEPTIONS: every exception an attempt may raise maps to the failure it always did (code, kind, message),
-by the first row that matches, whatever the exception's place among aiohttp's subclasses."""
+by the first row that matches, whatever the exception's place among aiohttp's subclasses; except one raised
+before any answer that says the request could not be made at all (issue 34: tests/unit/test_local_errors.py)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ CASES: list[tuple[BaseException, Code, Code, str | None]] = [
      Code.CONNECTION_REFUSED, None),
     (aiohttp.ClientOSError(104, "Connection reset by peer"), Code.CONNECTION, Code.CONNECTION, None),
     (aiohttp.ServerFingerprintMismatch(b"a", b"b", "h", 1), Code.CONNECTION, Code.CONNECTION, None),
-    (aiohttp.InvalidURL("nope"), Code.CONNECTION, Code.CONNECTION, None),
     (aiohttp.ClientError("anything"), Code.CONNECTION, Code.CONNECTION, None),
-    (ValueError("a bad header value"), Code.CONNECTION, Code.CONNECTION, None),
+    # raised while the answer was read (a broken SSE event's JSON): the endpoint's, as always; before any answer
+    # these two are local (test_local_errors.py)
+    (aiohttp.InvalidURL("nope"), Code.CONNECTION, Code.CONNECTION, None),
+    (ValueError("a broken event"), Code.CONNECTION, Code.CONNECTION, None),
 ]
 
 
@@ -43,7 +46,8 @@ def test_each_exception_maps_as_it_always_did(exc: BaseException, code: Code, st
                                               message: str | None) -> None:
     assert isinstance(exc, errors.CAUGHT)
     for stream, want in ((False, code), (True, stream_code)):
-        f = errors.from_exception(exc, stream)
+        f = errors.from_exception(exc, stream, answered=True)
+        assert errors.local(exc) or f == errors.from_exception(exc, stream, answered=False)
         assert f.code == want and f.kind is FailureKind.ENDPOINT and f.status is None and f.said == {}
         assert f.message == (message if message is not None else f"{type(exc).__name__}: {exc}"[:300])
     assert errors.from_exception(REFUSED, False).refused  # the breaker's evidence of an endpoint down

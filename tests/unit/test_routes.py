@@ -15,7 +15,7 @@ from evalsup.mock.stats import KNOWN_PATHS
 from evalsup.scoring.scorers import response_text
 from evalsup.tasks import routes
 from evalsup.tasks.requests import BATCH_URLS, RequestDefaults, to_request
-from evalsup.tasks.routes import ROUTES, TextPath, route_of
+from evalsup.tasks.routes import ROUTES, Each, TextPath, answer_text, route_of
 from evalsup.worker import probes
 from evalsup.worker.endpoints import Endpoint
 
@@ -75,7 +75,10 @@ def _body_with(path: TextPath, text: str) -> Any:
     if not path:
         return text
     step, rest = path[0], path[1:]
-    if step == "*" or isinstance(step, int):
+    if isinstance(step, Each):
+        inner = _body_with(rest, text)
+        return [{**inner, "type": step.type} if step.type else inner]
+    if isinstance(step, int):
         return [_body_with(rest, text)]
     return {step: _body_with(rest, text)}
 
@@ -83,7 +86,56 @@ def _body_with(path: TextPath, text: str) -> Any:
 @pytest.mark.parametrize("route", ROUTES, ids=lambda r: r.path)
 def test_the_scorers_find_the_text_where_the_table_says(route: routes.Route) -> None:
     for path in route.text:
-        assert response_text(_body_with(path, "forty-two")) == "forty-two", path
+        body = _body_with(path, "forty-two")
+        assert response_text(body) == "forty-two" == answer_text(body), path
+
+
+def _msg(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": list(parts)}
+
+
+def _out(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _response(*items: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "created_at": 1, "status": "completed", "model": "m",
+            "output": list(items), "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+
+
+_REASONING = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking A"}],
+              "content": [{"type": "reasoning_text", "text": "maybe A"}]}
+_CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}"}
+# (a body as each route answers, the answer's text)
+BODIES: list[tuple[Any, str | None]] = [
+    ({"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "B"},
+                                                 "finish_reason": "stop"}]}, "B"),
+    ({"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": None,
+                                                                        "tool_calls": []}}]}, None),
+    ({"object": "text_completion", "choices": [{"index": 0, "text": " Paris", "finish_reason": "stop"}]}, " Paris"),
+    ({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1]}]}, None),
+    (_response(_msg(_out("The answer is C."))), "The answer is C."),
+    (_response(_REASONING, _msg(_out("Answer: "), _out("D"))), "Answer: D"),  # not the reasoning's text
+    (_response(_msg({"type": "refusal", "refusal": "no"})), None),
+    (_response(_CALL), None),
+    ({**_response(_msg(_out("x"))), "output_text": "x"}, "x"),
+    (None, None), ("text", None), ({}, None),
+]
+
+
+@pytest.mark.parametrize(("body", "text"), BODIES)
+def test_the_two_text_rules_agree_on_every_route(body: Any, text: str | None) -> None:
+    assert answer_text(body) == text
+    assert response_text(body) == (text or "")
+
+
+@pytest.mark.parametrize(("body", "text"), [b for b in BODIES if isinstance(b[0], dict) and "output" in b[0]])
+def test_a_responses_text_is_what_the_openai_sdk_calls_output_text(body: Any, text: str | None) -> None:
+    from openai.types.responses import Response
+
+    assert Response.model_validate({"error": None, "incomplete_details": None, "instructions": None,
+                                    "metadata": {}, "temperature": 1.0, "top_p": 1.0, **body}).output_text == (
+        text or "")
 
 
 def test_the_mock_serves_and_counts_every_route() -> None:
