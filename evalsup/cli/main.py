@@ -71,7 +71,7 @@ def given_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
         None, click.core.ParameterSource.DEFAULT)}
 
 
-def _move_aside(run_dir: Path) -> None:
+def _move_aside(run_dir: Path, quiet: bool = False) -> None:
     """--fresh: move the run directory aside (never deleted), never from under a run that holds it."""
     from evalsup.config.exitcodes import BAD_INPUT, LOCKED
     from evalsup.rundir.lock import RunDirBusy, RunDirError, move_aside
@@ -82,7 +82,7 @@ def _move_aside(run_dir: Path) -> None:
         _fail(str(e), LOCKED)
     except (RunDirError, OSError) as e:
         _fail(str(e), BAD_INPUT)
-    if dest is not None:
+    if dest is not None and not quiet:  # --quiet: the final line and what stops the run, nothing else
         click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
 
 
@@ -125,17 +125,18 @@ def run(tasks: Path | None, **kw: Any) -> None:
             raise ConfigError("reading tasks from stdin (-) needs --out RUN_DIR (where its copy and the results go)")
     except (ConfigError, InputError) as e:
         _fail(str(e))
-    if resumed is not None:  # request flags left out: the run's own settings, from its run.json
+    if resumed is not None and not cfg.quiet:  # request flags left out: the run's own settings, from run.json
         _note(resumed, cfg.log_format)
     if cfg.fresh:
-        _move_aside(cfg.run_dir)
+        _move_aside(cfg.run_dir, cfg.quiet)
     if src.kind != InputKind.FILE:
         from evalsup.config.exitcodes import LOCKED
         from evalsup.rundir.lock import RunDirBusy, RunDirError, holding
 
         try:
             with holding(cfg.run_dir, "copy of the input"):  # never under a run that reads the directory
-                cfg = dataclasses.replace(cfg, tasks_path=materialize(src, cfg.run_dir, log=_note))
+                cfg = dataclasses.replace(cfg, tasks_path=materialize(src, cfg.run_dir,
+                                                                           log=None if cfg.quiet else _note))
         except RunDirBusy as e:
             _fail(str(e), LOCKED)
         except (InputError, RunDirError) as e:

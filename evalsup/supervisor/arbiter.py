@@ -18,7 +18,8 @@ What is decided, and where:
 - what a worker's exit leads to (stop, nothing, a restart counted against the intensity): ``after_exit``;
 - memory (throttle, in-flight cap, recycles): ``memory.MemoryControl`` and ``policies``; the endpoints' breakers:
   ``endpoints.Endpoints``; restart intensity: ``policies.RestartIntensity``;
-- what a person sees: ``progress.snapshot`` and ``summary.build_summary``, from a ``view.RunView``.
+- what a person sees: ``progress.snapshot`` and ``summary.build_summary``, from a ``view.RunView``; which
+  state lines to say and when (once per change, a repeat at most once a minute): ``log_gate.LogGate``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, cast
 import orjson
 
 from evalsup.common.process import quiet_gc
+from evalsup.common.text import fmt_duration
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
 from evalsup.config.ratelimits import rate_share
 from evalsup.config.run_config import RunConfig
@@ -49,6 +51,7 @@ from evalsup.rundir.layout import EVENTS, MEMORY
 from evalsup.rundir.results_file import ResumeState
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
+from evalsup.supervisor.breaker import PAUSED_PROBE_S
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.events import EventLog, write_leaks
@@ -56,6 +59,7 @@ from evalsup.supervisor.hang import HangWatch
 from evalsup.supervisor.input_check import bad_input, judge
 from evalsup.supervisor.ledger import TaskLedger
 from evalsup.supervisor.limits import endpoint_loads, limit_total
+from evalsup.supervisor.log_gate import LogGate
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RecycleCause, RestartIntensity
 from evalsup.supervisor.progress import LineCounter, RateWindow, show_progress
@@ -73,6 +77,9 @@ from evalsup.tasks.records import output_line
 
 MIB = 1 << 20
 TICK_S = 0.25  # the ticker's period: checkpoints, flushes, the breaker's probes, hang detection
+# A trip is said once a probe fails: one the first probe clears was a false alarm, said apart (at most once a
+# minute). A trip no probe has answered within this long is said as down all the same (a probe may hang).
+CONFIRM_S = 2.0
 Handler = Callable[[WorkerHandle, memoryview], None]
 
 __all__ = ["RunRefused", "StopMode", "Supervisor"]
@@ -121,6 +128,7 @@ class Supervisor:
         self.memory: MemoryControl | None = None
         self.intensity = RestartIntensity(cfg.max_restarts, 60.0)
         self.endpoints = Endpoints(cfg.worker.endpoints, cfg.max_wait_down_s)  # a breaker each (issue 21)
+        self.gate = LogGate()  # state lines: once per change, a repeat at most once a minute (issue 28)
         self.events: Any = lambda kind, **fields: None
         self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
         self.rate = RateWindow(time.monotonic())  # results a second, for the progress (supervisor.progress)
@@ -275,12 +283,19 @@ class Supervisor:
         self.events("recycle", cause=cause, pid=w.pid, rss=w.rss, done=w.done)
         if self.metrics is not None:
             self.metrics.recycles.labels(cause).inc()
+        now = time.monotonic()
+        say = self.gate.note(("recycle", cause), "recycling", now)  # a line a minute at most
+        more = "" if say is None or say.changed else \
+            f" ({say.times} recycles for this in the last {fmt_duration(now - say.last)})"
         if cause is RecycleCause.HARD_KILL:
-            self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; killing and replacing it")
+            if say is not None:
+                self.log(f"worker {w.pid}: RSS {w.rss / MIB:,.0f} MiB past the hard limit; killing and replacing it"
+                         + more)
             self.kill(w, Exit.HARD_KILL)
         else:
             why = f"RSS {w.rss / MIB:,.0f} MiB" if cause is RecycleCause.RSS else f"{w.done} tasks done"
-            self.log(f"worker {w.pid}: {why}; recycling it (drain, a fresh one takes its place)")
+            if say is not None:
+                self.log(f"worker {w.pid}: {why}; recycling it (drain, a fresh one takes its place){more}")
             w.drain(report=cause is RecycleCause.RSS and self.cfg.worker.trace_memory)
         self.replace(w)
         self.credit.set()
@@ -878,11 +893,14 @@ class Supervisor:
         eps = self.endpoints
         for e, why in failed.items():
             was_open = eps.open
-            eps.leave_out(e, why, time.monotonic())
+            now = time.monotonic()
+            eps.leave_out(e, why, now)
+            self.gate.note(("endpoint", e), "out", now)
             self.log(f"{eps.name(e)} left out of this run: {why}")
             self.broadcast(FrameKind.BREAKER_OPEN, {"e": e, "out": True})
             if eps.open and not was_open:  # the others left are all ejected just now
-                self._all_down(eps.reason)
+                self.events("breaker_open", reason=eps.reason)
+                self._say_paused(now)
 
     def _on_trip(self, w: WorkerHandle, payload: memoryview) -> None:
         t = decode_json(payload)
@@ -891,20 +909,47 @@ class Supervisor:
         if eps.trip(e, time.monotonic(), reason):
             self.broadcast(FrameKind.BREAKER_OPEN, {"e": e})
             if eps.open:
-                self._all_down(reason)
-            else:
-                self.log(f"{eps.name(e)} looks down ({reason}); ejected: the others take its requests, it is "
-                         f"probed on its own ({len(eps.up())} of {len(eps.urls)} up)")
+                self.events("breaker_open", reason=reason)
             if eps.many:
                 self.events("endpoint_out", endpoint=e, reason=reason)
+            # said when a probe fails (``_say_down``): a trip the first probe clears is a false alarm
         elif 0 <= e < len(eps.breakers) and eps.breakers[e].open:
             self.send(w, FrameKind.BREAKER_OPEN, {"e": e})
 
-    def _all_down(self, reason: str) -> None:
-        every = "every endpoint is down" if self.endpoints.many else "endpoint looks down"
-        self.log(f"{every} ({reason}); pausing dispatch and probing, no task is failed meanwhile "
-                 f"(gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
-        self.events("breaker_open", reason=reason)
+    def _say_down(self, e: int, now: float, detail: str) -> None:
+        """Endpoint e is down (a probe failed, or none answered within CONFIRM_S): a line when it goes down,
+        then at most one a minute while it stays down (with several all down at once, one for them all)."""
+        eps, gate, key = self.endpoints, self.gate, ("endpoint", e)
+        b = eps.breakers[e]
+        if gate.state(key) != "down":
+            gate.note(key, "down", now)
+            if not self._say_paused(now) and eps.many:
+                self.log(f"{eps.name(e)} looks down ({b.reason}); ejected: the others take its requests, it is "
+                         f"probed on its own ({len(eps.up())} of {len(eps.urls)} up)")
+            return
+        if eps.many and gate.state(("run",)) == "paused":  # the whole run waits: one line for every endpoint
+            say = gate.note(("run",), "paused", now)
+            if say is not None:
+                probes = sum(eps.breakers[i].probes_failed for i in eps.live())
+                self.log(f"every endpoint still down after {fmt_duration(now - eps.opened_at)} "
+                         f"({probes} probes failed); probing each every {b.paused_probe_s:g}s")
+            return
+        say = gate.note(key, "down", now)
+        if say is not None:
+            self.log(f"{eps.name(e)} still down after {fmt_duration(now - b.opened_at)} ({b.probes_failed} probes "
+                     f"failed, the last: {detail}); next probe in {max(0.0, b.next_probe_at - now):.0f}s")
+
+    def _say_paused(self, now: float) -> bool:
+        """Every endpoint left is down, each said so: the run's pause, said once (True when said now)."""
+        eps, gate = self.endpoints, self.gate
+        if not eps.open or gate.state(("run",)) == "paused" or \
+                any(gate.state(("endpoint", i)) != "down" for i in eps.live()):
+            return False
+        gate.note(("run",), "paused", now)
+        every = "every endpoint is down" if eps.many else "endpoint looks down"
+        self.log(f"{every} ({eps.reason}); pausing dispatch and probing (every {PAUSED_PROBE_S:g}s at most), no "
+                 f"task is failed meanwhile (gives up after --max-wait-down {self.cfg.max_wait_down_s:g}s)")
+        return True
 
     def _on_probe_result(self, w: WorkerHandle, payload: memoryview) -> None:
         r = decode_json(payload)
@@ -914,20 +959,34 @@ class Supervisor:
         paused, since = eps.open, eps.opened_at
         if eps.probe_result(e, ok, now):
             b = eps.breakers[e]
-            if b.was_down:
-                self.log(f"{eps.name(e)} is back after {now - b.opened_at:.1f}s; "
-                         + ("resuming" if paused else "it rejoins"))
-            else:
-                self.log(f"{eps.name(e)} answers ({detail}): the failures were those tasks' own; they use up their "
-                         "attempts (--max-attempts)")
             if paused:
                 self.events("breaker_close", down_s=round(now - since, 3), was_down=b.was_down)
             if eps.many:
                 self.events("endpoint_back", endpoint=e, down_s=round(now - b.opened_at, 3), was_down=b.was_down)
+            self._say_up(e, now, detail, paused)
             self.broadcast(FrameKind.BREAKER_CLOSE, {"was_down": b.was_down, "e": e})
             self.credit.set()
         elif 0 <= e < len(eps.breakers) and eps.breakers[e].open and not ok:
-            self.log(f"{eps.name(e)} still down ({detail}); next probe in {eps.breakers[e].interval:g}s")
+            self._say_down(e, now, detail)
+
+    def _say_up(self, e: int, now: float, detail: str, paused: bool) -> None:
+        """Endpoint e's breaker closed: "back" when it had been said down; else the trip was a false alarm,
+        said once and then at most once a minute with a count."""
+        eps, gate = self.endpoints, self.gate
+        b = eps.breakers[e]
+        if paused:
+            gate.forget(("run",))
+        if gate.state(("endpoint", e)) == "down":
+            gate.note(("endpoint", e), "up", now)
+            if b.was_down:
+                self.log(f"{eps.name(e)} is back after {now - b.opened_at:.1f}s ({b.probes_failed} probes failed); "
+                         + ("resuming" if paused else "it rejoins"))
+                return
+        say = gate.note(("false alarm", e), "answers", now)
+        if say is not None:
+            more = "" if say.changed else f" ({say.times} such trips in the last {fmt_duration(now - say.last)})"
+            self.log(f"{eps.name(e)} answers ({detail}): the failures were those tasks' own; they use up their "
+                     f"attempts (--max-attempts){more}")
 
     def _on_auth(self, w: WorkerHandle, payload: memoryview) -> None:
         """A worker judged the key lost at endpoint e: with others still in the run it is left out (its refused
@@ -956,6 +1015,10 @@ class Supervisor:
             if ready:
                 self.send(max(ready, key=lambda x: x.parked), FrameKind.PROBE, {"e": e})
                 eps.probe_sent(e, now)
+        for e in eps.live():  # a trip no probe has answered yet (a probe may hang): said as down all the same
+            b = eps.breakers[e]
+            if b.open and now - b.opened_at >= CONFIRM_S and self.gate.state(("endpoint", e)) != "down":
+                self._say_down(e, now, f"no probe answered within {CONFIRM_S:g}s")
 
     # ----- what a person sees -----
 

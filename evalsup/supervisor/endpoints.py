@@ -1,7 +1,8 @@
 """Many endpoints (issue 21 item 1): one ``EndpointBreaker`` per endpoint, and the run's view of them all.
 
 An endpoint whose breaker opens is ejected: the workers send it nothing, and it is probed on its own until a
-probe succeeds, when it rejoins. The run pauses dispatch only while every endpoint is down (``open``), and
+probe succeeds, when it rejoins. The run pauses dispatch only while every endpoint is down (``open``), when
+each is probed at least every 5 s (``breaker.PAUSED_PROBE_S``: the run is waiting on them), and
 ``--max-wait-down`` counts from the moment the last one went down. An endpoint that failed the connection
 check, or that refuses the API key while others take it, is left out of the run (never probed, never
 rejoins). With one endpoint this is exactly the single breaker it was: open, probe, close, give up.
@@ -70,11 +71,18 @@ class Endpoints:
         if not self.up() and not self.open:
             self.open, self.reason, self.opened_at = True, reason, now
             self.opened += 1
+            self._hurry()
         return True
+
+    def _hurry(self) -> None:
+        """Every endpoint is down: the run waits on them, so none waits longer than PAUSED_PROBE_S for a probe."""
+        for i in self.live():
+            self.breakers[i].hurry()
 
     def probe_result(self, i: int, ok: bool, now: float) -> bool:
         """True when this closes endpoint ``i``'s breaker: it rejoins (and the run resumes if it was down)."""
-        if i in self.left_out or not 0 <= i < len(self.breakers) or not self.breakers[i].probe_result(ok, now):
+        if i in self.left_out or not 0 <= i < len(self.breakers) or \
+                not self.breakers[i].probe_result(ok, now, paused=self.open):
             return False  # (a left-out one's late answer changes nothing)
         if self.open:
             self.open = False

@@ -6,7 +6,9 @@ The figures (`snapshot`) are the same for both and for ``--log-format json``:
   ``queued``: tasks handed to workers and not on the wire (waiting for a slot, a retry's back-off, the
   endpoint's return);
 - ``rate``: results a second over a sliding window (RateWindow) whose first sample is the session's start, so
-  the first line already has a rate and an ETA;
+  the first line already has a rate and an ETA; time the run spent paused with every endpoint down is left
+  out of it (``Endpoints.total_down_s``), so an outage neither collapses the rate nor blows up the ETA after
+  it, and while paused the ETA says ``paused`` (``eta_s`` null, ``paused`` true);
 - ``conc_limit``: the workers' concurrency limits summed; ``endpoints`` (several only): each one's state, limit
   and requests on the wire (``supervisor.limits``);
 - ``total``: counted by a background thread (LineCounter: newlines in the task file, divided by the shard
@@ -80,16 +82,20 @@ class LineCounter(threading.Thread):
 
 
 class RateWindow:
-    """Results a second over the last `window_s`, from samples (time, count) passed in; the first sample is the
-    session's start, so a rate exists from the first second on. No clock of its own."""
+    """Results a second over the last `window_s` of running time, from samples (time, count, seconds paused so
+    far) passed in; the first sample is the session's start, so a rate exists from the first second on. Paused
+    seconds are taken off the clock: a window over an outage measures the running on either side of it, not
+    the wait. No clock of its own."""
 
     def __init__(self, t0: float, window_s: float = RATE_WINDOW_S, count0: int = 0) -> None:
         self.window_s = window_s
         self.samples: collections.deque[tuple[float, int]] = collections.deque([(t0, count0)])
 
-    def rate(self, now: float, count: int) -> float:
-        """Add the sample (now, count) and return the rate over the window that ends there."""
+    def rate(self, now: float, count: int, paused_s: float = 0.0) -> float:
+        """Add the sample (now, count), ``paused_s`` being the session's seconds paused so far, and return the
+        rate over the window of running time that ends there."""
         s = self.samples
+        now -= paused_s  # running time
         s.append((now, count))
         while len(s) > 2 and now - s[1][0] >= self.window_s:
             s.popleft()  # keep one sample at or before the window's start
@@ -100,7 +106,8 @@ class RateWindow:
 def snapshot(run: RunView, now: float) -> dict[str, Any]:
     """The figures of a run (``Supervisor.view``) at monotonic time `now`."""
     st = run.stats
-    rate = run.rate.rate(now, st.session_done)
+    paused = run.endpoints.open  # every endpoint down: the run waits, and that wait is no measure of its pace
+    rate = run.rate.rate(now, st.session_done, run.endpoints.total_down_s(now))
     outstanding = run.in_flight
     total = run.total
     if total is not None:
@@ -110,8 +117,9 @@ def snapshot(run: RunView, now: float) -> dict[str, Any]:
     wire = sum(w.wire for w in run.workers if w.alive)
     return {
         "state": run.state, "done": st.done, "total": total, "failed": st.failed, "invalid": st.invalid,
-        "retries": st.retries, "rate": rate,
-        "eta_s": left / rate if left is not None and rate > 0 else (0.0 if left == 0 else None),
+        "retries": st.retries, "rate": rate, "paused": paused,
+        "eta_s": None if paused and left else
+        left / rate if left is not None and rate > 0 else (0.0 if left == 0 else None),
         "inflight": wire, "queued": max(0, outstanding - wire),
         "workers_mb": [w.rss / MIB for w in run.workers if w.alive],
         "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
@@ -123,7 +131,9 @@ def snapshot(run: RunView, now: float) -> dict[str, Any]:
 
 
 def _eta(s: dict[str, Any]) -> str:
-    return f"ETA {fmt_duration(math.ceil(s['eta_s']))}" if s.get("eta_s") is not None else "ETA ?"
+    if s.get("eta_s") is not None:
+        return f"ETA {fmt_duration(math.ceil(s['eta_s']))}"
+    return "ETA paused" if s.get("paused") else "ETA ?"
 
 
 def _health(s: dict[str, Any], sep: str) -> list[str]:

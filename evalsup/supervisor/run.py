@@ -25,14 +25,22 @@ from evalsup.tasks.requests import public_url
 
 
 def _logger(cfg: RunConfig) -> Any:
+    """The run's one way to stderr: ``log(msg, level)``. "info" is what happened on the way (hidden by
+    --quiet); "warning" and "error" are what stops the run or refuses it, which --quiet still prints."""
+    quiet = cfg.quiet
+
     if cfg.log_format == "json":
         def log_json(msg: str, level: str = "info") -> None:
+            if quiet and level == "info":
+                return
             sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": level, "msg": msg}).decode() + "\n")
             sys.stderr.flush()
 
         return log_json
 
     def log(msg: str, level: str = "info") -> None:
+        if quiet and level == "info":
+            return
         print(f"evalsup: {msg}", file=sys.stderr, flush=True)
 
     return log
@@ -119,7 +127,7 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
         write_atomic(cfg.run_dir / SUMMARY, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     except OSError as e:
         if not sup.journal.broken:  # after a failed write of the results, that one line says it all
-            log(f"cannot write summary.json: {e.strerror}")
+            log(f"cannot write summary.json: {e.strerror}", "error")
     if cfg.json_summary:
         sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif cfg.quiet:
@@ -133,7 +141,8 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
     if sup.stop_message:
         how = f"; rerun the same command to resume ({summary['total']:,} done so far)" \
             if code == exitcodes.RESUMABLE else ""
-        log(f"{sup.stop_message}{how} (exit {code})", "error" if code != exitcodes.RESUMABLE else "info")
+        # what stopped the run: said in every mode (a resumable stop is a warning: rerun to go on)
+        log(f"{sup.stop_message}{how} (exit {code})", "error" if code != exitcodes.RESUMABLE else "warning")
     return code
 
 
@@ -147,4 +156,4 @@ def _counts_from_disk(sup: Supervisor, log: Any) -> None:
         sup.stats.succeeded, sup.stats.failed = counts_on_disk(sup.cfg.run_dir)
         sup.stats.session_done = max(0, sup.stats.session_done - (before - sup.stats.done))
     except (JournalError, OSError) as e:
-        log(f"cannot count the results on disk: {e}")
+        log(f"cannot count the results on disk: {e}", "error")

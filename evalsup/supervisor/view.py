@@ -15,9 +15,10 @@ __all__ = ["MemoryFigures", "Rate", "RunView", "WorkerFigures"]
 
 
 class Rate(Protocol):
-    """Results a second over a sliding window (``progress.RateWindow``): each call adds a sample."""
+    """Results a second over a sliding window of running time (``progress.RateWindow``): each call adds a
+    sample; ``paused_s`` is the session's time paused so far, taken off the clock."""
 
-    def rate(self, now: float, count: int) -> float: ...
+    def rate(self, now: float, count: int, paused_s: float = 0.0) -> float: ...
 
 
 class WorkerFigures(Protocol):

@@ -136,6 +136,14 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
+def _waiting(st: RunStatus) -> bool:
+    """The running run is paused, every endpoint down (``_why_running`` said so)."""
+    return st.state is RunState.RUNNING and (st.why or "").startswith(WAITING)
+
+
+WAITING = "waiting for the endpoint"
+
+
 def _why_running(events: list[dict[str, Any]], now: float) -> str | None:
     """Waiting for the endpoint, or throttled for memory, from the last events of the session."""
     down: dict[str, Any] | None = None
@@ -152,7 +160,7 @@ def _why_running(events: list[dict[str, Any]], now: float) -> str | None:
             paused = kind == "pause"
     if down is not None:
         t = float(down.get("t") or now)
-        return (f"waiting for the endpoint: down since {_clock(t)} ({now - t:,.0f}s)"
+        return (f"{WAITING}: down since {_clock(t)} ({now - t:,.0f}s)"
                 + (f": {down['reason']}" if down.get("reason") else ""))
     if paused:
         return "throttled: dispatch paused for memory"
@@ -252,7 +260,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         hist = cp.counters.get("history") or []
         if len(hist) >= 2 and float(hist[-1][0]) > float(hist[0][0]):
             st.rate = round((int(hist[-1][1]) - int(hist[0][1])) / (float(hist[-1][0]) - float(hist[0][0])), 2)
-        if st.rate and st.total is not None:
+        if st.rate and st.total is not None and not _waiting(st):  # a wait for the endpoint has no ETA
             st.eta_s = round(max(0, st.total - st.done - st.invalid) / st.rate, 1)
         last = _last_sample(run_dir)
         if last.get("concurrency_limit"):
@@ -312,7 +320,7 @@ def format_run(st: RunStatus) -> str:
         lines.append(f"              {', '.join(st.outstanding_ids)}{more}")
     if st.rate is not None:
         what = "over the last minute" if st.state is RunState.RUNNING else "in the last session"
-        eta = f", ETA {fmt_duration(st.eta_s)}" if st.eta_s is not None else ""
+        eta = f", ETA {fmt_duration(st.eta_s)}" if st.eta_s is not None else ", ETA paused" if _waiting(st) else ""
         lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
     if st.concurrency_limit is not None:
         lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}")
