@@ -188,7 +188,7 @@ class Supervisor:
                 log.close()
             raise RunRefused(verdict.say, ex.BAD_INPUT)
         if verdict.say:
-            self.log(verdict.say)
+            self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
         self._scanned = (start, ids)
 
     def _open(self) -> None:
