@@ -103,7 +103,7 @@ class RunRefused(Exception):
 class Supervisor:
     def __init__(self, cfg: RunConfig, log: Any = None) -> None:
         self.cfg = cfg
-        self.log = log or (lambda msg: None)
+        self.log: Callable[..., None] = log or (lambda msg, level="info": None)  # (message, level)
         self.journal = Journal(cfg.run_dir)
         self.stats = RunStats()
         self.ledger = TaskLedger(cfg.max_task_crashes)
