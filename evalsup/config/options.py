@@ -131,9 +131,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("insecure", ("--insecure",), "flag", False, help="Do not verify TLS certificates."),
     Option("grace", ("--grace",), "float", 20.0, show_default=True,
            help="On SIGTERM, seconds to let requests in flight finish before checkpointing."),
-    Option("stall_after", ("--stall-after",), "float", 300.0, show_default=True,
+    Option("stall_after", ("--stall-after",), "float", 0.0, show_default=True,
            help="When no result has come for this many seconds while requests have been on the wire that long, "
-                "those attempts are abandoned and retried (timeout_stall, an attempt used). 0: never."),
+                "those attempts are abandoned and retried (timeout_stall, an attempt used). 0 (the default): "
+                "never. An answer still streaming is cut too: set it above your longest generation."),
     Option("hang_timeout", ("--hang-timeout",), "float", 60.0, show_default=True,
            help="A worker silent (no heartbeat) this long is killed and replaced."),
     Option("max_task_crashes", ("--max-task-crashes",), "int", 3, lo=1, hi=100, show_default=True,
