@@ -25,9 +25,10 @@ from evalsup.rundir.lock import LOCK_NAME
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def mock_endpoints(n: int) -> Iterator[list[MockThread]]:
-    """``n`` mock endpoints (2 ms answers, each its own seed), for a fixture to yield; stopped together."""
-    ms = [MockThread(MockConfig(latency_ms=2, jitter_ms=1, seed=i)) for i in range(n)]
+def mock_endpoints(n: int, latency_ms: float = 2, jitter_ms: float = 1) -> Iterator[list[MockThread]]:
+    """``n`` mock endpoints (2 ms answers by default, each its own seed), for a fixture to yield; stopped
+    together."""
+    ms = [MockThread(MockConfig(latency_ms=latency_ms, jitter_ms=jitter_ms, seed=i)) for i in range(n)]
     for m in ms:
         m.start()
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import Run, assert_exactly_once, ids_of, wait_until, write_tasks
+from evalsup.mock.server import MockThread
+from tests.harness import Run, assert_exactly_once, ids_of, mock_endpoints, wait_until, write_tasks
 
 PACE = "200"  # requests a second: the run's length is known whatever the machine's load
 
@@ -25,14 +25,7 @@ def two() -> Iterator[list[MockThread]]:
     """Two replicas answering in ~40 ms: at the pace, ~8 requests are in flight, so both endpoints carry
     requests all the time (with 2 ms answers nearly every pick found both idle and took the first, and the
     dead replica could go on for seconds without the three failures that trip its breaker)."""
-    ms = [MockThread(MockConfig(latency_ms=40, jitter_ms=5, seed=i)) for i in range(2)]
-    for m in ms:
-        m.start()
-    try:
-        yield ms
-    finally:
-        for m in ms:
-            m.stop()
+    yield from mock_endpoints(2, latency_ms=40, jitter_ms=5)
 
 
 def events(run_dir: Path) -> list[dict[str, object]]:
