@@ -226,8 +226,33 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
     The keyword options are `evalsup run`'s (``evalsup run --help``), with the same names and defaults; calling
     it again resumes, and a request option left out (model, max_tokens, temperature, stream, scorers...) then
     takes the value the run recorded in its run.json.
+    ``response_schema`` may also be a JSON schema as a dict, or a pydantic model class (its
+    ``model_json_schema()``), besides a file's path.
     Raises BadInput, BadSettings, RunStopped (``.code``, ``.resumable``) or EndpointUnavailable.
     """
+    schema = options.get("response_schema")
+    if schema is None or isinstance(schema, str | os.PathLike):
+        return _run(tasks, progress, options)
+    # the CLI takes a file: the schema is written to one for the run (run.json records the schema itself, so a
+    # later call with the same model resumes)
+    with tempfile.TemporaryDirectory(prefix="evalsup-schema-") as tmp:
+        path = Path(tmp) / "response_schema.json"
+        path.write_bytes(orjson.dumps(schema_dict(schema)))
+        return _run(tasks, progress, {**options, "response_schema": str(path)})
+
+
+def schema_dict(schema: Any) -> dict[str, Any]:
+    """A JSON schema given to evalsup.run: a dict as it is, a pydantic model class as its model_json_schema()."""
+    if isinstance(schema, dict):
+        return schema
+    to_schema = getattr(schema, "model_json_schema", None)
+    if isinstance(schema, type) and callable(to_schema):
+        return dict(to_schema())
+    raise TypeError(f"response_schema must be a path, a dict or a pydantic model class, not {type(schema).__name__}")
+
+
+def _run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], progress: bool,
+         options: dict[str, Any]) -> RunResult:
     bad = [k for k in options if k not in BY_NAME or not BY_NAME[k].api]
     if bad:
         raise TypeError(f"run() got unexpected keyword argument(s): {', '.join(sorted(bad))}")

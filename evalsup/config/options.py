@@ -196,6 +196,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("regex", ("--regex",), "str",
            help="Pattern for the regex scorer when a task has no 'pattern' (its first group is compared "
                 "to 'expected')."),
+    Option("group_by", ("--group-by",), "str", metavar="metadata.KEY",
+           help="Scores per group too: the value of this key of each task's metadata (e.g. metadata.subject), in "
+                "the summary, summary.json, the report and Prometheus (at most 10,000 groups, then '(other)')."),
+    Option("response_schema", ("--response-schema",), "file", metavar="SCHEMA.json",
+           help="Validate each answer's text as JSON against this JSON schema (a task's own response_format "
+                "json_schema is used without it); an invalid answer is asked again with the error (--max-reasks), "
+                "still invalid it is the error schema_invalid (which --retry-failed sends again)."),
+    Option("max_reasks", ("--max-reasks",), "int", 2, lo=0, hi=20, show_default=True,
+           help="Times an answer that fails its JSON schema is asked again, the validation error added as a "
+                "user turn after it (chat and Responses API tasks)."),
     Option("log_interval", ("--log-interval",), "float", 10.0, show_default=True,
            help="Off a terminal, seconds between progress lines."),
     Option("log_format", ("--log-format",), "choice", "text", choices=("text", "json"), show_default=True,

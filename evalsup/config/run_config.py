@@ -115,6 +115,14 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         rates = parse_rate_limits(kw["max_requests_per_s"], kw["max_tokens_per_min"], urls)
     except RateLimitError as e:
         raise ConfigError(str(e)) from None
+    group_by = kw["group_by"]
+    if group_by is not None:
+        from evalsup.tasks.group_key import GroupByError, parse_group_by
+
+        try:
+            parse_group_by(group_by)
+        except GroupByError as e:
+            raise ConfigError(str(e)) from None
     wc = WorkerConfig(
         base_url=urls[0], base_urls=urls, concurrency=0, api_key_env=kw["api_key_env"],
         api_key_file=None if kw["api_key_file"] is None else str(kw["api_key_file"]),
@@ -128,6 +136,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
         score_normalize=kw["normalize"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
+        group_by=group_by, response_schema=response_schema(kw["response_schema"]), max_reasks=kw["max_reasks"],
     )
     _check_requests(wc)
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
@@ -164,6 +173,22 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
         retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
     )
+
+
+def response_schema(value: Any) -> dict[str, Any] | None:
+    """--response-schema: a file's JSON schema, loaded and checked now, before any request (one line naming the
+    file when it is not JSON or not a JSON schema); a dict is a schema already loaded (run.json's, on a
+    resume, or evalsup.run's)."""
+    if value is None:
+        return None
+    from evalsup.tasks.response_schema import SchemaError, check_schema, load_schema_file
+
+    try:
+        if isinstance(value, dict):
+            return check_schema(value, "--response-schema")
+        return load_schema_file(value)
+    except SchemaError as e:
+        raise ConfigError(str(e)) from None
 
 
 RETRY_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")

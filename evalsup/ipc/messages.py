@@ -40,6 +40,8 @@ class ResultMeta(TypedDict):
     sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
     ep: NotRequired[int]  # the endpoint that served the last attempt (its index in WorkerConfig.endpoints)
     st: NotRequired[int]  # attempts abandoned as stalled (timeout_stall, on the supervisor's STALL); absent: 0
+    g: NotRequired[str]  # the task's group (--group-by metadata.KEY): its scores are counted per group too
+    rk: NotRequired[int]  # re-asks for an answer that failed --response-schema (metrics.reasks); absent: 0
 
 
 class Heartbeat(TypedDict):
@@ -165,6 +167,10 @@ class WorkerConfig:
     headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.tasks.headers), never values
     # many endpoints (issue 21 item 1): every --base-url, in the order given; () means just base_url
     base_urls: tuple[str, ...] = ()
+    group_by: str | None = None  # --group-by metadata.KEY: each RESULT names its task's group (meta "g")
+    # --response-schema (its JSON schema, loaded and checked before the start) and --max-reasks
+    response_schema: dict[str, Any] | None = None
+    max_reasks: int = 2
 
     @property
     def endpoints(self) -> tuple[str, ...]:

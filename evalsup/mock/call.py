@@ -78,6 +78,8 @@ class Call:
             return error(self.request, 400, str(exc), param="mock")
         if ov.times is not None and ov.has_fault and state.attempts.attempt(C.request_key(body)) > ov.times:
             ov = ov.without_faults()
+        if ov.invalid_first is not None and C.assistant_turns(body) < ov.invalid_first:
+            ov = dataclasses.replace(ov, text=C.INVALID_JSON)  # not yet asked again enough times: invalid JSON
         self.override = ov
         delay = ov.delay_s if ov.delay_s is not None else state.faults.latency_s(self.cfg)
         if delay > 0:

@@ -60,6 +60,18 @@ def request_key(body: Mapping[str, Any]) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+INVALID_JSON = '{"answer": oops, not JSON'  # mock.invalid_first's answer
+
+
+def assistant_turns(body: Mapping[str, Any]) -> int:
+    """Assistant turns in a request's conversation (chat ``messages``, Responses ``input``): a re-asked
+    request holds one per answer that was asked again."""
+    turns = body.get("messages", body.get("input"))
+    if not isinstance(turns, list):
+        return 0
+    return sum(1 for t in turns if isinstance(t, dict) and t.get("role") == "assistant")
+
+
 def natural_text(key: bytes, index: int = 0) -> str:
     """A short, deterministic, sentence-like answer: 1-3 sentences of 5-14 words (bytes of a hash pick them)."""
     h = hashlib.blake2b(key + index.to_bytes(4, "big"), digest_size=64).digest()

@@ -37,6 +37,9 @@ class Override:
     in_stream: bool = False  # a 5xx status on a streamed request comes as an error event inside a 200 stream
     hang: bool = False  # no answer at all: the request is held until the client goes (a stalled server slot)
     times: int | None = None  # the faults above apply to the first `times` attempts of this exact request only
+    # structured outputs: answer INVALID_JSON while the conversation holds fewer than this many assistant turns
+    # (re-asks: evalsup's worker/reask.py adds one each time), then ``text``
+    invalid_first: int | None = None
 
     @property
     def has_fault(self) -> bool:
@@ -107,7 +110,12 @@ def parse_override(value: Any) -> Override:
     times = value.get("times")
     if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 0):
         raise ValueError("mock.times must be a non-negative integer")
+    invalid_first = value.get("invalid_first")
+    if invalid_first is not None and (isinstance(invalid_first, bool) or not isinstance(invalid_first, int)
+                                      or invalid_first < 0):
+        raise ValueError("mock.invalid_first must be a non-negative integer")
     return Override(
+        invalid_first=invalid_first,
         times=times,
         status=status,
         delay_s=_number(value, "delay_s"),

@@ -52,6 +52,8 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_ignore_case": w.score_ignore_case,
         "score_pattern": w.score_pattern,
         "score_normalize": w.score_normalize,
+        "response_schema": w.response_schema,  # the schema itself: a resume compares what is validated
+        "max_reasks": w.max_reasks,
     }
 
 
@@ -107,6 +109,8 @@ FLAGGED: dict[str, _Flag] = {
     "score_ignore_case": _Flag("ignore_case", (bool,)),
     "score_pattern": _Flag("regex", (str, type(None))),
     "score_normalize": _Flag("normalize", (bool,)),
+    "response_schema": _Flag("response_schema", (dict, type(None))),
+    "max_reasks": _Flag("max_reasks", (int,)),
 }
 SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
 _FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)"}

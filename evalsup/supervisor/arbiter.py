@@ -49,6 +49,7 @@ from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint,
 from evalsup.rundir.journal import Journal
 from evalsup.rundir.layout import EVENTS, MEMORY
 from evalsup.rundir.results_file import ResumeState
+from evalsup.scoring.groups import GroupedScores
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.breaker import PAUSED_PROBE_S
@@ -105,7 +106,7 @@ class Supervisor:
         self.cfg = cfg
         self.log: Callable[..., None] = log or (lambda msg, level="info": None)  # (message, level)
         self.journal = Journal(cfg.run_dir)
-        self.stats = RunStats()
+        self.stats = RunStats(groups=GroupedScores(cfg.worker.group_by) if cfg.worker.group_by else None)
         self.ledger = TaskLedger(cfg.max_task_crashes)
         self.frame_buffers = BufferPool()  # large results from the pipe are read into these, reused once written
         self.workers: list[WorkerHandle] = []
@@ -756,6 +757,7 @@ class Supervisor:
         self.metrics.update(sum(w.wire for w in self.workers if w.alive), self.paused, self.endpoints.open,
                             {w.slot: w.rss for w in self.workers if w.alive}, mem.last_supervisor_rss, mem.last_ws,
                             mem.limit, limit_total(self.workers), endpoint_loads(self.workers, self.endpoints))
+        self.metrics.scores(self.stats.scores, self.stats.groups)
 
     def _maybe_scale(self, mem: MemoryControl) -> None:
         """Automatic worker count: the workers' CPU is sampled here, ``ScaleUp.may_add`` decides."""
@@ -805,7 +807,8 @@ class Supervisor:
                 raise ProtocolError(f"bad ring reference {sh!r}") from e
             self.stats.ring_results += 1
         self.append(line)
-        self.stats.on_result(meta)
+        if (note := self.stats.on_result(meta)) is not None:
+            self.log(note, "warning")
         self.stall.result(time.monotonic())
         if self.metrics is not None:
             self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))

@@ -8,9 +8,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from evalsup.common.states import EndpointState
+from evalsup.scoring.groups import GroupedScores
+from evalsup.scoring.scorers import ScoreStats
 from evalsup.supervisor.limits import EndpointLoad
 from evalsup.supervisor.policies import RecycleCause
 
+TOP_GROUPS = 50  # --group-by: the groups with the most tasks get a label each; the rest are "(other)"
+ALL = "(all)"  # the group label of the run's overall score
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
@@ -44,6 +48,13 @@ class Metrics:
                                  registry=r)
         self.ep_up = Gauge("evalsup_endpoint_up", "1 while the endpoint takes requests (0: ejected or left out)",
                            ["endpoint"], registry=r)
+        # scores (the run's, group "(all)"; with --group-by each of the TOP_GROUPS largest groups and "(other)")
+        self.score_mean = Gauge("evalsup_score_mean", "Mean score of the tasks scored, by scorer and group",
+                                ["scorer", "group"], registry=r)
+        self.score_count = Gauge("evalsup_score_count", "Tasks scored, by scorer and group", ["scorer", "group"],
+                                 registry=r)
+        self.score_errors = Gauge("evalsup_score_errors", "Tasks the scorer failed on, by scorer and group",
+                                  ["scorer", "group"], registry=r)
         self.cgroup_limit = Gauge("evalsup_cgroup_limit_bytes", "Effective memory limit (0: none)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
@@ -62,6 +73,20 @@ class Metrics:
             self.ttft.observe(ttft)
         if retries:
             self.retries.inc(retries)
+
+    def scores(self, overall: ScoreStats, groups: GroupedScores | None) -> None:
+        """The score gauges, every monitor tick: at most (TOP_GROUPS + 2) x scorers label sets."""
+        for g in (self.score_mean, self.score_count, self.score_errors):
+            g.clear()
+        views = [(ALL, overall)]
+        if groups is not None:
+            views += [(name, grp.scores) for name, grp in groups.top(TOP_GROUPS).items()]
+        for group, st in views:
+            for scorer, n in st.n.items():
+                self.score_mean.labels(scorer, group).set(st.total.get(scorer, 0.0) / n if n else 0.0)
+                self.score_count.labels(scorer, group).set(n)
+            for scorer, n in st.errors.items():
+                self.score_errors.labels(scorer, group).set(n)
 
     def update(self, inflight: int, throttled: bool, down: bool, worker_rss: dict[int, int], supervisor_rss: int,
                working_set: int, limit: int | None, concurrency_limit: int,

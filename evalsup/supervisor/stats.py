@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsup.ipc.messages import ResultMeta
+from evalsup.scoring.groups import GroupedScores
 from evalsup.scoring.scorers import ScoreStats
 from evalsup.supervisor.policies import RecycleCause
 
@@ -69,6 +70,9 @@ class RunStats:
     bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)
     by_endpoint: dict[int, int] = field(default_factory=dict)  # results this session by endpoint (issue 21)
+    groups: GroupedScores | None = None  # --group-by: tasks, failures and scores per group (bounded)
+    reasks: int = 0  # answers asked again for their JSON schema (--response-schema), this session
+    schema_invalid: int = 0  # records still failing their schema after the re-asks, this session
     # (unix time, done) at each of the last checkpoints of this session: `evalsup status` takes its rate from it
     history: collections.deque[tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=31))
 
@@ -76,8 +80,9 @@ class RunStats:
     def done(self) -> int:
         return self.succeeded + self.failed
 
-    def on_result(self, meta: ResultMeta) -> None:
-        """Count one result written (its RESULT frame's meta, see ipc.messages)."""
+    def on_result(self, meta: ResultMeta) -> str | None:
+        """Count one result written (its RESULT frame's meta, see ipc.messages). Returns a warning to log once:
+        the groups of --group-by are full, the tasks of new ones go to "(other)"."""
         if meta["ok"]:
             self.succeeded += 1
         else:
@@ -101,6 +106,14 @@ class RunStats:
         self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.prompt_tokens += int(meta.get("pt") or 0)
         self.completion_tokens += int(meta.get("ct") or 0)
+        self.reasks += int(meta.get("rk", 0))
+        if code == "schema_invalid":
+            self.schema_invalid += 1
+        group = meta.get("g")
+        if group is not None and self.groups is not None and self.groups.add(
+                str(group), bool(meta["ok"]), scores, meta.get("us", ())):
+            return self.groups.overflow_note()
+        return None
 
     def on_poisoned(self, task_id: str) -> None:
         self.failed += 1

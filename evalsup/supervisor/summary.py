@@ -39,6 +39,11 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
         **({"scores": st.scores.summary()} if st.scores else {}),
+        # --group-by: per group (at most 10,000, then "(other)"), its tasks, failures and the same score figures
+        **({"groups": st.groups.summary()} if st.groups else {}),
+        # --response-schema (or a task's own json_schema): answers asked again, and still invalid after them
+        **({"structured": {"reasks": st.reasks, "schema_invalid": st.schema_invalid}}
+           if st.reasks or st.schema_invalid else {}),
         "retries": st.retries,
         "timeout_stall": st.stalled,  # attempts abandoned because the run had stalled on them, and retried
         # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
@@ -115,11 +120,67 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
                                    "no result in the run for --stall-after while they were on the wire)"))
     rows.extend(score_rows(summary.get("scores", {})))
+    structured = summary.get("structured")
+    if structured:
+        rows.append(("structured", f"{structured['reasks']:,} re-ask(s) for the JSON schema, "
+                                   f"{structured['schema_invalid']:,} answer(s) still invalid (schema_invalid)"))
     if summary["poisoned"]:
         rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+    if summary.get("groups"):
+        print_groups(summary["groups"], console)
+
+
+SHOW_GROUPS = 50  # groups printed in the final table (the largest); summary.json has them all
+
+
+def _score_cells(sc: dict[str, Any]) -> list[str]:
+    """n, accuracy or mean, its 95 % interval (Wilson, 0/1 scores only), unscored, errors."""
+    if sc.get("accuracy") is not None:
+        lo, hi = sc["ci95"]
+        value, ci = f"{sc['accuracy']:.3f}", f"{lo:.3f}-{hi:.3f}"
+    else:
+        value, ci = ("-" if sc.get("mean") is None else f"{sc['mean']:.4f}"), ""
+    return [f"{sc['count']:,}", value, ci, f"{sc.get('unscored', 0):,}", f"{sc['errors']:,}"]
+
+
+def group_rows(groups: dict[str, Any], show: int = SHOW_GROUPS) -> tuple[list[list[str]], int]:
+    """The rows of the per-group table (group, scorer, tasks, n, accuracy/mean, 95 % CI, unscored, errors):
+    the ``show`` largest groups in name order, one row a scorer; and how many groups were left out."""
+    items = groups.get("groups") or {}
+    shown = sorted(sorted(items, key=lambda g: -int(items[g].get("tasks", 0)))[:show])
+    rows = []
+    for g in shown:
+        grp = items[g]
+        scores = grp.get("scores") or {}
+        for i, (name, sc) in enumerate(scores.items()):
+            rows.append([g if i == 0 else "", name, f"{grp['tasks']:,}" if i == 0 else "", *_score_cells(sc)])
+        if not scores:
+            rows.append([g, "-", f"{grp['tasks']:,}", "0", "-", "", "0", "0"])
+    return rows, len(items) - len(shown)
+
+
+def print_groups(groups: dict[str, Any], console: Console) -> None:
+    from rich import box
+    from rich.table import Table
+
+    rows, hidden = group_rows(groups)
+    t = Table(title=f"scores by {groups.get('by')} (accuracy of 0/1 scores with its 95% Wilson interval, else "
+                    "the mean)", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("group", "scorer", "tasks", "n", "score", "95% CI", "unscored", "errors"):
+        t.add_column(col, justify="left" if col in ("group", "scorer") else "right",
+                     no_wrap=col not in ("group", "scorer"))
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    over = groups.get("overflowed")
+    if hidden or over:
+        console.print((f"{hidden:,} smaller group(s) not shown (summary.json has them all)" if hidden else "")
+                      + ("; " if hidden and over else "")
+                      + (f"more than {over['max_groups']:,} groups: {over['tasks']:,} task(s) counted in (other)"
+                         if over else ""))
 
 
 def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:

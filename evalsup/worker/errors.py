@@ -16,6 +16,7 @@ client builds a ``Failure``; the retry policy (``retry.RetryPolicy.decide``) and
     │                                  stream_cut           an SSE stream stopped before its end
     │                                  stream_error         the server failed mid-stream (an error event)
     ├── answer (a 200 that is broken)  invalid_json | invalid_response | response_too_large
+    │   (after the answer: schema_invalid, an answer that fails --response-schema after its re-asks; reask.py)
     └── status (an HTTP error)         rate_limited (429; 503 with Retry-After): the server's flow control
                                        http_401, http_403: the key was refused
                                        http_5xx: the server failed; http_4xx: the request is wrong
@@ -53,6 +54,8 @@ class Code(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     INTERNAL = "internal_error"  # a bug in evalsup: one record, never the worker
     WORKER_CRASHED = "worker_crashed"  # written by the supervisor for a task that kept killing its worker
+    # not an attempt's failure: an answer that still fails its JSON schema after --max-reasks (worker.reask)
+    SCHEMA_INVALID = "schema_invalid"
 
 
 class FailureKind(enum.Enum):

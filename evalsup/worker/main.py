@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -28,10 +29,13 @@ from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WIRE_TOP, WorkerConfig
 from evalsup.scoring.plugin import load_callable
 from evalsup.scoring.scorers import ScorerOptions
+from evalsup.tasks.group_key import group_of, parse_group_by
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers, secret_values, url_secrets
 from evalsup.tasks.requests import RequestDefaults, to_request
-from evalsup.worker import records
+from evalsup.tasks.response_schema import SchemaError
+from evalsup.worker import reask, records
 from evalsup.worker.adaptive import adaptive_from_config
+from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.breaker import HandedBack
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.control import Control, leak_report
@@ -69,6 +73,7 @@ class Worker:
         if cfg.scorers:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
+        self.group_path = parse_group_by(cfg.group_by) if cfg.group_by else None  # --group-by metadata.KEY
         self.pid = os.getpid()
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
@@ -130,6 +135,10 @@ class Worker:
         except Exception as e:  # a bug must cost one record, never the worker
             oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
                          1, 0.0)
+        reasks = None
+        if oc.error is None and (self.cfg.response_schema is not None or "response_format" in body
+                                 or "text" in body):
+            oc, reasks = await self.structured(url, body, key, oc)
         if self.plugin is not None:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
@@ -139,7 +148,41 @@ class Worker:
             scored = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
         endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored)
+        group = None if self.group_path is None else group_of(metadata, self.group_path)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, group, reasks)
+
+    async def structured(self, url: str, body: dict[str, Any], key: int, oc: Outcome) -> tuple[Outcome, int | None]:
+        """An answer that must follow a JSON schema (--response-schema, or the request's own): asked again with
+        the validation error (``reask``) up to --max-reasks times, through the same client; still invalid, the
+        record's error is schema_invalid. Returns the last outcome (time and retries summed over all the
+        requests, attempts the most one request took) and the re-asks made (None: the task has no schema)."""
+        client = self.client
+        assert client is not None
+        try:
+            schema = reask.schema_for(body, self.cfg.response_schema)
+        except SchemaError as e:
+            return dataclasses.replace(oc, error=reask.bad_schema(e)), 0
+        if schema is None:
+            return oc, None
+        reasks = 0
+        while True:
+            parsed = oc.parsed
+            if isinstance(parsed, UsageOnly) and oc.raw_json is not None:  # only checked, not built: build it
+                parsed = orjson.loads(oc.raw_json)
+            verdict = reask.check(parsed, schema)
+            if verdict.error is None:
+                return oc, reasks
+            nxt = reask.next_request(body, verdict.text, verdict.error) if reasks < self.cfg.max_reasks else None
+            if nxt is None:
+                return dataclasses.replace(oc, error=reask.failure(verdict.error, reasks)), reasks
+            body, reasks = nxt, reasks + 1
+            again = await client.execute(url, body, key)
+            # each request has its own --max-attempts (attempts: the most one took); retries (sent - 1) add up
+            oc = dataclasses.replace(again, attempts=max(oc.attempts, again.attempts), sent=oc.sent + again.sent - 1,
+                                     latency_s=oc.latency_s + again.latency_s, queue_s=oc.queue_s + again.queue_s,
+                                     stalled=oc.stalled + again.stalled)
+            if oc.error is not None:  # the re-ask itself failed (after its own retries): that is the record
+                return oc, reasks
 
     def _probe(self, e: int) -> None:
         if self.client is not None:
@@ -202,7 +245,8 @@ class Worker:
                             int(cfg.max_response_mb * (1 << 20)), seed=self.pid, cap=lambda: schedule.limit,
                             pacer=self.pacer, on_trip=outbox.trip,
                             on_probe=outbox.probe_result, secret=key, on_auth=outbox.auth, on_local=outbox.fatal,
-                            whole_bodies=self.scoring is not None or self.plugin is not None)
+                            whole_bodies=self.scoring is not None or self.plugin is not None
+                            or cfg.response_schema is not None)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
             client.secrets += [v.encode() for u in cfg.endpoints for v in url_secrets(u)]  # basic auth (issue 34)
             self.client, client.on_rest = client, self._pump

@@ -19,11 +19,14 @@ BIG_BODY = 1 << 14  # a response body this large is written around, not copied i
 
 
 def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any],
-          metadata: dict[str, Any], scored: Scored | None = None) -> tuple[list[bytes], dict[str, Any]]:
+          metadata: dict[str, Any], scored: Scored | None = None, group: str | None = None,
+          reasks: int | None = None) -> tuple[list[bytes], dict[str, Any]]:
     """Task ``tid`` (its key ``key``): its output line (as parts to write one after the other) and the RESULT
     meta. ``waited_s``: the time it waited in this worker's queue; ``endpoint``: the index and public URL of its
     last attempt's endpoint (``endpoint_of``); ``scored``: its scores, when the run scores (a scorer that left it
-    unscored is absent from the record's scores and named in the meta's ``us``)."""
+    unscored is absent from the record's scores and named in the meta's ``us``); ``group``: its group under
+    --group-by (meta ``g``); ``reasks``: the times its answer was asked again for its JSON schema (None: it has
+    none; metrics.reasks otherwise)."""
     # latency_s is the server's (the last attempt, request written to last byte); queue_s the time it waited
     # here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
     metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(waited_s + oc.queue_s, 6),
@@ -33,6 +36,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         metrics["ttft_s"] = round(oc.ttft_s, 6)
     if oc.itl_s is not None:
         metrics["itl_s"] = round(oc.itl_s, 6)
+    if reasks is not None:
+        metrics["reasks"] = reasks
     fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
                               "metrics": metrics, "metadata": metadata or None,
                               "scores": None if scored is None else scored.scores,
@@ -51,6 +56,10 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
             "sc": None if scored is None else scored.scores, "ep": oc.endpoint}
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
+    if group is not None:
+        info["g"] = group
+    if reasks:
+        info["rk"] = reasks
     if oc.stalled:
         info["st"] = oc.stalled  # attempts abandoned as stalled (timeout_stall), for the summary
     if isinstance(oc.parsed, UsageOnly):

@@ -16,7 +16,7 @@ from evalsup.rundir.run_json import differences, guard, recorded_options, reques
 URL = "http://127.0.0.1:9/v1"
 RECORDED = {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True, "endpoint_path": "/v1",
             "scorers": ["exact_match"], "score_strip": False, "score_ignore_case": True, "score_pattern": "(a)",
-            "score_normalize": True}
+            "score_normalize": True, "response_schema": {"type": "object"}, "max_reasks": 1}
 
 
 def _run_json(run_dir: Path, settings: dict[str, Any]) -> Path:
@@ -48,7 +48,7 @@ def test_a_fresh_run_takes_todays_defaults(tmp_path: Path) -> None:
     assert request_settings(cfg) == {"model": None, "max_tokens": None, "temperature": None, "stream": False,
                                      "endpoint_path": "/v1", "scorers": [], "score_strip": True,
                                      "score_ignore_case": False, "score_pattern": None,
-                                     "score_normalize": False}
+                                     "score_normalize": False, "response_schema": None, "max_reasks": 2}
 
 
 def test_a_resume_takes_every_request_flag_left_out_from_run_json(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_a_resume_takes_every_request_flag_left_out_from_run_json(tmp_path: Path
     assert request_settings(cfg) == RECORDED and cfg.workers == 3
     assert line == (f"resuming with the settings of {run_dir}/run.json: model='m', max_tokens=7, temperature=0.5, "
                     "stream=True, scorers=['exact_match'], score_strip=False, score_ignore_case=True, "
-                    "score_pattern='(a)', score_normalize=True")
+                    "score_pattern='(a)', score_normalize=True, response_schema={'type': 'object'}, max_reasks=1")
     # a flag given with the recorded value is not taken (and not listed); the rest still are
     cfg, line = resume_config(tmp_path / "t.jsonl", {"base_url": [URL], "model": "m", "stream": True})
     assert request_settings(cfg) == RECORDED
@@ -74,7 +74,8 @@ def test_a_flag_given_with_another_value_wins_and_the_guard_refuses_it(tmp_path:
                                                      "accept_changed_settings": True})
     assert line is not None and line.endswith("max_tokens=7, temperature=0.5, stream=True, scorers=['exact_match'], "
                                               "score_strip=False, score_ignore_case=True, score_pattern='(a)', "
-                                              "score_normalize=True")
+                                              "score_normalize=True, response_schema={'type': 'object'}, "
+                                              "max_reasks=1")
     assert guard(run_dir, request_settings(cfg), True, True) == ["model (--model): 'm' then, 'other' now"]
 
 
@@ -106,8 +107,8 @@ def test_fresh_out_and_shards_read_their_own_run_directory(tmp_path: Path, monke
 
 def test_an_older_run_json_takes_todays_default_for_a_key_it_lacks(tmp_path: Path) -> None:
     old = {k: v for k, v in RECORDED.items() if k not in ("score_strip", "score_ignore_case", "score_pattern",
-                                                             "score_normalize",
-                                                             "endpoint_path")}
+                                                             "score_normalize", "response_schema",
+                                                             "max_reasks", "endpoint_path")}
     run_dir = _run_json(tmp_path / "t.run", old)
     assert recorded_options(run_dir, {}) == {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True,
                                              "scorers": ("exact_match",)}
