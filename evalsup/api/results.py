@@ -12,6 +12,7 @@ import orjson
 from evalsup.api.exceptions import BadInput
 from evalsup.rundir import layout
 from evalsup.rundir.results_file import LineAt
+from evalsup.tasks.group_key import group_of, parse_group_by
 from evalsup.tasks.routes import answer_text
 
 
@@ -147,7 +148,7 @@ def read_results(where: str | Path, *, ordered: bool = False, typed: bool = Fals
     return (orjson.loads(line) for line in lines())
 
 
-def _flat(rec: dict[str, Any]) -> dict[str, Any]:
+def _flat(rec: dict[str, Any], group_path: tuple[str, ...] | None = None) -> dict[str, Any]:
     r = Record.from_dict(rec)
     row: dict[str, Any] = {"custom_id": r.custom_id, "ok": r.ok, "status_code": r.status_code, "text": r.text,
                            "error_code": (r.error or {}).get("code"), "error_message": (r.error or {}).get("message"),
@@ -160,19 +161,23 @@ def _flat(rec: dict[str, Any]) -> dict[str, Any]:
         row[f"score.{k}"] = v
     for k, v in r.metadata.items():
         row[f"metadata.{k}"] = v
+    if group_path is not None:
+        row["group"] = group_of(r.metadata, group_path)
     return row
 
 
-def to_pandas(where: str | Path, *, ordered: bool = False, tasks: str | Path | None = None) -> Any:
+def to_pandas(where: str | Path, *, ordered: bool = False, tasks: str | Path | None = None,
+              group_by: str | None = None) -> Any:
     """A pandas DataFrame of a run's records, one row each: custom_id, ok, status_code, text, error_code,
-    error_message, latency_s, attempts, tokens, ``score.NAME`` and ``metadata.KEY`` columns. Needs pandas
-    (``pip install pandas``; evalsup does not require it)."""
+    error_message, latency_s, attempts, tokens, ``score.NAME`` and ``metadata.KEY`` columns. ``group_by``
+    (``metadata.KEY``, as ``--group-by``) adds a ``group`` column, the group each task is counted in
+    (``(none)`` without the key): ``df.groupby("group")["score.choice"].mean()`` is the run's table. Needs
+    pandas (``pip install pandas``; evalsup does not require it)."""
     import importlib
 
+    path = parse_group_by(group_by) if group_by is not None else None  # a bad one: GroupByError, a ValueError
     try:
         pd = importlib.import_module("pandas")  # optional: not a dependency of evalsup
     except ImportError:
         raise ImportError("evalsup.to_pandas needs pandas: pip install pandas") from None
-    return pd.DataFrame.from_records(_flat(r) for r in read_results(where, ordered=ordered, tasks=tasks))
-
-
+    return pd.DataFrame.from_records(_flat(r, path) for r in read_results(where, ordered=ordered, tasks=tasks))

@@ -223,12 +223,15 @@ main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
 @click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write (default: RUN_DIR/results.scored.jsonl).")
+@click.option("--group-by", "group_by", default=None, metavar="metadata.KEY",
+              help="Scores per group of this metadata key too (e.g. metadata.subject).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
-          normalize: bool, pattern: str | None, output: Path | None) -> None:
+          normalize: bool, pattern: str | None, output: Path | None, group_by: str | None) -> None:
     """Score an existing run's results again, without sending any request.
 
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
-    to a new file beside it; prints the per-scorer summary (also written to scores.json).
+    to a new file beside it; prints the per-scorer summary (also written to scores.json, with "groups" under
+    --group-by).
     """
     from evalsup.config.exitcodes import LOCKED
     from evalsup.rundir.lock import RunDirBusy, RunDirError, locked
@@ -240,16 +243,19 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
             with contextlib.suppress(RunDirError):
                 stack.enter_context(locked(run_dir, create=False, command="score"))
             summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output,
-                              normalize=normalize)
+                              normalize=normalize, group_by=group_by)
     except RunDirBusy as e:
         _fail(str(e), LOCKED)
     except (ValueError, OSError) as e:
         _fail(str(e))
     from rich.console import Console
 
-    from evalsup.supervisor.summary import print_scores
+    from evalsup.supervisor.summary import print_groups, print_scores
 
+    groups = summary.pop("groups", None)
     print_scores(summary, Console())
+    if groups:
+        print_groups(groups, Console())
 
 
 @main.command()
@@ -334,14 +340,16 @@ def status(run_dir: Path, as_json: bool) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write the page (default: RUN_DIR/report.html).")
-def report(run_dir: Path, output: Path | None) -> None:
-    """Write one self-contained HTML page (opens offline) of a run: figures and settings, throughput whole and
-    per session, finish reasons, rate/tokens/errors over time, latency, TTFT/ITL, output lengths, failed and
-    slowest tasks, memory."""
+@click.option("--group-by", "group_by", default=None, metavar="metadata.KEY",
+              help="Scores per group of this metadata key too (default: the run's own --group-by).")
+def report(run_dir: Path, output: Path | None, group_by: str | None) -> None:
+    """Write one self-contained HTML page (opens offline) of a run: figures and settings, scores (by group:
+    a table and a chart), throughput whole and per session, finish reasons, rate/tokens/errors over time,
+    latency, TTFT/ITL, output lengths, failed and slowest tasks, memory."""
     from evalsup.tools.report import ReportError, write_report
 
     try:
-        click.echo(f"report written to {write_report(run_dir, output)}")
+        click.echo(f"report written to {write_report(run_dir, output, group_by)}")
     except ReportError as e:
         _fail(str(e), 1)
 

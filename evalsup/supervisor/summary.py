@@ -167,8 +167,9 @@ def print_groups(groups: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
     rows, hidden = group_rows(groups)
-    t = Table(title=f"scores by {groups.get('by')} (accuracy of 0/1 scores with its 95% Wilson interval, else "
-                    "the mean)", title_justify="left", box=box.SIMPLE_HEAD)
+    t = Table(title=f"scores by {groups.get('by')}", title_justify="left", box=box.SIMPLE_HEAD,
+              caption="score: accuracy of 0/1 scores, with its 95% Wilson interval; else the mean",
+              caption_justify="left")
     for col in ("group", "scorer", "tasks", "n", "score", "95% CI", "unscored", "errors"):
         t.add_column(col, justify="left" if col in ("group", "scorer") else "right",
                      no_wrap=col not in ("group", "scorer"))

@@ -9,7 +9,7 @@ from operator import attrgetter
 
 from evalsup.tools.report.data import Progress, RunData, Sample
 from evalsup.tools.report.scan import LogHist
-from evalsup.tools.report.svg import Chart, TimeMap, fmt_s, fmt_span
+from evalsup.tools.report.svg import Chart, TimeMap, esc, fmt_s, fmt_span
 
 MIB = 1 << 20
 PALETTE = ("#8da0cb", "#66c2a5", "#a6d854", "#e78ac3", "#ffd92f", "#e5c494", "#b3b3b3", "#fc8d62")
@@ -208,3 +208,40 @@ def tokens_hist_chart(d: RunData) -> str:
     h = d.results.out_tokens
     return hist_chart("output-length-chart", [(h, "bar ok", COMPLETION_COLOUR)],
                       "completion tokens per answer (log scale)", fmt_tokens, "answers", h.percentiles())
+
+
+SCORE_ROW = 18  # pixels a group in the score chart
+SCORE_LEFT, SCORE_W = 260, 960
+
+
+def score_chart(chart_id: str, rows: list[tuple[str, float, float, float, int]], title: str) -> str:
+    """Accuracy per group: a bar each (label, accuracy, the 95 % interval's ends, n), its interval as a
+    whisker, the value at its end; 0 to 1 across."""
+    top, bottom = 24, 44
+    h = top + bottom + SCORE_ROW * len(rows)
+    span = SCORE_W - SCORE_LEFT - 70
+
+    def x(v: float) -> float:
+        return SCORE_LEFT + v * span
+
+    p: list[str] = []
+    for i in range(5):
+        v = i / 4
+        p.append(f'<line class="grid" x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{top}" y2="{h - bottom}"/>'
+                 f'<text class="tick" x="{x(v):.1f}" y="{h - bottom + 16}" text-anchor="middle">{v:.2f}</text>')
+    for j, (label, acc, lo, hi, n) in enumerate(rows):
+        y = top + j * SCORE_ROW
+        mid = y + SCORE_ROW / 2
+        shown = label if len(label) <= 36 else label[:35] + "…"
+        p.append(f'<g class="score-row"><title>{esc(label)}: {acc:.3f} (95% CI {lo:.3f}-{hi:.3f}), n={n:,}</title>'
+                 f'<text class="tick" x="{SCORE_LEFT - 8}" y="{mid + 4:.1f}" text-anchor="end">{esc(shown)}</text>'
+                 f'<rect x="{x(0):.1f}" y="{y + 3}" width="{max(acc * span, 1):.1f}" height="{SCORE_ROW - 6}" '
+                 f'fill="{OK_COLOUR}"/>'
+                 f'<line x1="{x(lo):.1f}" x2="{x(hi):.1f}" y1="{mid:.1f}" y2="{mid:.1f}" stroke="#222"/>'
+                 f'<line x1="{x(lo):.1f}" x2="{x(lo):.1f}" y1="{mid - 4:.1f}" y2="{mid + 4:.1f}" stroke="#222"/>'
+                 f'<line x1="{x(hi):.1f}" x2="{x(hi):.1f}" y1="{mid - 4:.1f}" y2="{mid + 4:.1f}" stroke="#222"/>'
+                 f'<text class="tick" x="{x(hi) + 6:.1f}" y="{mid + 4:.1f}">{acc:.3f}</text></g>')
+    p.append(f'<text class="label" x="{x(0.5):.1f}" y="{h - 4}" text-anchor="middle">accuracy (bars), 95% Wilson '
+             "interval (whiskers)</text>")
+    return (f'<svg id="{chart_id}" class="chart" viewBox="0 0 {SCORE_W} {h}" width="{SCORE_W}" height="{h}" '
+            f'role="img" aria-label="{esc(title)}">' + "".join(p) + "</svg>")

@@ -188,8 +188,13 @@ def _events(d: RunData, run_dir: Path, times: list[float]) -> list[tuple[float, 
     return breaker
 
 
-def load(run_dir: Path) -> RunData:
+def load(run_dir: Path, group_by: str | None = None) -> RunData:
+    """Everything the report shows. ``group_by`` (metadata.KEY): scores per group; default: the run's own
+    --group-by (summary.json's)."""
     d = RunData(summary=_json_file(run_dir / layout.SUMMARY))
+    if group_by is None and d.summary is not None and isinstance(d.summary.get("groups"), dict):
+        by = d.summary["groups"].get("by")
+        group_by = by if isinstance(by, str) else None
     run = _json_file(run_dir / layout.RUN_JSON)
     if run is not None and isinstance(run.get("settings"), dict):
         d.settings = run["settings"]
@@ -211,5 +216,5 @@ def load(run_dir: Path) -> RunData:
                 s.first_done, s.last_done = dones[0], s.last_done if s.last_done is not None else dones[-1]
     d.throttled = intervals(paused, d.t1)
     d.down = intervals(breaker, d.t1)
-    d.results = scan_results(run_dir / layout.RESULTS)
+    d.results = scan_results(run_dir / layout.RESULTS, group_by)
     return d

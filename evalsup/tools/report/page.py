@@ -20,6 +20,7 @@ SHOW_ROWS = 20  # failed tasks shown at once; the others under "more"
 CSS = """
 body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222; max-width: 1260px; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 6px; }
+h3 { font-size: 15px; margin: 18px 0 4px; }
 .figures { display: grid; grid-template-columns: repeat(4, 1fr); gap: 8px 16px; margin: 14px 0; }
 .figures div { background: #f4f6f9; border-radius: 6px; padding: 8px 10px; }
 .figures b { display: block; font-size: 12px; color: #666; font-weight: normal; }
@@ -166,6 +167,65 @@ def _slowest(d: RunData) -> str:
                   {1, 2, 3, 4})
 
 
+SHOW_GROUPS = 50  # groups in the score charts and the visible rows of the group table; the rest under "more"
+CHART_SCORERS = 4  # 0/1 scorers drawn by group
+
+
+def _score_cells(sc: dict[str, Any]) -> list[Any]:
+    if sc.get("accuracy") is not None:
+        lo, hi = sc["ci95"]
+        return [f"{sc['count']:,}", f"{sc['accuracy']:.3f}", f"{lo:.3f} - {hi:.3f}", f"{sc['unscored']:,}",
+                f"{sc['errors']:,}"]
+    mean = "-" if sc.get("mean") is None else f"{sc['mean']:.4f}"
+    return [f"{sc['count']:,}", mean, "", f"{sc['unscored']:,}", f"{sc['errors']:,}"]
+
+
+def _scores(d: RunData) -> str:
+    """Per scorer: n, accuracy (0/1 scores) or mean, the 95 % Wilson interval, unscored, errors; by group too
+    (a chart per 0/1 scorer, the largest groups; a table of every group), read from every record."""
+    r = d.results
+    overall = r.scores.summary()
+    if not overall:
+        return ('<p id="scores" class="muted">No scores in the records (run with --scorer, or score a finished '
+                "run with evalsup score).</p>")
+    head = ["scorer", "n", "accuracy / mean", "95% CI (Wilson)", "unscored", "errors"]
+    out = [_table("scores", head, [[k, *_score_cells(v)] for k, v in overall.items()], {1, 2, 3, 4, 5}),
+           '<p class="muted">Accuracy and its 95% Wilson score interval for scores that are all 0 or 1; the mean '
+           "otherwise. n counts the tasks scored; unscored tasks (without what the scorer needs) and scorer errors "
+           "are apart, in no n. From every record of results.jsonl (all sessions).</p>"]
+    g = r.groups
+    if g is None:
+        return "".join(out)
+    groups = g.summary()["groups"]
+    largest = sorted(groups, key=lambda k: -int(groups[k]["tasks"]))
+    out.append(f"<h3>By {esc(g.by)}</h3><p>{len(groups):,} group(s)"
+               + (f"; more than {g.max_groups:,}: {g.overflowed:,} task(s) counted in (other)" if g.overflowed else "")
+               + "</p>")
+    binary = [k for k, v in overall.items() if v.get("accuracy") is not None][:CHART_SCORERS]
+    for name in binary:
+        rows = [(k, sc["accuracy"], sc["ci95"][0], sc["ci95"][1], sc["count"]) for k in largest[:SHOW_GROUPS]
+                if (sc := groups[k]["scores"].get(name)) is not None and sc.get("accuracy") is not None]
+        rows.sort(key=lambda t: -t[1])
+        if rows:
+            more = f" (the {SHOW_GROUPS} largest groups)" if len(groups) > SHOW_GROUPS else ""
+            out.append(f'<p class="muted">{esc(name)} by {esc(g.by)}{more}, best first.</p>')
+            out.append(charts.score_chart(f"score-chart-{binary.index(name)}", rows, f"{name} by {g.by}"))
+    head = ["group", "tasks", "failed", "scorer", "n", "accuracy / mean", "95% CI (Wilson)", "unscored", "errors"]
+    table_rows: list[list[Any]] = []
+    for k in sorted(largest[:SHOW_GROUPS]) + sorted(largest[SHOW_GROUPS:]):
+        grp = groups[k]
+        for i, (name, sc) in enumerate(grp["scores"].items() or [("-", None)]):
+            first = [k, f"{grp['tasks']:,}", f"{grp['failed']:,}"] if i == 0 else ["", "", ""]
+            table_rows.append([*first, name, *(_score_cells(sc) if sc else ["0", "-", "", "0", "0"])])
+    shown = sum(max(1, len(groups[k]["scores"])) for k in largest[:SHOW_GROUPS])
+    numeric = {1, 2, 4, 5, 6, 7, 8}
+    out.append(_table("scores-by-group", head, table_rows[:shown], numeric))
+    if len(table_rows) > shown:
+        out.append(f"<details><summary>{len(groups) - SHOW_GROUPS:,} smaller group(s)</summary>"
+                   + _table("scores-by-group-more", head, table_rows[shown:], numeric) + "</details>")
+    return "".join(out)
+
+
 def render(run_dir: Path, d: RunData) -> str:
     r = d.results
     tm = TimeMap(d.spans())
@@ -182,6 +242,7 @@ def render(run_dir: Path, d: RunData) -> str:
         _figures(d),
         "<h2>Settings</h2>", _settings(d),
         "<h2>Sessions</h2>", _sessions(d),
+        "<h2>Scores</h2>", _scores(d),
         "<h2>Why answers ended (finish_reason)</h2>", _finish_reasons(d),
         '<h2>Request rate</h2><p class="muted">Results a second; grey: the run was not running (between sessions, '
         "narrowed), orange: throttled, red: endpoint down; dashed verticals: recycles, restarts.</p>",

@@ -13,6 +13,10 @@ from typing import Any
 
 import orjson
 
+from evalsup.scoring.groups import GroupedScores
+from evalsup.scoring.scorers import ScoreStats
+from evalsup.tasks.group_key import group_of, parse_group_by
+
 MAX_FAILED_ROWS = 100
 SLOWEST = 20
 MAX_KEYS = 40  # distinct finish_reason values / error codes kept; the rest are "other"
@@ -101,9 +105,16 @@ class ResultScan:
     errors: dict[str, int] = field(default_factory=dict)
     failed_rows: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_FAILED_ROWS
     _slow: list[tuple[float, int, dict[str, Any]]] = field(default_factory=list)  # a min-heap of SLOWEST
+    # the scores of every record (all sessions), and per group with a group_by (at most MAX_GROUPS groups)
+    scores: ScoreStats = field(default_factory=ScoreStats)
+    groups: GroupedScores | None = None
+    group_path: tuple[str, ...] = ()
+    _scored: int = 0  # records with a "scores" object (scored, or left unscored, by the run's scorers)
+    _scored_in: dict[str, int] = field(default_factory=dict)  # the same by group
 
     def add(self, rec: dict[str, Any]) -> None:
         self.records += 1
+        self._score(rec)
         tid = str(rec.get("custom_id", rec.get("id")))
         metrics: dict[str, Any] = _dict(rec.get("metrics"))
         err = rec.get("error") if isinstance(rec.get("error"), dict) else None
@@ -142,16 +153,43 @@ class ResultScan:
                 else:
                     heapq.heapreplace(self._slow, item)
 
+    def _score(self, rec: dict[str, Any]) -> None:
+        scores = rec.get("scores")
+        scores = {str(k): (float(v) if isinstance(v, int | float) else None) for k, v in scores.items()} \
+            if isinstance(scores, dict) else None
+        if scores is not None:
+            self._scored += 1
+            self.scores.add(scores)
+        if self.groups is not None:
+            group = group_of(rec.get("metadata"), self.group_path)
+            self.groups.add(group, rec.get("error") is None, scores)
+            if scores is not None:
+                self._scored_in[group] = self._scored_in.get(group, 0) + 1
+
+    def finish_scores(self) -> None:
+        """A record leaves a scorer's name out of its scores when it was unscored by it: count those."""
+        _unscored(self.scores, self._scored)
+        if self.groups is not None:
+            for name, g in self.groups.groups.items():
+                _unscored(g.scores, self._scored_in.get(name, 0))
+
     def slowest(self) -> list[dict[str, Any]]:
         return [row for _, _, row in sorted(self._slow, key=lambda x: -x[0])]
 
 
-def scan_results(path: Path) -> ResultScan:
-    """Every record of results.jsonl, checked: a damaged line is a one-line error naming results.jsonl:LINE."""
+def _unscored(st: ScoreStats, scored: int) -> None:
+    for k in set(st.n) | set(st.errors):
+        st.unscored[k] = max(0, scored - st.n.get(k, 0) - st.errors.get(k, 0))
+
+
+def scan_results(path: Path, group_by: str | None = None) -> ResultScan:
+    """Every record of results.jsonl, checked: a damaged line is a one-line error naming results.jsonl:LINE.
+    ``group_by`` (metadata.KEY): the scores per group too."""
     from evalsup.rundir.checkpoint import RunDirDamaged
     from evalsup.rundir.results_file import records
 
-    s = ResultScan()
+    s = ResultScan(groups=GroupedScores(group_by) if group_by else None,
+                   group_path=parse_group_by(group_by) if group_by else ())
     if not path.exists():
         return s
     try:
@@ -159,4 +197,5 @@ def scan_results(path: Path) -> ResultScan:
             s.add(rec)
     except RunDirDamaged as e:
         raise ReportError(str(e)) from None
+    s.finish_scores()
     return s
