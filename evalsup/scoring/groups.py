@@ -11,6 +11,7 @@ once). ``top`` folds all but the largest groups into ``(other)`` for displays th
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from typing import Any
 
@@ -47,6 +48,19 @@ class Group:
         self.failed += other.failed
         merge_into(self.scores, other.scores)
 
+    def subtract(self, other: Group) -> None:
+        """Take ``other``'s counts out (``other`` was merged into this one); whether every score was 0/1 stays."""
+        self.tasks -= other.tasks
+        self.failed -= other.failed
+        a, b = self.scores, other.scores
+        for k, n in b.n.items():
+            a.n[k] = a.n.get(k, 0) - n
+            a.total[k] = a.total.get(k, 0.0) - b.total.get(k, 0.0)
+        for k, n in b.errors.items():
+            a.errors[k] = a.errors.get(k, 0) - n
+        for k, n in b.unscored.items():
+            a.unscored[k] = a.unscored.get(k, 0) - n
+
     def summary(self) -> dict[str, Any]:
         return {"tasks": self.tasks, "failed": self.failed, "scores": self.scores.summary()}
 
@@ -59,6 +73,7 @@ class GroupedScores:
         self.max_groups = max_groups
         self.groups: dict[str, Group] = {}
         self.overflowed = 0  # tasks counted in OTHER because the groups were full
+        self.whole = Group()  # every group's counts summed (``top``'s rest is the whole less the largest)
 
     def add(self, group: str, ok: bool, scores: dict[str, float | None] | None = None,
             unscored: Iterable[str] = ()) -> bool:
@@ -74,11 +89,12 @@ class GroupedScores:
                 g = self.groups.get(OTHER)
             if g is None:
                 g = self.groups[group] = Group()
-        g.tasks += 1
-        if not ok:
-            g.failed += 1
-        if scores or unscored:
-            g.scores.add(scores or {}, unscored)
+        for x in (g, self.whole):
+            x.tasks += 1
+            if not ok:
+                x.failed += 1
+            if scores or unscored:
+                x.scores.add(scores or {}, unscored)
         return first_overflow
 
     def overflow_note(self) -> str:
@@ -89,16 +105,19 @@ class GroupedScores:
         return bool(self.groups)
 
     def top(self, k: int) -> dict[str, Group]:
-        """The ``k`` groups with the most tasks, and the rest merged into OTHER (when there is a rest)."""
-        ranked = sorted(self.groups.items(), key=lambda kv: (-kv[1].tasks, kv[0]))
-        out = dict(ranked[:k])
-        if len(ranked) > k:
-            rest = Group()  # a new one: the groups kept are never changed by a view of them
-            if OTHER in out:
-                rest.merge(out.pop(OTHER))
-            for _, g in ranked[k:]:
-                rest.merge(g)
-            out[OTHER] = rest
+        """The ``k`` groups with the most tasks, and the rest summed as OTHER (when there is a rest): the whole
+        less those ``k``, so the cost is O(groups) to pick them and O(k) to sum, whatever the rest holds."""
+        if len(self.groups) <= k:
+            return dict(self.groups)
+        largest = heapq.nlargest(k + 1, self.groups.items(), key=lambda kv: kv[1].tasks)
+        out = dict(kv for kv in largest if kv[0] != OTHER)
+        if len(out) > k:
+            out.popitem()
+        rest = Group()  # a new one: the groups kept are never changed by a view of them
+        rest.merge(self.whole)
+        for g in out.values():
+            rest.subtract(g)
+        out[OTHER] = rest
         return out
 
     def summary(self) -> dict[str, Any]:

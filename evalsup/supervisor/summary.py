@@ -41,6 +41,8 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         **({"scores": st.scores.summary()} if st.scores else {}),
         # --group-by: per group (at most 10,000, then "(other)"), its tasks, failures and the same score figures
         **({"groups": st.groups.summary()} if st.groups else {}),
+        # a resumed run's scores count this session's records only (the report and `evalsup score` read all)
+        **({"scores_this_session_only": True} if (st.scores or st.groups) and st.session_done < total else {}),
         # --response-schema (or a task's own json_schema): answers asked again, and still invalid after them
         **({"structured": {"reasks": st.reasks, "schema_invalid": st.schema_invalid}}
            if st.reasks or st.schema_invalid else {}),
@@ -120,6 +122,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
                                    "no result in the run for --stall-after while they were on the wire)"))
     rows.extend(score_rows(summary.get("scores", {})))
+    if summary.get("scores_this_session_only"):
+        rows.append(("scores of", "this session's tasks only (the run was resumed): evalsup report or evalsup score "
+                                  "count every record"))
     structured = summary.get("structured")
     if structured:
         rows.append(("structured", f"{structured['reasks']:,} re-ask(s) for the JSON schema, "
