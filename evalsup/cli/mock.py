@@ -34,6 +34,8 @@ Per-request overrides: a "mock" object in the request body (a simple task line's
   "text": "..."                answer with this text (never padded)
   "kb": 64                     pad this answer to about 64 KB (instead of --response-kb)
   "refusal": "..."             chat: answer with this refusal (content null)
+  "invalid_first": 1           answer invalid JSON until the conversation holds 1 assistant turn (one re-ask of
+                               --response-schema), then "text"
 
 \b
 Fault modes for clients' tests:
