@@ -57,6 +57,12 @@ class RunResult:
         """Per scorer: count, mean, errors, and for 0/1 scores accuracy with its 95 % interval (ci95)."""
         return dict(self.summary.get("scores") or {})
 
+    @property
+    def groups(self) -> dict[str, Any]:
+        """With group_by: per group, its tasks, failures and scores as ``scores`` has them (summary.json's
+        ``groups.groups``); empty without."""
+        return dict((self.summary.get("groups") or {}).get("groups") or {})
+
     def records(self, *, ordered: bool = False, typed: bool = False) -> Iterator[Any]:
         """Every record, streamed (see evalsup.read_results)."""
         return read_results(self.run_dir, ordered=ordered, typed=typed)  # type: ignore[call-overload, no-any-return]
@@ -65,8 +71,11 @@ class RunResult:
         """The records of tasks that finally failed (``.error`` says why), streamed."""
         return (r for r in read_results(self.run_dir, typed=True) if not r.ok)
 
-    def to_pandas(self, *, ordered: bool = False) -> Any:
-        return to_pandas(self.run_dir, ordered=ordered)
+    def to_pandas(self, *, ordered: bool = False, group_by: str | None = None) -> Any:
+        """The records as a DataFrame (see evalsup.to_pandas); with the run's group_by (or ``group_by``) a
+        ``group`` column."""
+        by = group_by or (self.summary.get("groups") or {}).get("by")
+        return to_pandas(self.run_dir, ordered=ordered, group_by=by)
 
 
 def _argv(options: dict[str, Any]) -> list[str]:

@@ -20,10 +20,8 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "requi
 VALID = '{"answer": "B"}'
 
 
-pytest.importorskip("pandas")
-
-
 def test_group_by_gives_scores_per_group_in_the_summary_and_the_report(tmp_path: Path, mock: MockThread) -> None:
+    pytest.importorskip("pandas")
     rows = []
     for i in range(90):
         subject = ("law", "math", "art")[i % 3]
@@ -114,3 +112,19 @@ def test_a_schema_that_cannot_be_used_is_refused_before_any_request(tmp_path: Pa
         f"evalsup: --response-schema {schema}: not a valid JSON schema: at type: 'objekt' is not valid under any "
         "of the given schemas"]
     assert mock.stats()["by_path"].get("/v1/completions", 0) == 0
+
+
+def test_the_python_api_takes_group_by_and_a_pydantic_model(tmp_path: Path, mock: MockThread) -> None:
+    pydantic = pytest.importorskip("pydantic")
+    pytest.importorskip("pandas")
+
+    class Answer(pydantic.BaseModel):  # type: ignore[name-defined,misc]
+        answer: str
+
+    tasks = [{"id": f"t{i}", "prompt": "q", "expected": "B", "metadata": {"subject": ("law", "art")[i % 2]},
+              "mock": {"text": '{"answer": "B"}', "invalid_first": i % 2}} for i in range(6)]
+    res = evalsup.run(tasks, base_url=mock.url, model="mock-model", out=tmp_path / "api.run", progress=False,
+                      scorers=["contains"], group_by="metadata.subject", response_schema=Answer)
+    assert res.total == 6 and res.succeeded == 6 and set(res.groups) == {"law", "art"}
+    assert res.groups["law"]["scores"]["contains"]["accuracy"] == 1.0 and res.summary["structured"]["reasks"] == 3
+    assert res.to_pandas()["group"].tolist().count("art") == 3
