@@ -72,6 +72,10 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="Fraction answered 200 with a body that is not valid JSON (or a broken SSE event).")
 @click.option("--cut-stream", type=_FRACTION, default=0.0, show_default=True,
               help="Fraction of answers cut midway: half the body (or of the SSE events), then the connection closed.")
+@click.option("--slow", type=_FRACTION, default=0.0, show_default=True,
+              help="Fraction of requests answered after --slow-ms instead (exactly that share, evenly spaced): a "
+                   "replica with a stuck slot now and then.")
+@click.option("--slow-ms", type=float, default=5000.0, show_default=True, help="Latency of the --slow requests.")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require \"Authorization: Bearer $NAME\" (the key is read from that variable, never printed).")
 @click.option("--api-key-header", metavar="NAME", default=None,
@@ -90,7 +94,8 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="With --capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After.")
 def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
          fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
-         cut_stream: float, api_key_env: str | None, api_key_header: str | None, basic_auth_env: str | None,
+         cut_stream: float, slow: float, slow_ms: float, api_key_env: str | None, api_key_header: str | None,
+         basic_auth_env: str | None,
          require_query: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
 
@@ -117,7 +122,7 @@ def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: floa
     cfg = MockConfig(basic_auth=basic, api_key_header=api_key_header, require_query=require_query,
                      latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed,
-                     cut_stream=cut_stream, seed=seed,
+                     cut_stream=cut_stream, slow=slow, slow_ms=slow_ms, seed=seed,
                      models=models or ("mock-model",), api_key=key, revoke_after=revoke_after, capacity=capacity,
                      queue=queue)
     serve_forever(cfg, host, port)

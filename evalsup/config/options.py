@@ -135,6 +135,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="When no result has come for this many seconds while requests have been on the wire that long, "
                 "those attempts are abandoned and retried (timeout_stall, an attempt used). 0 (the default): "
                 "never. An answer still streaming is cut too: set it above your longest generation."),
+    Option("hedge", ("--hedge",), "flag", False,
+           help="In the tail of the run (no task left to start, free capacity), send a second copy of a request "
+                "on the wire --hedge-factor x the p95 latency without a byte of answer, to another endpoint when "
+                "there is one; the first answer is the record, the other copy is cancelled. A duplicate may be "
+                "billed twice: for endpoints where it costs little (your own replicas, temperature 0)."),
+    Option("hedge_factor", ("--hedge-factor",), "float", 2.0, show_default=True, metavar="K",
+           help="With --hedge: a request is hedged once on the wire K times the p95 of its worker's recent "
+                "latencies."),
     Option("hang_timeout", ("--hang-timeout",), "float", 60.0, show_default=True,
            help="A worker silent (no heartbeat) this long is killed and replaced."),
     Option("max_task_crashes", ("--max-task-crashes",), "int", 3, lo=1, hi=100, show_default=True,

@@ -128,7 +128,11 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
         score_normalize=kw["normalize"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
+        hedge=kw["hedge"], hedge_factor=kw["hedge_factor"],
     )
+    if not kw["hedge_factor"] > 0:
+        raise ConfigError(f"--hedge-factor must be more than 0 (a multiple of the p95 latency), got "
+                          f"{kw['hedge_factor']}")
     _check_requests(wc)
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
 

@@ -40,6 +40,7 @@ class ResultMeta(TypedDict):
     sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
     ep: NotRequired[int]  # the endpoint that served the last attempt (its index in WorkerConfig.endpoints)
     st: NotRequired[int]  # attempts abandoned as stalled (timeout_stall, on the supervisor's STALL); absent: 0
+    hg: NotRequired[int]  # hedged (--hedge): 1, the first copy's answer is the record; 2, the second's; absent: not
 
 
 class Heartbeat(TypedDict):
@@ -165,6 +166,9 @@ class WorkerConfig:
     headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.tasks.headers), never values
     # many endpoints (issue 21 item 1): every --base-url, in the order given; () means just base_url
     base_urls: tuple[str, ...] = ()
+    # --hedge (issue 28): a request this many times the worker's p95 old gets a second copy in the run's tail
+    hedge: bool = False
+    hedge_factor: float = 2.0
 
     @property
     def endpoints(self) -> tuple[str, ...]:

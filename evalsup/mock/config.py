@@ -18,6 +18,10 @@ class MockConfig:
     reset: float = 0.0  # probability of a connection reset (abort the transport without response)
     malformed: float = 0.0  # probability of a 200 with a body that is not valid JSON
     cut_stream: float = 0.0  # probability of an answer cut midway (half the body or of the SSE events, then closed)
+    # a share of requests answered after slow_ms instead of latency_ms (a replica with a stuck slot now and then):
+    # exactly that share, evenly spaced in arrival order (every 4th at 0.25), so a test knows how many
+    slow: float = 0.0
+    slow_ms: float = 5000.0
     seed: int = 0
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
@@ -34,9 +38,9 @@ class MockConfig:
 
 _FLOAT_FIELDS = frozenset(
     {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed",
-     "cut_stream"}
+     "cut_stream", "slow", "slow_ms"}
 )
-_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream"})
+_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream", "slow"})
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(MockConfig))
 
 

@@ -63,6 +63,8 @@ class RunStats:
     errors: dict[str, int] = field(default_factory=dict)
     retries: int = 0
     stalled: int = 0  # attempts abandoned on a STALL (timeout_stall) and retried, this session (issue 28)
+    hedged: int = 0  # tasks whose request got a second copy (--hedge), this session (issue 28)
+    hedge_wins: int = 0  # of them, those whose record is the second copy's answer
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
@@ -86,6 +88,10 @@ class RunStats:
         self.latency.add(float(meta["lat"]))
         self.retries += int(meta["rt"])
         self.stalled += int(meta.get("st", 0))
+        hedge = meta.get("hg")
+        if hedge:
+            self.hedged += 1
+            self.hedge_wins += hedge == 2
         code = meta.get("ec")
         if code:
             self.errors[code] = self.errors.get(code, 0) + 1

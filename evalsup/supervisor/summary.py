@@ -41,6 +41,8 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         **({"scores": st.scores.summary()} if st.scores else {}),
         "retries": st.retries,
         "timeout_stall": st.stalled,  # attempts abandoned because the run had stalled on them, and retried
+        # --hedge: tasks whose request got a second copy in the run's tail, and those the second copy answered
+        "hedges": {"sent": st.hedged, "won": st.hedge_wins},
         # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
         "breaker": {"opened": run.endpoints.opened, "down_s": round(run.endpoints.total_down_s(time.monotonic()), 2)},
         # (with several --base-url only: one endpoint's figures are the run's, and its URL stays out of reports)
@@ -114,6 +116,10 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     if summary.get("timeout_stall"):
         rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
                                    "no result in the run for --stall-after while they were on the wire)"))
+    hedges = summary.get("hedges") or {}
+    if hedges.get("sent"):
+        rows.insert(-1, ("hedges", f"{hedges['sent']:,} request(s) sent twice (--hedge), {hedges['won']:,} "
+                                   "answered first by the second copy (the other copy cancelled)"))
     rows.extend(score_rows(summary.get("scores", {})))
     if summary["poisoned"]:
         rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))

@@ -35,9 +35,11 @@ from evalsup.worker.adaptive import adaptive_from_config
 from evalsup.worker.breaker import HandedBack
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.control import Control, leak_report
-from evalsup.worker.endpoints import EndpointPool
+from evalsup.worker.endpoints import Endpoint, EndpointPool
+from evalsup.worker.hedge import Tail, tick_s
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, open_pipes
+from evalsup.worker.race import Hedger
 from evalsup.worker.retry import RetryPolicy
 from evalsup.worker.schedule import Schedule
 from evalsup.worker.scoring import Scoring
@@ -72,6 +74,8 @@ class Worker:
         self.pid = os.getpid()
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
+        # --hedge (issue 28): a task's request may get a second copy in the tail of the run (worker.race)
+        self.hedger = Hedger(cfg.hedge_factor, self._copy) if cfg.hedge else None
         self._bg: set[asyncio.Task[Any]] = set()
         self.control = Control(self.schedule, self.endpoints, self.pacer, self.outbox, self._probe, self._drain,
                                lambda: leak_report(self.pid, self.done),
@@ -125,11 +129,13 @@ class Worker:
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
         key = meta["k"]
-        try:
-            oc = await client.execute(url, body, key)
-        except Exception as e:  # a bug must cost one record, never the worker
-            oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
-                         1, 0.0)
+        hedge: bool | None = None  # hedged: whether the second copy's answer is the record
+        if self.hedger is None:
+            oc = await self._execute(client, url, body, key)
+        else:  # its copies race (worker.race): one outcome, the other copy cancelled
+            eps = self.endpoints.all
+            oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
+                client, url, body, key, None if avoid is None else eps[avoid]))
         if self.plugin is not None:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
@@ -139,7 +145,34 @@ class Worker:
             scored = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
         endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, hedge)
+
+    @staticmethod
+    async def _execute(client: Client, url: str, body: dict[str, Any], key: int,
+                       avoid: Endpoint | None = None) -> Outcome:
+        """All the attempts of one copy of a task's request (``Client.execute``)."""
+        try:
+            return await client.execute(url, body, key, avoid)
+        except Exception as e:  # a bug must cost one record, never the worker
+            return Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
+                           1, 0.0)
+
+    def _copy(self, delta: int) -> None:
+        """A hedge's second copy starts (+1) or ends (-1): it is active as any request (``Schedule.active``)."""
+        self.schedule.copies += delta
+        if delta < 0:
+            self._pump()
+
+    async def hedge_loop(self, hedger: Hedger) -> None:
+        """--hedge: every ``hedge.tick_s``, start the copies due (``Hedger.check``) in the tail of the run."""
+        schedule = self.schedule
+        while True:
+            await asyncio.sleep(tick_s(hedger.factor, hedger.window.p95()))
+            c = self.client
+            if c is None or not c.wire or schedule.queue:
+                continue
+            tail = Tail(len(schedule.queue), schedule.active(), schedule.allowed(), schedule.paused)
+            hedger.check(c.wire, time.monotonic(), tail)
 
     def _probe(self, e: int) -> None:
         if self.client is not None:
@@ -207,6 +240,8 @@ class Worker:
             client.secrets += [v.encode() for u in cfg.endpoints for v in url_secrets(u)]  # basic auth (issue 34)
             self.client, client.on_rest = client, self._pump
             tasks = [asyncio.create_task(self.heartbeat())]
+            if self.hedger is not None:
+                tasks.append(asyncio.create_task(self.hedge_loop(self.hedger)))
             if cfg.adaptive:  # every attempt and the server's queue feed each endpoint's limit
                 schedule.resting = lambda: client.resting  # a request resting in a back-off holds no slot
                 client.observe = self.endpoints.observer(schedule.active, lambda: schedule.limit)
