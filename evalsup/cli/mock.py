@@ -13,8 +13,8 @@ Live config (while it runs):
   GET  /_mock/config           the knobs (api_key shown as ***)
   POST /_mock/config           change any of them, e.g. {"fail_429": 0.5, "retry_after_s": 2}:
                                latency_ms, jitter_ms, response_kb, fail_500, fail_429, retry_after_s, reset,
-                               malformed, cut_stream, seed (restarts the fault sequence), models, api_key,
-                               echo_headers_in_errors, revoked (true: every /v1 request gets 401),
+                               malformed, cut_stream, slow, slow_ms, seed (restarts the fault sequence), models,
+                               api_key, echo_headers_in_errors, revoked (true: every /v1 request gets 401),
                                revoke_after (N: 401 after N requests, counted from start or reset),
                                down (true: every connection is dropped, an outage)
   GET  /_mock/stats            counters (requests, statuses, faults, in flight, bytes)
@@ -44,6 +44,8 @@ Fault modes for clients' tests:
                                invalid_api_key, on every /v1 request
   outage                       POST /_mock/config {"down": true}, later {"down": false}
   a task that always fails     its line's "mock": {"status": 400} (or any status, reset, cut_stream)
+  a stuck slot now and then    --slow 0.05 --slow-ms 30000: exactly 5 % of requests (evenly spaced) answered
+                               after 30 s, or never if the client goes first (tail hedging, stalls)
   random faults                --fail-500, --fail-429, --reset, --malformed, --cut-stream (one seeded draw per
                                request)
 """

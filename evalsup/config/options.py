@@ -138,8 +138,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("hedge", ("--hedge",), "flag", False,
            help="In the tail of the run (no task left to start, free capacity), send a second copy of a request "
                 "on the wire --hedge-factor x the p95 latency without a byte of answer, to another endpoint when "
-                "there is one; the first answer is the record, the other copy is cancelled. A duplicate may be "
-                "billed twice: for endpoints where it costs little (your own replicas, temperature 0)."),
+                "there is one; the first answer is the record, the other copy is cancelled. A hedged request "
+                "may be billed twice: for endpoints where a duplicate costs little (your own replicas, "
+                "temperature 0)."),
     Option("hedge_factor", ("--hedge-factor",), "float", 2.0, show_default=True, metavar="K",
            help="With --hedge: a request is hedged once on the wire K times the p95 of its worker's recent "
                 "latencies."),

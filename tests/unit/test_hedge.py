@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from evalsup.worker.breaker import HandedBack
 from evalsup.worker.client import OnWire, Outcome
 from evalsup.worker.hedge import LatencyWindow, Tail, hedges_due, tick_s
 from evalsup.worker.race import Hedger, Race
@@ -122,6 +125,34 @@ def test_a_copy_that_fails_waits_for_the_other_and_neither_answering_gives_the_f
         c.go[None].set()
         oc, won = await race.result()
         assert oc.error is not None and oc.error["code"] == "http_500" and won == 0
+    asyncio.run(go())
+
+
+def test_a_copy_handed_back_on_a_drain_leaves_the_other_to_answer_and_both_handed_back_hand_the_task_back() -> None:
+    async def go() -> None:
+        async def back(avoid: int | None) -> Outcome:
+            await asyncio.sleep(0)
+            raise HandedBack
+
+        gate = asyncio.Event()
+
+        async def answer(avoid: int | None) -> Outcome:
+            if avoid is None:
+                raise HandedBack  # the first copy was parked for an outage when the worker drained
+            await gate.wait()
+            return outcome(1)
+
+        race = Race(answer)
+        race.hedge(0, lambda: None)
+        await asyncio.sleep(0.01)
+        gate.set()
+        oc, won = await race.result()
+        assert oc.error is None and won == 1
+
+        race = Race(back)
+        race.hedge(0, lambda: None)
+        with pytest.raises(HandedBack):
+            await race.result()  # the task goes back to the supervisor unanswered, as without --hedge
     asyncio.run(go())
 
 
