@@ -164,12 +164,14 @@ class Worker:
             self._pump()
 
     async def hedge_loop(self, hedger: Hedger) -> None:
-        """--hedge: every ``hedge.tick_s``, start the copies due (``Hedger.check``) in the tail of the run."""
+        """--hedge: every ``hedge.tick_s``, start the copies due (``Hedger.check``) in the tail of the run. Not
+        while this worker drains (a recycle mid-run is not the run's tail) or no endpoint is up (a copy would
+        only park)."""
         schedule = self.schedule
         while True:
             await asyncio.sleep(tick_s(hedger.factor, hedger.window.p95()))
             c = self.client
-            if c is None or not c.wire or schedule.queue:
+            if c is None or not c.wire or schedule.queue or self.draining or not self.endpoints.any_up():
                 continue
             tail = Tail(len(schedule.queue), schedule.active(), schedule.allowed(), schedule.paused)
             hedger.check(c.wire, time.monotonic(), tail)
