@@ -112,6 +112,8 @@ def run(tasks: Path | None, **kw: Any) -> None:
     from evalsup.rundir.run_json import resume_config
     from evalsup.supervisor import early_signals as earlysignals
 
+    if kw["ray"] is not None or kw["shards"] is not None:
+        _run_on_ray(tasks, kw)
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
     # `--retry-failed tasks.jsonl`: the flag without codes; the codes are parsed once, by build_config
     tasks, kw["retry_failed"] = retry_failed_task_file(tasks, kw["retry_failed"])
@@ -144,6 +146,31 @@ def run(tasks: Path | None, **kw: Any) -> None:
     from evalsup.supervisor.run import run as run_job
 
     sys.exit(run_job(cfg))
+
+
+def _run_on_ray(tasks: Path | None, kw: dict[str, Any]) -> None:
+    """`run --ray [ADDRESS] --shards N`: the shards as Ray tasks (evalsup.ray.driver); exits with its code."""
+    if tasks is None and kw["ray"] not in (None, "default") and Path(kw["ray"]).is_file():
+        tasks, kw["ray"] = Path(kw["ray"]), "default"  # `--ray tasks.jsonl`: the address is optional
+    if kw["ray"] is None:
+        _fail("--shards N runs the shards on Ray and needs --ray [ADDRESS] (on other schedulers: --shard K/N)")
+    if kw["shards"] is None:
+        _fail("--ray needs --shards N (how many shards: Ray runs each as a task)")
+    if kw["shard"] is not None:
+        _fail("--ray runs every shard itself: give --shards N, not --shard K/N")
+    if tasks is None:
+        _fail("missing TASKS (the task file); see evalsup run --help")
+    assert tasks is not None
+    from evalsup.ray.driver import RayRunError, run_on_ray
+
+    given = given_options(click.get_current_context(), kw)
+    try:
+        code = run_on_ray(tasks, given, address=kw["ray"], n=kw["shards"], retries=kw["ray_retries"],
+                          quiet=kw["quiet"], interval=kw["log_interval"], json_summary=kw["json_summary"],
+                          say=lambda m: _note(m, kw["log_format"]))
+    except RayRunError as e:
+        _fail(str(e), e.code)
+    sys.exit(code)
 
 
 def _note(msg: str, log_format: str = "text") -> None:

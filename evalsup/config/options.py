@@ -154,6 +154,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Process only the lines whose index (non-blank lines from 0) is K mod N; auto reads "
                 "JOB_COMPLETION_INDEX+EVALSUP_SHARDS, SLURM_ARRAY_TASK_ID+SLURM_ARRAY_TASK_COUNT or "
                 "AWS_BATCH_JOB_ARRAY_INDEX+AWS_BATCH_JOB_ARRAY_SIZE. Run dir: TASKS.run/shard-K-of-N/."),
+    Option("ray", ("--ray",), "str", flag_value="default", metavar="[ADDRESS]", api=False,
+           help="Run --shards N shards as Ray tasks on a Ray cluster (pip install 'evalsup[ray]'): ADDRESS as "
+                "ray.init takes it (auto, ray://HOST:10001, HOST:6379); without one, Ray's own choice ($RAY_ADDRESS, "
+                "else the cluster `ray start` began on this machine, else a new local one). A shard whose process or "
+                "node dies is retried by Ray and resumes; the merge at the end proves coverage. Python: "
+                "evalsup.ray.run_shards."),
+    Option("shards", ("--shards",), "int", lo=1, hi=100_000, api=False,
+           help="With --ray: how many shards (RUN_DIR/shard-K-of-N/); --concurrency and the rate limits are split "
+                "evenly among them."),
+    Option("ray_retries", ("--ray-retries",), "int", 5, lo=0, hi=1000, show_default=True, api=False,
+           help="With --ray: how often Ray retries a shard that ended unfinished (its process or node died, or it "
+                "stopped resumably); each retry resumes the shard."),
     Option("stream", ("--stream/--no-stream",), "bool", False,
            help="Stream responses (SSE): records ttft_s; the reassembled body is written. --no-stream: one whole "
                 "body (the default of a new run)."),
@@ -240,3 +252,15 @@ def python_type(o: Option) -> str:
     if o.multiple:
         return f"{base} | Sequence[{base}]" if o.name == "base_url" else f"Sequence[{base}]"
     return base if o.default is not None else f"{base} | None"
+
+
+def argv_of(options: Mapping[str, Any]) -> list[str]:
+    """Run options (evalsup.run's keywords: {name: value}) as `evalsup run` arguments, for a run in a child
+    process. None, and a flag that is off, are left out."""
+    args: list[str] = []
+    for name, value in options.items():
+        o = BY_NAME[name]
+        if value is None or (o.kind == "flag" and not value):
+            continue
+        args += o.argv(value)
+    return args

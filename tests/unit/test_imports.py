@@ -23,8 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {"common", "ipc", "tasks", "scoring"},
     "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir"},
     "tools": {"common", "tasks", "scoring", "config", "rundir"},
-    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock"},
-    "api": {"tasks", "config", "rundir", "cli"},
+    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray"},
+    "api": {"common", "tasks", "config", "rundir", "cli"},
+    "ray": {"common", "config", "rundir", "tools", "api"},
 }
 # the top of evalsup/ holds only these files; everything else lives in a package
 TOP_FILES = {"__init__.py", "__main__.py"}
