@@ -18,11 +18,11 @@ ALLOWED: dict[str, set[str]] = {
     "mock": set(),
     "tasks": set(),
     "scoring": set(),
-    "config": {"ipc", "tasks"},
+    "config": {"ipc", "tasks", "scoring"},
     "rundir": {"config", "tasks"},
     "worker": {"common", "ipc", "tasks", "scoring"},
     "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir"},
-    "tools": {"common", "tasks", "scoring", "config", "rundir"},
+    "tools": {"common", "tasks", "scoring", "config", "rundir", "worker"},
     "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock"},
     "api": {"tasks", "config", "rundir", "cli"},
 }
