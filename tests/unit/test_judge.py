@@ -166,3 +166,36 @@ def test_the_mock_gives_no_grade_when_told_and_ignores_other_requests() -> None:
     reply = judge_reply(body)
     assert reply is not None and verdict_of(DEFAULT, reply).score is None
     assert judge_reply({"messages": [{"role": "user", "content": "hello"}]}) is None
+
+
+def test_a_resume_keeps_the_judge_and_an_edited_template_is_a_change(tmp_path: Path) -> None:
+    from evalsup.rundir.run_json import differences, guard, read_run_json, request_settings, resume_config
+
+    tasks = tmp_path / "t.jsonl"
+    template = tmp_path / "judge.txt"
+    template.write_text("Is {answer} the same as {expected}? GRADE: C or GRADE: I\n")
+    given = {"base_url": [URL], "model": "m", "scorers": ("judge",), "judge_base_url": URL,
+             "judge_model": "j", "judge_template": str(template)}
+    cfg, _ = resume_config(tasks, given)
+    cfg.run_dir.mkdir()
+    guard(cfg.run_dir, request_settings(cfg), resuming=False, accept=False)
+    recorded = (read_run_json(cfg.run_dir) or {})["settings"]
+    assert recorded["judge_template"] == str(template) and len(recorded["judge_template_sha256"]) == 64
+    again, line = resume_config(tasks, {"base_url": [URL]})  # every judge flag left out: the run's
+    assert again.worker.judge_model == "j" and again.worker.judge_template == template.read_text()
+    assert line is not None and "judge_model='j'" in line
+    template.write_text("Is {answer} right, given {expected}? GRADE: C or GRADE: I\n")
+    edited, _ = resume_config(tasks, {"base_url": [URL]})
+    assert [d.split(" ")[0] for d in differences(recorded, request_settings(edited))] == ["judge_template_sha256"]
+
+
+def test_the_api_takes_a_judge_settings_object() -> None:
+    from evalsup.api.run import Judge, _argv, _with_judge
+
+    opts = _with_judge({"scorers": ["exact_match"], "judge": Judge(URL, "j", api_key_env="JK", concurrency=4)})
+    assert opts["scorers"] == ["exact_match", "judge"]
+    assert _argv(opts) == ["--scorer", "exact_match", "--scorer", "judge", "--judge-base-url", URL,
+                           "--judge-model", "j", "--judge-api-key-env", "JK", "--judge-concurrency", "4"]
+    assert _with_judge({"judge": {"base_url": URL}})["scorers"] == ["judge"]
+    with pytest.raises(TypeError, match="both judge= and judge_model"):
+        _with_judge({"judge": Judge(URL, "j"), "judge_model": "k"})
