@@ -234,6 +234,8 @@ def resume_config(tasks: Path, given: dict[str, Any]) -> tuple[RunConfig, str | 
         return build_config(tasks, given), None
     run_dir = run_dir_of(tasks, given.get("out"), given.get("shard"))
     taken = recorded_options(run_dir, given)
+    if "judge" not in (given.get("scorers") or taken.get("scorers") or ()):  # the judge's settings go with it
+        taken = {k: v for k, v in taken.items() if not k.startswith("judge_")}
     cfg = build_config(tasks, {**given, **taken})
     shown = {k: f.to_setting(taken[f.option]) for k, f in FLAGGED.items()
              if f.option in taken and f.to_setting(taken[f.option]) != SETTING_DEFAULTS[k]}

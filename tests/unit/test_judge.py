@@ -199,3 +199,14 @@ def test_the_api_takes_a_judge_settings_object() -> None:
     assert _with_judge({"judge": {"base_url": URL}})["scorers"] == ["judge"]
     with pytest.raises(TypeError, match="both judge= and judge_model"):
         _with_judge({"judge": Judge(URL, "j"), "judge_model": "k"})
+
+
+def test_a_resume_without_the_judge_scorer_leaves_its_recorded_settings(tmp_path: Path) -> None:
+    from evalsup.rundir.run_json import guard, request_settings, resume_config
+
+    tasks = tmp_path / "t.jsonl"
+    cfg, _ = resume_config(tasks, {"base_url": [URL], "model": "m", "scorers": ("judge",), "judge_base_url": URL})
+    cfg.run_dir.mkdir()
+    guard(cfg.run_dir, request_settings(cfg), resuming=False, accept=False)
+    other, _ = resume_config(tasks, {"base_url": [URL], "scorers": ("exact_match",)})
+    assert other.worker.judge_base_url is None and "judge_model" not in request_settings(other)
