@@ -160,7 +160,11 @@ class Worker:
         if expected is None or expected == []:
             scored.unscored.append(JUDGE)
             return None
-        v = await self.judge.judge(tid, request, response_text(parsed), expected, key)
+        try:
+            v = await self.judge.judge(tid, request, response_text(parsed), expected, key)
+        except Exception as e:  # a bug costs this task its judge score, never its answer nor the worker
+            scored.fail(JUDGE, f"{type(e).__name__}: {e}")
+            return None
         if v.score is None:
             scored.fail(JUDGE, v.error or "no grade")
         else:

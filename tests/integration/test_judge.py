@@ -87,7 +87,7 @@ def test_a_run_with_a_judge_then_score_again_without_the_model(tmp_path: Path, m
     r = run_cli("score", str(run_dir), *judge_args, "--judge-concurrency", "8")
     assert r.returncode == 0, r.stderr
     assert chat_requests(mock) == answered  # not one request to the answer endpoint
-    assert judge.stats()["by_path"]["/v1/chat/completions"] > 2 * len(asked)  # every answer again, and retries
+    assert judge.stats()["by_path"]["/v1/chat/completions"] >= 2 * len(asked)  # every answer again (and retries)
     scored = {rec["custom_id"]: rec for rec in read_results_file(run_dir / "results.scored.jsonl")}
     assert {k: v["scores"].get("judge") for k, v in scored.items()} == {
         k: v["scores"].get("judge") for k, v in recs.items()}
