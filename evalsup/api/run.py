@@ -29,6 +29,47 @@ from evalsup.rundir.layout import INPUT_COPY
 
 
 @dataclass(frozen=True)
+class Judge:
+    """The model-graded scorer's settings for ``evalsup.run(..., judge=Judge(...))``: the same as the
+    ``judge_*`` keywords (``--judge-*`` options), and ``"judge"`` is added to the scorers. ``api_key_env`` names
+    the variable that holds the judge's key (never the key itself)."""
+
+    base_url: str
+    model: str | None = None
+    api_key_env: str | None = None
+    template: str | os.PathLike[str] | None = None
+    concurrency: int | None = None
+    max_tokens: int | None = None
+    timeout: float | None = None
+
+    def options(self) -> dict[str, Any]:
+        """As ``evalsup.run``'s keywords (those set)."""
+        out: dict[str, Any] = {"judge_base_url": self.base_url, "judge_model": self.model,
+                               "judge_api_key_env": self.api_key_env,
+                               "judge_template": None if self.template is None else os.fspath(self.template),
+                               "judge_concurrency": self.concurrency, "judge_max_tokens": self.max_tokens,
+                               "judge_timeout": self.timeout}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _with_judge(options: dict[str, Any]) -> dict[str, Any]:
+    """``judge=Judge(...)`` (or a dict of its fields) as the judge_* keywords, with "judge" among the scorers."""
+    judge = options.pop("judge", None)
+    if judge is None:
+        return options
+    if isinstance(judge, dict):
+        judge = Judge(**judge)
+    if not isinstance(judge, Judge):
+        raise TypeError(f"judge must be evalsup.Judge(...) or a dict of its fields, not {type(judge).__name__}")
+    clash = sorted(k for k in judge.options() if k in options)
+    if clash:
+        raise TypeError(f"run() got both judge= and {', '.join(clash)}")
+    scorers = options.get("scorers") or ()
+    scorers = [scorers] if isinstance(scorers, str) else list(scorers)
+    return {**options, **judge.options(), "scorers": scorers if "judge" in scorers else [*scorers, "judge"]}
+
+
+@dataclass(frozen=True)
 class RunResult:
     """A finished run: its summary (summary.json), its directory, and its records."""
 
@@ -111,6 +152,7 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
     takes the value the run recorded in its run.json.
     Raises BadInput, BadSettings, RunStopped (``.code``, ``.resumable``) or EndpointUnavailable.
     """
+    options = _with_judge(options)  # judge=Judge(...): the judge_* keywords
     bad = [k for k in options if k not in BY_NAME or not BY_NAME[k].api]
     if bad:
         raise TypeError(f"run() got unexpected keyword argument(s): {', '.join(sorted(bad))}")
@@ -164,9 +206,13 @@ def _signature() -> inspect.Signature:
               inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=True, annotation="bool")]
     params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=DEFAULTS[o.name],
                                  annotation=python_type(o)) for o in API_OPTIONS]
+    params.append(inspect.Parameter("judge", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                    annotation="Judge | dict[str, Any] | None"))
     return inspect.Signature(params, return_annotation="RunResult")
 
 
 run.__signature__ = _signature()  # type: ignore[attr-defined]  # help(evalsup.run) lists every option
 run.__doc__ = (run.__doc__ or "") + "\n    Options:\n" + "".join(
-    f"      {o.name}: {python_type(o)} = {DEFAULTS[o.name]!r}  ({o.flag}) {o.help}\n" for o in API_OPTIONS)
+    f"      {o.name}: {python_type(o)} = {DEFAULTS[o.name]!r}  ({o.flag}) {o.help}\n" for o in API_OPTIONS) + (
+    "      judge: Judge | dict | None = None  the model-graded scorer's settings (evalsup.Judge): the judge_* "
+    "options, and 'judge' among the scorers\n")

@@ -94,11 +94,15 @@ _FRACTION = click.FloatRange(0.0, 1.0)
                    "vLLM-style running and waiting gauges.")
 @click.option("--queue", type=click.IntRange(0, None), default=0, show_default=True,
               help="With --capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After.")
+@click.option("--judge", is_flag=True,
+              help="Act as a judge for --scorer judge: a request from the default judge template is answered "
+                   "GRADE: C when its <answer> equals its <reference>, else GRADE: I.")
 def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
          fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
          cut_stream: float, slow: float, slow_ms: float, api_key_env: str | None, api_key_header: str | None,
          basic_auth_env: str | None,
-         require_query: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int) -> None:
+         require_query: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int,
+         judge: bool = False) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
 
     \b
@@ -126,5 +130,5 @@ def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: floa
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed,
                      cut_stream=cut_stream, slow=slow, slow_ms=slow_ms, seed=seed,
                      models=models or ("mock-model",), api_key=key, revoke_after=revoke_after, capacity=capacity,
-                     queue=queue)
+                     queue=queue, judge=judge)
     serve_forever(cfg, host, port)

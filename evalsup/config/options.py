@@ -204,9 +204,30 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="module:function called in the worker for each task (testing hooks)."),
     Option("scorers", ("--scorer",), "str", (), multiple=True, metavar="NAME|module:fn|file.py:fn",
            help="Score each successful response in the workers (repeatable): exact_match, contains, "
-                "regex, json_valid, choice, math, or your own function fn(task, response) -> number|bool|dict|None."),
+                "regex, json_valid, choice, math, judge (a model grades it: --judge-base-url), or your own "
+                "function fn(task, response) -> number|bool|dict|None."),
     Option("scorer_timeout", ("--scorer-timeout",), "float", 30.0, show_default=True,
            help="Seconds one scorer call may take; past it the task gets an error score."),
+    Option("judge_base_url", ("--judge-base-url",), "str", metavar="URL",
+           help="--scorer judge: the judge's endpoint (an OpenAI-compatible base URL including /v1), asked after "
+                "each answer with --judge-template; its own connections, limit (--judge-concurrency), retries and "
+                "breaker, apart from --base-url's."),
+    Option("judge_model", ("--judge-model",), "str", metavar="MODEL",
+           help="--scorer judge: the judge's model (default: --model)."),
+    Option("judge_api_key_env", ("--judge-api-key-env",), "str", metavar="VAR",
+           help="--scorer judge: environment variable that holds the judge's API key (default: the answers' "
+                "key). Only the name is recorded, never the key."),
+    Option("judge_template", ("--judge-template",), "path", metavar="FILE",
+           help="--scorer judge: the judge's prompt, with {prompt}, {messages}, {answer}, {expected}, {id}; a "
+                "head block may set the grade's pattern and values (README: model-graded scoring). Default: is "
+                "the answer correct given the reference, graded GRADE: C (1) or GRADE: I (0)."),
+    Option("judge_concurrency", ("--judge-concurrency",), "int", 16, lo=1, hi=100_000, show_default=True,
+           help="--scorer judge: judge requests in flight at most, in all (split among the workers)."),
+    Option("judge_max_tokens", ("--judge-max-tokens",), "int", lo=1,
+           help="--scorer judge: max_tokens of the judge's requests (default: the judge's own)."),
+    Option("judge_timeout", ("--judge-timeout",), "float", 900.0, show_default=True,
+           help="--scorer judge: the most one answer's judging may take (retries, an outage of the judge); past "
+                "it the answer gets a scorer error, not a failed task."),
     Option("ignore_case", ("--ignore-case",), "flag", False,
            help="exact_match/contains/regex: compare case-insensitively (choice always does)."),
     Option("no_strip", ("--no-strip",), "flag", False,

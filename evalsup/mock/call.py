@@ -16,6 +16,7 @@ from aiohttp import web
 from evalsup.mock import content as C
 from evalsup.mock.config import MockConfig
 from evalsup.mock.faults import NO_OVERRIDE, Fault, FaultInjector, Override, parse_override
+from evalsup.mock.judge import judge_reply
 from evalsup.mock.state import (
     FLUSH_BYTES,
     ID_HEX,
@@ -165,6 +166,10 @@ class Call:
         """One answer per choice, before padding."""
         if self.override.text is not None:
             return [C.Answer(self.override.text)] * count
+        if self.cfg.judge:  # the mock as a judge: a grade by the rule of evalsup.mock.judge
+            reply = judge_reply(self.body)
+            if reply is not None:
+                return [C.Answer(reply)] * count
         out = []
         limited = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
         for i in range(count):

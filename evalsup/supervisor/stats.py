@@ -67,6 +67,10 @@ class RunStats:
     hedge_wins: int = 0  # of them, those whose record is the second copy's answer
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # the judge's tokens (--scorer judge), counted apart: never the answers' (summary.json judge_usage)
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+    judged: int = 0  # results the judge was asked about
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
     bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)
@@ -107,6 +111,10 @@ class RunStats:
         self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.prompt_tokens += int(meta.get("pt") or 0)
         self.completion_tokens += int(meta.get("ct") or 0)
+        if "jpt" in meta or "jct" in meta:
+            self.judged += 1
+            self.judge_prompt_tokens += int(meta.get("jpt") or 0)
+            self.judge_completion_tokens += int(meta.get("jct") or 0)
 
     def on_poisoned(self, task_id: str) -> None:
         self.failed += 1

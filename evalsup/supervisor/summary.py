@@ -39,6 +39,9 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
         **({"scores": st.scores.summary()} if st.scores else {}),
+        # the judge's tokens (--scorer judge), apart from the answers' "tokens": what grading cost
+        **({"judge_usage": {"prompt": st.judge_prompt_tokens, "completion": st.judge_completion_tokens,
+                            "requests": st.judged}} if st.judged else {}),
         "retries": st.retries,
         "timeout_stall": st.stalled,  # attempts abandoned because the run had stalled on them, and retried
         # --hedge: tasks whose request got a second copy in the run's tail, and those the second copy answered
@@ -121,6 +124,7 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         rows.insert(-1, ("hedges", f"{hedges['sent']:,} request(s) sent twice (--hedge), {hedges['won']:,} "
                                    "answered first by the second copy (the other copy cancelled)"))
     rows.extend(score_rows(summary.get("scores", {})))
+    rows.extend(judge_rows(summary.get("judge_usage")))
     if summary["poisoned"]:
         rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))
     for k, v in rows:
@@ -143,6 +147,14 @@ def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
         else:
             rows.append((f"score {name}", f"no score (n=0){errs}"))
     return rows
+
+
+def judge_rows(usage: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The judge's tokens (--scorer judge), apart from the answers'."""
+    if not usage:
+        return []
+    return [("judge tokens", f"{usage['prompt']:,} prompt + {usage['completion']:,} completion over "
+                             f"{usage['requests']:,} judged answers (not in the answers' tokens)")]
 
 
 def print_scores(scores: dict[str, Any], console: Console) -> None:
