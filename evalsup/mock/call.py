@@ -16,6 +16,7 @@ from aiohttp import web
 from evalsup.mock import content as C
 from evalsup.mock.config import MockConfig
 from evalsup.mock.faults import NO_OVERRIDE, Fault, FaultInjector, Override, parse_override
+from evalsup.mock.judge import judge_reply
 from evalsup.mock.state import (
     FLUSH_BYTES,
     ID_HEX,
@@ -81,7 +82,17 @@ class Call:
         if ov.invalid_first is not None and C.assistant_turns(body) < ov.invalid_first:
             ov = dataclasses.replace(ov, text=C.INVALID_JSON)  # not yet asked again enough times: invalid JSON
         self.override = ov
-        delay = ov.delay_s if ov.delay_s is not None else state.faults.latency_s(self.cfg)
+        slow = state.faults.slow_s(self.cfg) if ov.delay_s is None else None  # (an explicit delay_s wins)
+        if slow is not None:  # one of the slow share: answered late, or never if the client goes first
+            self.state.stats.fault("slow")
+            end = asyncio.get_running_loop().time() + slow
+            while asyncio.get_running_loop().time() < end:
+                if self.request.transport is None or self.request.transport.is_closing():
+                    self.aborted = True
+                    abort_transport(self.request, rst=True)
+                    return web.Response(status=499)  # never sent: the client is gone
+                await asyncio.sleep(min(0.05, end - asyncio.get_running_loop().time()))
+        delay = ov.delay_s if ov.delay_s is not None else 0.0 if slow is not None else state.faults.latency_s(self.cfg)
         if delay > 0:
             await asyncio.sleep(delay)
             if state.down:  # an outage that started while this request waited
@@ -157,6 +168,10 @@ class Call:
         """One answer per choice, before padding."""
         if self.override.text is not None:
             return [C.Answer(self.override.text)] * count
+        if self.cfg.judge:  # the mock as a judge: a grade by the rule of evalsup.mock.judge
+            reply = judge_reply(self.body)
+            if reply is not None:
+                return [C.Answer(reply)] * count
         out = []
         limited = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
         for i in range(count):
