@@ -79,6 +79,7 @@ class RunConfig:
     hard_rss_factor: float = 1.5
     max_tasks_per_worker: int | None = OPT["max_tasks_per_worker"]
     max_tasks_jitter: int = 0
+    cache_max_bytes: int | None = None  # --cache-max-gb (the cache's other settings are the workers': worker.cache_*)
 
     @property
     def max_line_bytes(self) -> int:
@@ -108,6 +109,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     if kw["retry_failed"] is not None and kw["fresh"]:  # refused before --fresh moves anything aside
         raise ConfigError("--retry-failed needs the run to retry; it cannot go with --fresh")
     urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
+    if kw["cache_max_gb"] is not None and not kw["cache_max_gb"] > 0:
+        raise ConfigError(f"--cache-max-gb must be more than 0, got {kw['cache_max_gb']:g}")
     if len(urls) > 1 and kw["server_metrics"] not in (None, "off"):
         raise ConfigError("--server-metrics URL names one server; with several --base-url each endpoint's own "
                           "/metrics is read (or give --server-metrics off)")
@@ -128,6 +131,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
         score_normalize=kw["normalize"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
+        cache_dir=cache_dir(kw["cache"]), cache_mode=kw["cache_mode"], cache_model_id=kw["cache_model_id"] or None,
+        cache_salt=kw["cache_salt"] or "", cache_length=kw["cache_length"],
     )
     _check_requests(wc)
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
@@ -163,7 +168,19 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
         retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
+        cache_max_bytes=None if kw["cache_max_gb"] is None else int(kw["cache_max_gb"] * (1 << 30)),
     )
+
+
+CACHE_ENV = "EVALSUP_CACHE"  # the cache directory when --cache is left out
+
+
+def cache_dir(flag: str | None) -> str | None:
+    """The cache directory: --cache, else $EVALSUP_CACHE; "off" (or empty) for none."""
+    value = flag if flag is not None else os.environ.get(CACHE_ENV)
+    if value is None or value.strip() in ("", "off"):
+        return None
+    return str(Path(value).expanduser().absolute())
 
 
 RETRY_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")

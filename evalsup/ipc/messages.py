@@ -40,6 +40,12 @@ class ResultMeta(TypedDict):
     sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
     ep: NotRequired[int]  # the endpoint that served the last attempt (its index in WorkerConfig.endpoints)
     st: NotRequired[int]  # attempts abandoned as stalled (timeout_stall, on the supervisor's STALL); absent: 0
+    # the cache (issue 30): "h" answered from it, "m" not; ``ch`` the key hit (hex), ``ck`` an answer to keep:
+    # [key hex, offset of the body in the line, its length, request id, model, path] (evalsup.cache.feed)
+    ca: NotRequired[str]
+    ch: NotRequired[str]
+    ck: NotRequired[list[Any]]
+    cm: NotRequired[str | None]  # a hit's model (the summary's tokens saved by model)
 
 
 class Heartbeat(TypedDict):
@@ -165,6 +171,13 @@ class WorkerConfig:
     headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.tasks.headers), never values
     # many endpoints (issue 21 item 1): every --base-url, in the order given; () means just base_url
     base_urls: tuple[str, ...] = ()
+    # the answer cache (issue 30, evalsup.cache): its directory (None: off), --cache-mode, --cache-model-id,
+    # --cache-salt, --cache-length
+    cache_dir: str | None = None
+    cache_mode: str = "rw"
+    cache_model_id: str | None = None
+    cache_salt: str = ""
+    cache_length: bool = False
 
     @property
     def endpoints(self) -> tuple[str, ...]:

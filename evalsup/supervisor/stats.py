@@ -69,6 +69,11 @@ class RunStats:
     bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)
     by_endpoint: dict[int, int] = field(default_factory=dict)  # results this session by endpoint (issue 21)
+    # the cache (issue 30), this session: answers from it, requests sent with the cache on, the tokens of the
+    # hits by model (what they would have cost)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    saved_tokens: dict[str, list[int]] = field(default_factory=dict)
     # (unix time, done) at each of the last checkpoints of this session: `evalsup status` takes its rate from it
     history: collections.deque[tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=31))
 
@@ -83,7 +88,16 @@ class RunStats:
         else:
             self.failed += 1
         self.session_done += 1
-        self.latency.add(float(meta["lat"]))
+        cached = meta.get("ca")
+        if cached == "h":  # answered from the cache: no request, no latency, no endpoint
+            self.cache_hits += 1
+            self._saved(meta)
+        else:
+            if cached == "m":
+                self.cache_misses += 1
+            self.latency.add(float(meta["lat"]))
+            ep = meta.get("ep", 0)
+            self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.retries += int(meta["rt"])
         self.stalled += int(meta.get("st", 0))
         code = meta.get("ec")
@@ -97,10 +111,17 @@ class RunStats:
             self.scores.add(scores or {}, meta.get("us", ()))
         if "chk" in meta:
             self.bodies_checked += 1
-        ep = meta.get("ep", 0)
-        self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.prompt_tokens += int(meta.get("pt") or 0)
         self.completion_tokens += int(meta.get("ct") or 0)
+
+    def _saved(self, meta: ResultMeta) -> None:
+        """A hit's tokens, by model (a run has few models; more than 100 are counted under "other")."""
+        model = str(meta.get("cm") or "?")
+        if model not in self.saved_tokens and len(self.saved_tokens) >= 100:
+            model = "other"
+        t = self.saved_tokens.setdefault(model, [0, 0])
+        t[0] += int(meta.get("pt") or 0)
+        t[1] += int(meta.get("ct") or 0)
 
     def on_poisoned(self, task_id: str) -> None:
         self.failed += 1

@@ -17,11 +17,14 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
+from evalsup.cache.lookup import CacheReader
+from evalsup.cache.store import Entry
 from evalsup.common.process import quiet_gc
 from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame
 from evalsup.ipc.frames import FrameParser
@@ -70,6 +73,9 @@ class Worker:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.pid = os.getpid()
+        # the answer cache (issue 30): read here, before a request is paced or sent; kept by the supervisor
+        self.cache = CacheReader(Path(cfg.cache_dir), cfg.cache_mode, cfg.cache_model_id, cfg.endpoints,
+                                 cfg.cache_salt, cfg.cache_length) if cfg.cache_dir else None
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         self._bg: set[asyncio.Task[Any]] = set()
@@ -125,11 +131,20 @@ class Worker:
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
         key = meta["k"]
-        try:
-            oc = await client.execute(url, body, key)
-        except Exception as e:  # a bug must cost one record, never the worker
-            oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
-                         1, 0.0)
+        cache = self.cache
+        ck = hit = None
+        if cache is not None:
+            ck = cache.key(url, body, tid)
+            if cache.reads:
+                hit = cache.get(ck)
+        if hit is not None:
+            oc = from_cache(hit)
+        else:
+            try:
+                oc = await client.execute(url, body, key)
+            except Exception as e:  # a bug must cost one record, never the worker
+                oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
+                             1, 0.0)
         if self.plugin is not None:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
@@ -138,8 +153,18 @@ class Worker:
             self.outbox.before_user_code(key)
             scored = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
-        endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored)
+        endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public} if hit is None else None
+        note = None
+        if cache is not None and ck is not None:
+            if hit is not None:
+                note = records.CacheNote(ck.hex(), True, model=hit.model)
+            elif oc.error is None and oc.status == 200 and cache.keep(oc.parsed, oc.raw_json):
+                model = body.get("model")
+                note = records.CacheNote(ck.hex(), False, [oc.request_id, model if isinstance(model, str) else None,
+                                                           url])
+            else:
+                note = records.CacheNote(ck.hex(), False)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, note)
 
     def _probe(self, e: int) -> None:
         if self.client is not None:
@@ -221,6 +246,12 @@ class Worker:
             for t in [*tasks, reading, drained]:
                 t.cancel()
             await asyncio.gather(*tasks, reading, drained, return_exceptions=True)
+
+
+def from_cache(e: Entry) -> Outcome:
+    """A kept answer as an outcome: its body's bytes as first written, no attempt, no time at a server."""
+    return Outcome(e.status, orjson.Fragment(e.body), len(e.body), e.request_id, None, 0, 0.0,
+                   parsed=orjson.loads(e.body), raw_json=e.body, sent=1)
 
 
 async def amain() -> int:

@@ -18,12 +18,13 @@ ALLOWED: dict[str, set[str]] = {
     "mock": set(),
     "tasks": set(),
     "scoring": set(),
+    "cache": {"tasks"},
     "config": {"ipc", "tasks"},
     "rundir": {"config", "tasks"},
-    "worker": {"common", "ipc", "tasks", "scoring"},
-    "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir"},
+    "worker": {"common", "ipc", "tasks", "scoring", "cache"},
+    "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir", "cache"},
     "tools": {"common", "tasks", "scoring", "config", "rundir"},
-    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock"},
+    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "cache"},
     "api": {"tasks", "config", "rundir", "cli"},
 }
 # the top of evalsup/ holds only these files; everything else lives in a package
