@@ -21,17 +21,14 @@ def _unescape(field: str) -> str:
 
 
 def fs_type(path: Path, mounts: str | None = None) -> str | None:
-    """The type of the file system ``path`` (or its nearest existing parent) is on, from ``mounts`` (the text of
+    """The type of the file system ``path`` is on (or will be, when it does not exist yet), from ``mounts`` (the text of
     /proc/mounts, read when None); None where it cannot be told (no /proc)."""
     if mounts is None:
         try:
             mounts = Path("/proc/mounts").read_text()
         except OSError:
             return None
-    p = path.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    target = os.path.realpath(p)
+    target = os.path.realpath(path.absolute())  # (the links of the part that exists resolved; a new dir as named)
     best, kind = "", None
     for row in mounts.splitlines():
         parts = row.split()

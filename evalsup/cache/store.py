@@ -212,12 +212,18 @@ class Store:
             return 0
         target = int(max_bytes * to)
         gone = 0
-        while self.bytes_used() > target:
-            with self.transaction() as c:
-                n = c.execute("DELETE FROM entries WHERE rowid IN (SELECT rowid FROM entries ORDER BY atime "
-                              "LIMIT ?)", (PRUNE_BATCH,)).rowcount
-            gone += n
-            if n == 0:
+        while (excess := self.bytes_used() - target) > 0:
+            with self.transaction() as c:  # the oldest used, just enough of them (at most PRUNE_BATCH a transaction)
+                rows = c.execute("SELECT rowid, size FROM entries ORDER BY atime LIMIT ?", (PRUNE_BATCH,)).fetchall()
+                doomed = []
+                for rowid, size in rows:
+                    doomed.append((rowid,))
+                    excess -= size
+                    if excess <= 0:
+                        break
+                c.executemany("DELETE FROM entries WHERE rowid = ?", doomed)
+            gone += len(doomed)
+            if not doomed:
                 break
         with contextlib.suppress(sqlite3.Error):
             self.conn.execute("PRAGMA incremental_vacuum")  # give the freed pages back to the file system
