@@ -138,7 +138,7 @@ class Worker:
             if cache.reads:
                 hit = cache.get(ck)
         if hit is not None:
-            oc = from_cache(hit)
+            oc = from_cache(hit, whole=self.scoring is not None or self.plugin is not None)
         else:
             try:
                 oc = await client.execute(url, body, key)
@@ -248,10 +248,13 @@ class Worker:
             await asyncio.gather(*tasks, reading, drained, return_exceptions=True)
 
 
-def from_cache(e: Entry) -> Outcome:
-    """A kept answer as an outcome: its body's bytes as first written, no attempt, no time at a server."""
+def from_cache(e: Entry, whole: bool) -> Outcome:
+    """A kept answer as an outcome: its body's bytes as first written, no attempt, no time at a server. The body
+    is parsed only when a scorer or a plugin reads it (``whole``); else its usage is the one kept beside it."""
+    usage = {"prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens}
+    parsed = orjson.loads(e.body) if whole else {"usage": usage}
     return Outcome(e.status, orjson.Fragment(e.body), len(e.body), e.request_id, None, 0, 0.0,
-                   parsed=orjson.loads(e.body), raw_json=e.body, sent=1)
+                   parsed=parsed, raw_json=e.body, sent=1)
 
 
 async def amain() -> int:

@@ -50,7 +50,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         metrics["ttft_s"] = round(oc.ttft_s, 6)
     if oc.itl_s is not None:
         metrics["itl_s"] = round(oc.itl_s, 6)
-    if cache is not None and cache.hit:
+    if cache is not None and cache.hit:  # no request: no time at a server (the report's latencies skip it)
+        metrics["latency_s"] = None
         metrics["cache"] = "hit"
     fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
                               "metrics": metrics, "metadata": metadata or None,
