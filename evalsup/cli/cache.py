@@ -19,6 +19,13 @@ def _fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,} bytes"
+
+
 def _open(directory: Path, create: bool = False) -> object:
     from evalsup.cache.store import CacheError, Store, cache_file
 
@@ -57,9 +64,8 @@ def stats(directory: Path, as_json: bool) -> None:
     if as_json:
         click.echo(orjson.dumps(s, option=orjson.OPT_INDENT_2).decode())
         return
-    click.echo(f"{s['path']}: {s['entries']:,} answers, {s['body_bytes'] / (1 << 20):,.1f} MiB of bodies "
-               f"({s['budget_bytes'] / (1 << 20):,.1f} MiB counted against --cache-max-gb; file "
-               f"{s['file_bytes'] / (1 << 20):,.1f} MiB)")
+    click.echo(f"{s['path']}: {s['entries']:,} answers, {_size(s['body_bytes'])} of bodies "
+               f"({_size(s['budget_bytes'])} counted against --cache-max-gb; files {_size(s['file_bytes'])})")
     click.echo(f"  tokens kept: {s['prompt_tokens']:,} prompt, {s['completion_tokens']:,} completion")
     if s["models"]:
         click.echo("  models: " + ", ".join(f"{m} {n:,}" for m, n in s["models"].items()))
@@ -79,7 +85,7 @@ def prune(directory: Path, max_gb: float) -> None:
     gone = store.prune(int(max_gb * (1 << 30)), to=1.0)
     left = store.bytes_used()
     store.close()
-    click.echo(f"evalsup: {gone:,} entries deleted; {left / (1 << 20):,.1f} MiB left")
+    click.echo(f"evalsup: {gone:,} entries deleted; {_size(left)} left")
 
 
 @cache_command.command("export")

@@ -111,6 +111,9 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
     if kw["cache_max_gb"] is not None and not kw["cache_max_gb"] > 0:
         raise ConfigError(f"--cache-max-gb must be more than 0, got {kw['cache_max_gb']:g}")
+    cache_flags = [f"--{k.replace('_', '-')}" for k in CACHE_OPTIONS if kw[k] != OPT[k]]
+    if cache_flags and cache_dir(kw["cache"]) is None:
+        raise ConfigError(f"{', '.join(cache_flags)} without a cache: give --cache DIR (or set ${CACHE_ENV})")
     if len(urls) > 1 and kw["server_metrics"] not in (None, "off"):
         raise ConfigError("--server-metrics URL names one server; with several --base-url each endpoint's own "
                           "/metrics is read (or give --server-metrics off)")
@@ -173,6 +176,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
 
 
 CACHE_ENV = "EVALSUP_CACHE"  # the cache directory when --cache is left out
+CACHE_OPTIONS = ("cache_mode", "cache_model_id", "cache_salt", "cache_length", "cache_max_gb")  # need a cache
 
 
 def cache_dir(flag: str | None) -> str | None:

@@ -180,3 +180,17 @@ def test_a_read_only_feed_keeps_nothing(tmp_path: Path) -> None:
     feed.close()
     assert not feed.pending and feed.written == 0
     assert Store(tmp_path / "c", readonly=True).get(b"k" * 32) is None
+
+
+def test_cache_settings_without_a_cache_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evalsup.config.run_config import ConfigError, build_config
+
+    monkeypatch.delenv("EVALSUP_CACHE", raising=False)
+    base = {"base_url": "http://127.0.0.1:9/v1"}
+    with pytest.raises(ConfigError, match="--cache-salt without a cache"):
+        build_config(tmp_path / "t.jsonl", {**base, "cache_salt": "x"})
+    assert build_config(tmp_path / "t.jsonl", base).worker.cache_dir is None
+    monkeypatch.setenv("EVALSUP_CACHE", str(tmp_path / "c"))
+    cfg = build_config(tmp_path / "t.jsonl", {**base, "cache_max_gb": 0.5})
+    assert cfg.worker.cache_dir == str(tmp_path / "c") and cfg.cache_max_bytes == 1 << 29
+    assert build_config(tmp_path / "t.jsonl", {**base, "cache": "off"}).worker.cache_dir is None
