@@ -217,3 +217,22 @@ def test_a_kept_answer_says_where_its_body_is_in_the_line(size: int) -> None:
     rec = orjson.loads(b"".join(parts))
     assert raw in b"".join(parts) and rec["metrics"]["cache"] == "hit" and rec["metrics"]["latency_s"] is None
     assert (info["ca"], info["ch"], info["cm"], info["rt"]) == ("h", "ab" * 32, "m", 0)
+
+
+def test_a_run_refuses_a_network_cache_and_goes_on_without_a_damaged_one(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from evalsup.config.run_config import build_config
+    from evalsup.supervisor import run as run_module
+
+    said: list[tuple[str, str]] = []
+    cfg = build_config(tmp_path / "t.jsonl", {"base_url": "http://127.0.0.1:9/v1", "cache": str(tmp_path / "c")})
+    monkeypatch.setattr(run_module, "network_problem", lambda p: network_problem(p, MOUNTS.replace(
+        "/mnt/shared", str(tmp_path))))
+    _, refused = run_module._open_cache(cfg, lambda m, level="info": said.append((level, m)))
+    assert isinstance(refused, str) and "network file system (nfs4)" in refused
+    monkeypatch.undo()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "cache.sqlite").write_bytes(b"garbage" * 1000)
+    new, feed = run_module._open_cache(cfg, lambda m, level="info": said.append((level, m)))
+    assert feed is None and new.worker.cache_dir is None
+    assert [lvl for lvl, _ in said] == ["warning"]
