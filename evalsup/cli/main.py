@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from evalsup.cli.cache import cache_command
 from evalsup.cli.mock import mock_command
 from evalsup.config.options import RUN_OPTIONS, Option
 from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
@@ -235,6 +236,7 @@ next steps:
 
 
 main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
+main.add_command(cache_command)  # `evalsup cache ...`: evalsup/cli/cache.py (issue 30)
 
 
 @main.command()

@@ -248,6 +248,26 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("max_reasks", ("--max-reasks",), "int", 2, lo=0, hi=20, show_default=True,
            help="Times an answer that fails its JSON schema is asked again, the validation error added as a "
                 "user turn after it (chat and Responses API tasks)."),
+    Option("cache", ("--cache",), "str", metavar="DIR",
+           help="Keep answers in DIR/cache.sqlite and answer a request already answered from it, in this run and "
+                "later ones (no request sent, no rate budget used; the record says metrics.cache \"hit\"). "
+                "Default: $EVALSUP_CACHE, else off; 'off' turns it off. Errors, filtered answers and answers cut "
+                "at max_tokens are never kept. DIR must be on a local disk."),
+    Option("cache_mode", ("--cache-mode",), "choice", "rw", choices=("rw", "ro", "refresh"), show_default=True,
+           help="rw: read and keep; ro: read only (the cache is not changed); refresh: send every request and "
+                "replace what is kept."),
+    Option("cache_model_id", ("--cache-model-id",), "str", metavar="NAME",
+           help="The model's identity in cache keys, instead of the request's model name: give the same NAME to "
+                "replicas or renamed deployments of one model so they share answers, or a new one when the "
+                "weights behind a name changed."),
+    Option("cache_salt", ("--cache-salt",), "str", "", metavar="TEXT",
+           help="Mixed into every cache key: a new salt gets new samples (and new answers) instead of the kept "
+                "ones."),
+    Option("cache_length", ("--cache-length",), "flag", False,
+           help="Keep answers cut at their token limit (finish_reason length) too."),
+    Option("cache_max_gb", ("--cache-max-gb",), "float", metavar="GB",
+           help="Byte budget of the cache (answers' bytes plus ~128 a row): past it the least recently used "
+                "entries are deleted, in batches, down to 90%. Default: no limit."),
     Option("log_interval", ("--log-interval",), "float", 10.0, show_default=True,
            help="Off a terminal, seconds between progress lines."),
     Option("log_format", ("--log-format",), "choice", "text", choices=("text", "json"), show_default=True,

@@ -84,6 +84,7 @@ class RunConfig:
     max_tasks_jitter: int = 0
     # --scorer judge: the template file given (None: the default); its text travels in worker.judge_template
     judge_template_path: str | None = None
+    cache_max_bytes: int | None = None  # --cache-max-gb (the cache's other settings are the workers': worker.cache_*)
 
     @property
     def max_line_bytes(self) -> int:
@@ -113,6 +114,11 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     if kw["retry_failed"] is not None and kw["fresh"]:  # refused before --fresh moves anything aside
         raise ConfigError("--retry-failed needs the run to retry; it cannot go with --fresh")
     urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
+    if kw["cache_max_gb"] is not None and not kw["cache_max_gb"] > 0:
+        raise ConfigError(f"--cache-max-gb must be more than 0, got {kw['cache_max_gb']:g}")
+    cache_flags = [f"--{k.replace('_', '-')}" for k in CACHE_OPTIONS if kw[k] != OPT[k]]
+    if cache_flags and cache_dir(kw["cache"]) is None:
+        raise ConfigError(f"{', '.join(cache_flags)} without a cache: give --cache DIR (or set ${CACHE_ENV})")
     if len(urls) > 1 and kw["server_metrics"] not in (None, "off"):
         raise ConfigError("--server-metrics URL names one server; with several --base-url each endpoint's own "
                           "/metrics is read (or give --server-metrics off)")
@@ -143,6 +149,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
         group_by=group_by, response_schema=response_schema(kw["response_schema"]), max_reasks=kw["max_reasks"],
         hedge=kw["hedge"], hedge_factor=kw["hedge_factor"],
+        cache_dir=cache_dir(kw["cache"]), cache_mode=kw["cache_mode"], cache_model_id=kw["cache_model_id"] or None,
+        cache_salt=kw["cache_salt"] or "", cache_length=kw["cache_length"],
     )
     if not kw["hedge_factor"] > 0:
         raise ConfigError(f"--hedge-factor must be more than 0 (a multiple of the p95 latency), got "
@@ -191,6 +199,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
         retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
         judge_template_path=judge_template_path,
+        cache_max_bytes=None if kw["cache_max_gb"] is None else int(kw["cache_max_gb"] * (1 << 30)),
     )
 
 
@@ -208,6 +217,8 @@ def response_schema(value: Any) -> dict[str, Any] | None:
         return load_schema_file(value)
     except SchemaError as e:
         raise ConfigError(str(e)) from None
+
+
 _JUDGE_OPTIONS = ("judge_base_url", "judge_model", "judge_api_key_env", "judge_template", "judge_max_tokens")
 
 
@@ -247,6 +258,18 @@ def _with_judge(wc: WorkerConfig, kw: dict[str, Any]) -> tuple[WorkerConfig, str
         wc, judge_base_url=url, judge_model=model, judge_api_key_env=env or None,
         judge_template=None if path is None else template.text, judge_timeout_s=kw["judge_timeout"],
         judge_max_tokens=kw["judge_max_tokens"]), path
+
+
+CACHE_ENV = "EVALSUP_CACHE"  # the cache directory when --cache is left out
+CACHE_OPTIONS = ("cache_mode", "cache_model_id", "cache_salt", "cache_length", "cache_max_gb")  # need a cache
+
+
+def cache_dir(flag: str | None) -> str | None:
+    """The cache directory: --cache, else $EVALSUP_CACHE; "off" (or empty) for none."""
+    value = flag if flag is not None else os.environ.get(CACHE_ENV)
+    if value is None or value.strip() in ("", "off"):
+        return None
+    return str(Path(value).expanduser().absolute())
 
 
 RETRY_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")

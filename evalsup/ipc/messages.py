@@ -45,6 +45,12 @@ class ResultMeta(TypedDict):
     hg: NotRequired[int]  # hedged (--hedge): 1, the first copy's answer is the record; 2, the second's; absent: not
     jpt: NotRequired[int]  # the judge's prompt tokens for this task (--scorer judge), apart from ``pt``
     jct: NotRequired[int]  # the judge's completion tokens
+    # the cache (issue 30): "h" answered from it, "m" not; ``ch`` the key hit (hex), ``ck`` an answer to keep:
+    # [key hex, offset of the body in the line, its length, request id, model, path] (evalsup.cache.feed)
+    ca: NotRequired[str]
+    ch: NotRequired[str]
+    ck: NotRequired[list[Any]]
+    cm: NotRequired[str | None]  # a hit's model (the summary's tokens saved by model)
 
 
 class Heartbeat(TypedDict):
@@ -186,6 +192,13 @@ class WorkerConfig:
     judge_concurrency: int = 16  # judge requests in flight in this worker at most
     judge_timeout_s: float = 900.0  # the most one task's judging may take (attempts, outages); then a scorer error
     judge_max_tokens: int | None = None
+    # the answer cache (issue 30, evalsup.cache): its directory (None: off), --cache-mode, --cache-model-id,
+    # --cache-salt, --cache-length
+    cache_dir: str | None = None
+    cache_mode: str = "rw"
+    cache_model_id: str | None = None
+    cache_salt: str = ""
+    cache_length: bool = False
 
     @property
     def endpoints(self) -> tuple[str, ...]:

@@ -73,6 +73,7 @@ class Journal:
         self._buf: list[bytes | memoryview] = []
         self._buf_bytes = 0
         self.appended = 0  # bytes handed to append() this session
+        self.base = 0  # the length results.jsonl had when this session opened it: a line goes at base + appended
         self._results: IO[bytes] | None = None
         self._ids: IO[bytes] | None = None
         self._invalid: IO[bytes] | None = None
@@ -207,6 +208,7 @@ class Journal:
             start = cp.results_len if cp is not None and base else 0
             lines, crc = (cp.results_lines or 0, cp.results_crc or 0) if cp is not None and base else (0, 0)
             lines, crc = prefix_sums(self.results_path, results_len, start, lines, crc)
+        self.base = results_len
         self._writer = Writer(self, fd, results_len, asyncio.get_running_loop(), lines, crc)
         self._writer.start()
 

@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import orjson
 
+from evalsup.cache.feed import CacheFeed
 from evalsup.common.process import quiet_gc
 from evalsup.common.text import fmt_duration
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
@@ -134,6 +135,7 @@ class Supervisor:
         self.counter = LineCounter(cfg.tasks_path, cfg.shard[1] if cfg.shard else 1)
         self.rate = RateWindow(time.monotonic())  # results a second, for the progress (supervisor.progress)
         self.metrics: Any = None
+        self.cache: CacheFeed | None = None  # the answer cache's writes (issue 30), set by supervisor.run
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
         if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
@@ -342,8 +344,16 @@ class Supervisor:
                 if x.stream is not None:
                     x.stream.release("backlog")
 
-    def append(self, line: bytes | memoryview) -> None:
-        """A task's record, to results.jsonl (through the journal's writer)."""
+    def append(self, line: bytes | memoryview, meta: ResultMeta | None = None) -> None:
+        """A task's record, to results.jsonl (through the journal's writer); with its RESULT ``meta``, the
+        cache hears of an answer to keep (written once a checkpoint covers the line) or of a hit."""
+        cache = self.cache
+        if cache is not None and meta is not None:
+            if "ck" in meta:
+                cache.note(self.journal.base + self.journal.appended, len(line), meta["ck"], int(meta.get("pt") or 0),
+                           int(meta.get("ct") or 0))
+            elif "ch" in meta:
+                cache.touch(meta["ch"])
         self.journal.append(line)
 
     def append_invalid(self, e: TaskError) -> None:
@@ -382,6 +392,8 @@ class Supervisor:
         )
         self.events("progress", **self.stats.progress())  # the report's time series (tokens, errors by code)
         await self.journal.checkpoint(cp)
+        if self.cache is not None:  # the answers whose records are now durable may be kept
+            self.cache.committed(cp.results_len)
 
     def stop(self, message: str, code: int, mode: StopMode, hand_back: bool = False) -> None:
         """Stop dispatching: NOW ends the workers; DRAIN lets them finish what they hold (within --grace),
@@ -419,6 +431,8 @@ class Supervisor:
     def close(self) -> None:
         """The run's files, after the last checkpoint."""
         self.journal.close()
+        if self.cache is not None:
+            self.cache.close()
         assert self.memory is not None
         self.memory.close()
         self.events.close()
@@ -806,7 +820,7 @@ class Supervisor:
                 self.ledger.unfinish(w.id, ref)
                 raise ProtocolError(f"bad ring reference {sh!r}") from e
             self.stats.ring_results += 1
-        self.append(line)
+        self.append(line, meta)
         if (note := self.stats.on_result(meta)) is not None:
             self.log(note, "warning")
         self.stall.result(time.monotonic())
@@ -1042,7 +1056,8 @@ class Supervisor:
                        endpoints=self.endpoints, active=self.active, first_workers=cfg.first_workers,
                        max_workers=cfg.workers, autoscale=cfg.autoscale, concurrency=cfg.concurrency,
                        adaptive=cfg.adaptive, run_dir=cfg.run_dir, finished=self.finished,
-                       stop_message=self.stop_message)
+                       stop_message=self.stop_message,
+                       cache=self.cache.summary() if self.cache is not None else None)
 
     def snapshot(self) -> dict[str, Any]:
         """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""

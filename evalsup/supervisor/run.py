@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import uvloop
 
+from evalsup.cache.feed import CacheFeed
+from evalsup.cache.mounts import network_problem
+from evalsup.cache.store import CacheError, Store
 from evalsup.config import exitcodes
 from evalsup.config.run_config import RunConfig
 from evalsup.config.shards import shard_mismatch
 from evalsup.rundir.checkpoint import EXIT_DISK, JournalError, load_checkpoint, write_atomic
 from evalsup.rundir.journal import OpenOptions
-from evalsup.rundir.layout import SUMMARY
+from evalsup.rundir.layout import RESULTS, SUMMARY
 from evalsup.rundir.lock import RunDirBusy, RunDirError, RunDirLock
 from evalsup.supervisor import early_signals as earlysignals
 from evalsup.supervisor.arbiter import RunRefused, Supervisor
@@ -68,12 +73,37 @@ def run(cfg: RunConfig) -> int:
         why = _wrong_shard(cfg)
         if why is not None:
             return _refused(cfg, log, why, exitcodes.BAD_INPUT)
+        cfg, feed = _open_cache(cfg, log)
+        if isinstance(feed, str):
+            return _refused(cfg, log, feed, exitcodes.BAD_INPUT)
         settings = OpenOptions(settings=request_settings(cfg), accept_changed_settings=cfg.accept_changed_settings,
                                endpoints=[public_url(u) for u in cfg.worker.endpoints],
                                retry_failed=cfg.retry_failed, max_line_bytes=cfg.max_line_bytes, log=log)
-        return _run_locked(cfg, log, settings)
+        try:
+            return _run_locked(cfg, log, settings, feed)
+        finally:
+            if feed is not None:
+                feed.close()
     finally:
         lock.release(tidy=True)
+
+
+def _open_cache(cfg: RunConfig, log: Any) -> tuple[RunConfig, CacheFeed | str | None]:
+    """The answer cache's writer (issue 30), or the one line that refuses the run (a cache on a network file
+    system), or None (no cache; a cache that cannot be opened is one warning and the run goes on without it)."""
+    w = cfg.worker
+    if w.cache_dir is None:
+        return cfg, None
+    where = Path(w.cache_dir)
+    problem = network_problem(where)
+    if problem is not None:
+        return cfg, problem
+    try:
+        store = Store(where)
+    except CacheError as e:
+        log(f"warning: {e}; the run goes on without the cache (every request is sent)", "warning")
+        return dataclasses.replace(cfg, worker=dataclasses.replace(w, cache_dir=None)), None
+    return cfg, CacheFeed(store, cfg.run_dir / RESULTS, w.cache_mode, cfg.cache_max_bytes, log)
 
 
 def _wrong_shard(cfg: RunConfig) -> str | None:
@@ -104,8 +134,9 @@ async def _with_early_signals(sup: Supervisor) -> int:
     return await sup.run()
 
 
-def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions) -> int:
+def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions, cache: CacheFeed | None = None) -> int:
     sup = Supervisor(cfg, log)
+    sup.cache = cache
     sup.journal.options = options
     start = time.monotonic()
     try:

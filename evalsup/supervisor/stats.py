@@ -79,6 +79,11 @@ class RunStats:
     groups: GroupedScores | None = None  # --group-by: tasks, failures and scores per group (bounded)
     reasks: int = 0  # answers asked again for their JSON schema (--response-schema), this session
     schema_invalid: int = 0  # records still failing their schema after the re-asks, this session
+    # the cache (issue 30), this session: answers from it, requests sent with the cache on, the tokens of the
+    # hits by model (what they would have cost)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    saved_tokens: dict[str, list[int]] = field(default_factory=dict)
     # (unix time, done) at each of the last checkpoints of this session: `evalsup status` takes its rate from it
     history: collections.deque[tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=31))
 
@@ -94,7 +99,16 @@ class RunStats:
         else:
             self.failed += 1
         self.session_done += 1
-        self.latency.add(float(meta["lat"]))
+        cached = meta.get("ca")
+        if cached == "h":  # answered from the cache: no request, no latency, no endpoint
+            self.cache_hits += 1
+            self._saved(meta)
+        else:
+            if cached == "m":
+                self.cache_misses += 1
+            self.latency.add(float(meta["lat"]))
+            ep = meta.get("ep", 0)
+            self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.retries += int(meta["rt"])
         self.stalled += int(meta.get("st", 0))
         hedge = meta.get("hg")
@@ -112,8 +126,6 @@ class RunStats:
             self.scores.add(scores or {}, meta.get("us", ()))
         if "chk" in meta:
             self.bodies_checked += 1
-        ep = meta.get("ep", 0)
-        self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.prompt_tokens += int(meta.get("pt") or 0)
         self.completion_tokens += int(meta.get("ct") or 0)
         if "jpt" in meta or "jct" in meta:
@@ -128,6 +140,15 @@ class RunStats:
                 str(group), bool(meta["ok"]), scores, meta.get("us", ())):
             return self.groups.overflow_note()
         return None
+
+    def _saved(self, meta: ResultMeta) -> None:
+        """A hit's tokens, by model (a run has few models; more than 100 are counted under "other")."""
+        model = str(meta.get("cm") or "?")
+        if model not in self.saved_tokens and len(self.saved_tokens) >= 100:
+            model = "other"
+        t = self.saved_tokens.setdefault(model, [0, 0])
+        t[0] += int(meta.get("pt") or 0)
+        t[1] += int(meta.get("ct") or 0)
 
     def on_poisoned(self, task_id: str) -> None:
         self.failed += 1

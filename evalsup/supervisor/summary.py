@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -13,6 +14,34 @@ from evalsup.rundir.run_json import recorded_settings
 from evalsup.supervisor.view import RunView
 
 MB = 1 << 20
+# (input, output) USD per million tokens of a model, or None: the price table of issue 30 items 1-2 plugs in here
+PriceOf = Callable[[str], tuple[float, float] | None]
+
+
+def money_saved(tokens: dict[str, list[int]], price: PriceOf | None = None) -> float | None:
+    """What the cache's hits would have cost (USD), from their tokens by model; None when a model has no price
+    (a model without one is never counted as free)."""
+    if price is None:
+        return None
+    total = 0.0
+    for model, (pt, ct) in tokens.items():
+        p = price(model)
+        if p is None:
+            return None
+        total += pt * p[0] / 1e6 + ct * p[1] / 1e6
+    return round(total, 6)
+
+
+def cache_summary(run: RunView, price: PriceOf | None = None) -> dict[str, Any]:
+    """summary.json's ``cache``: hits, misses (requests sent with the cache on), answers kept and pruned this
+    session, the tokens the hits saved (by model) and their price when known."""
+    st = run.stats
+    saved = st.saved_tokens
+    return {"hits": st.cache_hits, "misses": st.cache_misses, **(run.cache or {}),
+            "tokens_saved": {"prompt": sum(t[0] for t in saved.values()),
+                             "completion": sum(t[1] for t in saved.values())},
+            "tokens_saved_by_model": {m: {"prompt": t[0], "completion": t[1]} for m, t in saved.items()},
+            "saved_usd": money_saved(saved, price)}
 
 
 def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
@@ -67,6 +96,7 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         # large answers checked to be JSON by simdjson without being built (no scorer or plugin reads them)
         "large_bodies_checked": st.bodies_checked,
         **(run.memory.summary() if run.memory is not None else {}),
+        **({"cache": cache_summary(run)} if run.cache is not None else {}),  # --cache (issue 30)
         "finished": run.finished,
         "stopped": run.stop_message or None,
         "settings": recorded_settings(run.run_dir),  # the request settings of run.json (evalsup.rundir.run_json)
@@ -130,6 +160,14 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     if hedges.get("sent"):
         rows.insert(-1, ("hedges", f"{hedges['sent']:,} request(s) sent twice (--hedge), {hedges['won']:,} "
                                    "answered first by the second copy (the other copy cancelled)"))
+    c = summary.get("cache")
+    if c is not None:
+        t_saved = c["tokens_saved"]
+        usd = f", ${c['saved_usd']:,.2f} saved" if c.get("saved_usd") is not None else ""
+        rows.insert(-1, ("cache", f"{c['hits']:,} answered from it, {c['misses']:,} sent; {c.get('written', 0):,} "
+                                  f"answers kept; {t_saved['prompt']:,} prompt + {t_saved['completion']:,} "
+                                  f"completion tokens saved{usd}"
+                                  + (f" (not written: {c['error']})" if c.get("error") else "")))
     rows.extend(score_rows(summary.get("scores", {})))
     if summary.get("scores_this_session_only"):
         rows.append(("scores of", "this session's tasks only (the run was resumed): evalsup report or evalsup score "

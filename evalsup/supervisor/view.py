@@ -61,3 +61,4 @@ class RunView:
     run_dir: Path
     finished: bool  # every task has its record
     stop_message: str  # why the run stopped early ("" if it did not)
+    cache: dict[str, Any] | None = None  # the cache's writes this session (evalsup.cache.feed), None: no cache

@@ -18,11 +18,14 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
+from evalsup.cache.lookup import CacheReader
+from evalsup.cache.store import Entry
 from evalsup.common.process import quiet_gc
 from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame
 from evalsup.ipc.frames import FrameParser
@@ -82,6 +85,9 @@ class Worker:
         self.judging = JUDGE in cfg.scorers
         self.group_path = parse_group_by(cfg.group_by) if cfg.group_by else None  # --group-by metadata.KEY
         self.pid = os.getpid()
+        # the answer cache (issue 30): read here, before a request is paced or sent; kept by the supervisor
+        self.cache = CacheReader(Path(cfg.cache_dir), cfg.cache_mode, cfg.cache_model_id, cfg.endpoints,
+                                 cfg.cache_salt, cfg.cache_length) if cfg.cache_dir else None
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         # --hedge (issue 28): a task's request may get a second copy in the tail of the run (worker.race)
@@ -139,16 +145,24 @@ class Worker:
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
         key = meta["k"]
+        cache = self.cache
+        ck = hit = None
+        if cache is not None:
+            ck = cache.key(url, body, tid)
+            if cache.reads:
+                hit = cache.get(ck)
         hedge: bool | None = None  # hedged: whether the second copy's answer is the record
-        if self.hedger is None:
+        if hit is not None:  # answered from the cache: no request, no rate budget
+            oc = from_cache(hit, whole=self.scoring is not None or self.plugin is not None)
+        elif self.hedger is None:
             oc = await self._execute(client, url, body, key)
         else:  # its copies race (worker.race): one outcome, the other copy cancelled
             eps = self.endpoints.all
             oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
                 client, url, body, key, None if avoid is None else eps[avoid]))
         reasks = None
-        if oc.error is None and (self.cfg.response_schema is not None or "response_format" in body
-                                 or "text" in body):
+        if hit is None and oc.error is None and (self.cfg.response_schema is not None or "response_format" in body
+                                                 or "text" in body):
             oc, reasks = await self.structured(url, body, key, oc)
         if self.plugin is not None:
             self.outbox.before_user_code(key)
@@ -162,10 +176,20 @@ class Worker:
             scored = scored or Scored({}, {}, [])
             judged = await self.judge_one(tid, body, oc.parsed, metadata, key, scored)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
-        endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
+        endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public} if hit is None else None
         group = None if self.group_path is None else group_of(metadata, self.group_path)
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, hedge,
-                             judged, group, reasks)
+        note = None
+        if cache is not None and ck is not None:
+            if hit is not None:
+                note = records.CacheNote(ck.hex(), True, model=hit.model)
+            elif oc.error is None and oc.status == 200 and cache.keep(oc.parsed, oc.raw_json):
+                model = body.get("model")
+                note = records.CacheNote(ck.hex(), False, [oc.request_id, model if isinstance(model, str) else None,
+                                                           url])
+            else:
+                note = records.CacheNote(ck.hex(), False)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, hedge=hedge,
+                             judge_tokens=judged, group=group, reasks=reasks, cache=note)
 
     async def structured(self, url: str, body: dict[str, Any], key: int, oc: Outcome) -> tuple[Outcome, int | None]:
         """An answer that must follow a JSON schema (--response-schema, or the request's own): asked again with
@@ -357,6 +381,15 @@ def judge_settings(cfg: WorkerConfig) -> JudgeSettings:
     return JudgeSettings(cfg.judge_base_url, cfg.judge_model, template, key, source, cfg.judge_concurrency,
                          cfg.judge_timeout_s, cfg.judge_max_tokens, cfg.max_attempts, cfg.max_retry_wait_s,
                          cfg.max_rate_limited_s, int(cfg.max_response_mb * (1 << 20)))
+
+
+def from_cache(e: Entry, whole: bool) -> Outcome:
+    """A kept answer as an outcome: its body's bytes as first written, no attempt, no time at a server. The body
+    is parsed only when a scorer or a plugin reads it (``whole``); else its usage is the one kept beside it."""
+    usage = {"prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens}
+    parsed = orjson.loads(e.body) if whole else {"usage": usage}
+    return Outcome(e.status, orjson.Fragment(e.body), len(e.body), e.request_id, None, 0, 0.0,
+                   parsed=parsed, raw_json=e.body, sent=1)
 
 
 async def amain() -> int:

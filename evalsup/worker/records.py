@@ -8,7 +8,10 @@ goes out between the record's head and tail, never copied into a line.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from evalsup.scoring.scorers import Scored
 from evalsup.tasks.records import output_line, output_line_around
@@ -18,18 +21,32 @@ from evalsup.worker.client import Outcome
 BIG_BODY = 1 << 14  # a response body this large is written around, not copied into its output line
 
 
-def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any],
-          metadata: dict[str, Any], scored: Scored | None = None,
+@dataclass(frozen=True, slots=True)
+class CacheNote:
+    """The cache's word on one task (issue 30): its key (hex); ``hit``: answered from the cache; ``keep``: the
+    answer is to be kept, with [request id, model, path] (the supervisor writes it once the record is committed)."""
+
+    key: str
+    hit: bool
+    keep: list[Any] | None = None
+    model: str | None = None  # a hit's model, as kept (the summary's tokens saved, by model)
+
+
+def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any] | None,
+          metadata: dict[str, Any], scored: Scored | None = None, *,
           hedge: bool | None = None, judge_tokens: tuple[int, int] | None = None,
-          group: str | None = None, reasks: int | None = None) -> tuple[list[bytes], dict[str, Any]]:
+          group: str | None = None, reasks: int | None = None,
+          cache: CacheNote | None = None) -> tuple[list[bytes], dict[str, Any]]:
     """Task ``tid`` (its key ``key``): its output line (as parts to write one after the other) and the RESULT
     meta. ``waited_s``: the time it waited in this worker's queue; ``endpoint``: the index and public URL of its
-    last attempt's endpoint (``endpoint_of``); ``scored``: its scores, when the run scores (a scorer that left it
-    unscored is absent from the record's scores and named in the meta's ``us``); ``hedge``: None when its request
-    was not hedged (--hedge), else whether the second copy's answer is the record; ``judge_tokens``: the judge's
-    (prompt, completion) tokens for it when it was asked, counted apart from the answer's (``jpt``, ``jct``);
-    ``group``: its group under --group-by (meta ``g``); ``reasks``: the times its answer was asked again for its
-    JSON schema (None: it has none; metrics.reasks otherwise)."""
+    last attempt's endpoint (``endpoint_of``; None for an answer from the cache); ``scored``: its scores, when
+    the run scores (a scorer that left it unscored is absent from the record's scores and named in the meta's
+    ``us``); ``hedge``: None when its request was not hedged (--hedge), else whether the second copy's answer is
+    the record; ``judge_tokens``: the judge's (prompt, completion) tokens for it when it was asked, counted apart
+    from the answer's (``jpt``, ``jct``); ``group``: its group under --group-by (meta ``g``); ``reasks``: the
+    times its answer was asked again for its JSON schema (None: it has none; metrics.reasks otherwise);
+    ``cache``: the cache's word (a hit is marked ``metrics.cache: "hit"``; an answer to keep is written as head,
+    body, tail, and the meta's ``ck`` says where its body is in the line)."""
     # latency_s is the server's (the last attempt, request written to last byte); queue_s the time it waited
     # here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
     metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(waited_s + oc.queue_s, 6),
@@ -44,12 +61,21 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         metrics["itl_s"] = round(oc.itl_s, 6)
     if reasks is not None:
         metrics["reasks"] = reasks
+    if cache is not None and cache.hit:  # no request: no time at a server (the report's latencies skip it)
+        metrics["latency_s"] = None
+        metrics["cache"] = "hit"
     fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
                               "metrics": metrics, "metadata": metadata or None,
                               "scores": None if scored is None else scored.scores,
                               "score_errors": None if scored is None else scored.errors,
                               "score_detail": None if scored is None else scored.detail}
-    if oc.raw_json is not None and len(oc.raw_json) >= BIG_BODY:  # raw_json: the body is the endpoint's bytes
+    ck: list[Any] | None = None
+    if cache is not None and cache.keep is not None:  # the body's place in the line: the cache reads it there
+        body = oc.raw_json if oc.raw_json is not None else orjson.dumps(oc.body)
+        head, tail = output_line_around(tid, **fields)
+        out = [head, body, tail] if len(body) >= BIG_BODY else [head + body + tail]
+        ck = [cache.key, len(head), len(body), *cache.keep]
+    elif oc.raw_json is not None and len(oc.raw_json) >= BIG_BODY:  # raw_json: the body is the endpoint's bytes
         # the endpoint's own bytes go out between the record's head and tail: never copied into a line
         head, tail = output_line_around(tid, **fields)
         out = [head, oc.raw_json, tail]
@@ -75,5 +101,12 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         info["hg"] = 2 if hedge else 1  # hedged: 1, the first copy answered; 2, the second did
     if isinstance(oc.parsed, UsageOnly):
         info["chk"] = 1  # checked by simdjson, not built (counted in the summary)
+    if cache is not None:
+        info["ca"] = "h" if cache.hit else "m"
+        if cache.hit:
+            info["ch"] = cache.key
+            info["cm"] = cache.model
+        if ck is not None:
+            info["ck"] = ck
     return out, info
 

@@ -1,0 +1,88 @@
+"""A request's cache key: sha256 of its canonical form.
+
+The canonical form is the request body with its keys sorted and its numbers in one format (a float that is a
+whole number is that integer: ``1``, ``1.0`` and ``1.00`` are one key; others are written as orjson writes the
+shortest round-trip repr), without what does not change the answer (``stream``, ``stream_options``, ``user``), beside
+the endpoint path and the model identity. A sampled request (temperature above 0, or none given, since the
+servers' default is 1; or ``n`` above 1) also carries the task's id, so each task keeps its own sample and a
+rerun gets the same samples back; ``salt`` (``--cache-salt``) asks for new ones. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from evalsup.tasks.requests import public_url
+from evalsup.tasks.routes import BY_PATH, route_of
+
+# fields that change how an answer is delivered or attributed, never what it says
+LEFT_OUT = frozenset({"stream", "stream_options", "user"})
+VERSION = 1  # of the canonical form: a change of it makes every old entry a miss, never a wrong answer
+
+
+def normalised(value: Any) -> Any:
+    """``value`` with every float that is a whole number (and within 2**53) made an int, recursively."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, dict):
+        return {k: normalised(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalised(v) for v in value]
+    return value
+
+
+def sampled(path: str, body: dict[str, Any]) -> bool:
+    """Whether the answer to ``body`` at ``path`` is a sample: a route that samples (not embeddings), with
+    ``n`` above 1, or a temperature above 0 or not given (the server's default, 1 at OpenAI and vLLM)."""
+    route = BY_PATH.get(path) or route_of(path)
+    if route is not None and not route.samples:
+        return False
+    n = body.get("n")
+    if isinstance(n, int | float) and not isinstance(n, bool) and n > 1:
+        return True
+    t = body.get("temperature")
+    return not isinstance(t, int | float) or isinstance(t, bool) or t > 0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMaker:
+    """The run's way to a key: ``model_id`` (``--cache-model-id``: replaces the body's ``model``, so replicas
+    under other names share entries), the endpoints (the identity of a body without a ``model``), ``salt``."""
+
+    model_id: str | None = None
+    endpoints: Sequence[str] = ()
+    salt: str = ""
+
+    def identity(self, body: dict[str, Any]) -> str:
+        """The model identity: --cache-model-id, else the body's ``model``, else the endpoints' public URLs
+        (an Azure deployment's requests name no model: its URL does)."""
+        if self.model_id:
+            return self.model_id
+        model = body.get("model")
+        if isinstance(model, str) and model:
+            return model
+        return "url:" + ",".join(sorted(public_url(u) for u in self.endpoints))
+
+    def canonical(self, path: str, body: dict[str, Any], task_id: str) -> bytes:
+        """The bytes the key hashes (sorted keys, fixed number format)."""
+        rest = {k: v for k, v in body.items() if k not in LEFT_OUT and k != "model"}
+        form: dict[str, Any] = {"v": VERSION, "path": path, "model": self.identity(body), "body": normalised(rest)}
+        if sampled(path, body):
+            form["sample"] = task_id
+        if self.salt:
+            form["salt"] = self.salt
+        try:
+            return orjson.dumps(form, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # an integer past 64 bits: the standard library writes it (sorted, compact)
+            import json
+
+            return json.dumps(form, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def key(self, path: str, body: dict[str, Any], task_id: str) -> bytes:
+        """The 32-byte key of task ``task_id``'s request ``body`` at ``path``."""
+        return hashlib.sha256(self.canonical(path, body, task_id)).digest()

@@ -1,0 +1,273 @@
+"""The cache's one SQLite file, ``DIR/cache.sqlite``, in WAL mode (the standard library's sqlite3; values are
+bytes and numbers, never pickled).
+
+Safe with several evalsup processes (runs, shards, their workers) on one host: WAL lets readers go on while one
+writer commits; every write is one short transaction (``BEGIN IMMEDIATE``: the write lock is taken at its
+start, so two writers queue on ``busy_timeout`` instead of failing with "database is locked" half-way); readers
+finish each statement at once, so no reader holds an old snapshot. ``synchronous=NORMAL``: a power cut may lose
+the last transactions, never the file's consistency (the results file is the truth; an entry lost is a miss).
+
+The byte budget counts each entry's body plus ``ROW_BYTES``; ``meta.bytes`` keeps the sum, kept exact by
+triggers in the same transactions as the entries. Past the budget the least recently used entries (``atime``,
+set when written and when a run hits them) go in batches, down to ``PRUNE_TO`` of the budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evalsup.cache.mounts import network_problem
+
+FILE = "cache.sqlite"
+ROW_BYTES = 128  # a row's cost beside its body: key, numbers, index entries
+PRUNE_BATCH = 1000  # entries deleted per transaction
+PRUNE_TO = 0.9  # of the budget, so a full cache is not pruned at every batch
+BUSY_MS = 10_000  # a writer waits this long for another's transaction (each is short)
+READ_BUSY_MS = 200  # a worker's read (on its event loop) waits at most this long; then a miss
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    key BLOB PRIMARY KEY,
+    body BLOB NOT NULL,
+    status INTEGER NOT NULL,
+    request_id TEXT,
+    model TEXT,
+    path TEXT,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    atime REAL NOT NULL,
+    size INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_atime ON entries(atime);
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('bytes', 0), ('version', 1);
+CREATE TRIGGER IF NOT EXISTS entries_ins AFTER INSERT ON entries
+    BEGIN UPDATE meta SET v = v + NEW.size WHERE k = 'bytes'; END;
+CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries
+    BEGIN UPDATE meta SET v = v - OLD.size WHERE k = 'bytes'; END;
+CREATE TRIGGER IF NOT EXISTS entries_upd AFTER UPDATE OF size ON entries
+    BEGIN UPDATE meta SET v = v + NEW.size - OLD.size WHERE k = 'bytes'; END;
+"""
+
+COLUMNS = ("key", "body", "status", "request_id", "model", "path", "prompt_tokens", "completion_tokens",
+           "created", "atime")
+
+
+class CacheError(Exception):
+    """The cache cannot be used: its place (a network file system, not writable) or its file (damaged)."""
+
+
+@dataclass(slots=True)
+class Entry:
+    """One answer kept: its body as written in the record (bytes), and what the record and the summary show."""
+
+    key: bytes
+    body: bytes
+    status: int = 200
+    request_id: str | None = None
+    model: str | None = None
+    path: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    created: float = 0.0
+    atime: float = 0.0
+
+
+def cache_file(directory: Path) -> Path:
+    return directory / FILE
+
+
+def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
+    # isolation_level=None: transactions only as written (BEGIN IMMEDIATE ... COMMIT), never implicit ones
+    conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
+    return conn
+
+
+def describe(e: BaseException) -> str:
+    return str(e) or type(e).__name__
+
+
+class Store:
+    """The cache file, opened for writing (the supervisor, the `evalsup cache` commands) or for reading
+    (a worker: ``readonly``). Raises CacheError (with one line for the user) when it cannot be used."""
+
+    def __init__(self, directory: Path, readonly: bool = False, mounts: str | None = None) -> None:
+        self.directory = directory
+        self.path = cache_file(directory)
+        problem = network_problem(directory, mounts)
+        if problem is not None:
+            raise CacheError(problem)
+        try:
+            if not readonly:
+                directory.mkdir(parents=True, exist_ok=True)
+            self.conn = _connect(self.path, READ_BUSY_MS if readonly else BUSY_MS)
+        except (OSError, sqlite3.Error) as e:
+            raise CacheError(f"cannot open the cache {self.path}: {describe(e)}") from None
+        try:
+            if readonly:
+                self.conn.execute("PRAGMA query_only=1")
+                self.conn.execute("SELECT 1 FROM entries LIMIT 1").fetchall()
+            else:
+                self._setup()
+        except sqlite3.Error as e:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.close()
+            raise CacheError(f"the cache {self.path} cannot be read ({describe(e)})") from None
+
+    def _setup(self) -> None:
+        c = self.conn
+        mode = c.execute("PRAGMA journal_mode").fetchall()[0][0]
+        if str(mode).lower() != "wal":
+            c.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table: pruning can give space back
+            got = c.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
+            if str(got).lower() != "wal":
+                raise sqlite3.OperationalError(f"WAL mode refused (journal_mode {got})")
+        c.execute("PRAGMA synchronous=NORMAL")
+        with self.transaction():
+            for stmt in SCHEMA.split(";\n"):
+                if stmt.strip():
+                    c.execute(stmt)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One short write transaction, its write lock taken at the start."""
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            yield c
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.close()
+
+    # ----- reading (a worker, on its loop: one indexed read, finished at once) -----
+
+    def get(self, key: bytes) -> Entry | None:
+        rows = self.conn.execute(
+            "SELECT body, status, request_id, model, path, prompt_tokens, completion_tokens, created, atime "
+            "FROM entries WHERE key = ?", (key,)).fetchall()
+        if not rows:
+            return None
+        r = rows[0]
+        return Entry(key, bytes(r[0]), *r[1:])
+
+    # ----- writing -----
+
+    def put(self, entries: Iterable[Entry], touched: Iterable[bytes] = (), now: float | None = None) -> int:
+        """Keep ``entries`` (a key already there is replaced: --cache-mode refresh) and mark ``touched`` keys
+        used now, in one transaction; the entries written."""
+        now = time.time() if now is None else now
+        rows = [(e.key, e.body, e.status, e.request_id, e.model, e.path, e.prompt_tokens, e.completion_tokens,
+                 e.created or now, e.atime or now, len(e.body) + ROW_BYTES) for e in entries]
+        touch = [(now, k) for k in touched]
+        if not rows and not touch:
+            return 0
+        with self.transaction() as c:
+            c.executemany(
+                "INSERT INTO entries (key, body, status, request_id, model, path, prompt_tokens, completion_tokens, "
+                "created, atime, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                "body = excluded.body, status = excluded.status, request_id = excluded.request_id, "
+                "model = excluded.model, path = excluded.path, prompt_tokens = excluded.prompt_tokens, "
+                "completion_tokens = excluded.completion_tokens, created = excluded.created, "
+                "atime = excluded.atime, size = excluded.size", rows)
+            c.executemany("UPDATE entries SET atime = ? WHERE key = ?", touch)
+        return len(rows)
+
+    def add_missing(self, entries: Iterable[Entry]) -> int:
+        """Import: keep the entries whose key is not there yet; how many were added."""
+        added = 0
+        with self.transaction() as c:
+            for e in entries:
+                cur = c.execute(
+                    "INSERT OR IGNORE INTO entries (key, body, status, request_id, model, path, prompt_tokens, "
+                    "completion_tokens, created, atime, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (e.key, e.body, e.status, e.request_id, e.model, e.path, e.prompt_tokens, e.completion_tokens,
+                     e.created, e.atime, len(e.body) + ROW_BYTES))
+                added += cur.rowcount
+        return added
+
+    def bytes_used(self) -> int:
+        rows = self.conn.execute("SELECT v FROM meta WHERE k = 'bytes'").fetchall()
+        return int(rows[0][0]) if rows else 0
+
+    def prune(self, max_bytes: int, to: float = PRUNE_TO) -> int:
+        """Past ``max_bytes``, delete the least recently used entries (in batches of PRUNE_BATCH, a transaction
+        each) until at most ``to`` of it is used; the entries deleted."""
+        if self.bytes_used() <= max_bytes:
+            return 0
+        target = int(max_bytes * to)
+        gone = 0
+        while (excess := self.bytes_used() - target) > 0:
+            with self.transaction() as c:  # the oldest used, just enough of them (at most PRUNE_BATCH a transaction)
+                rows = c.execute("SELECT rowid, size FROM entries ORDER BY atime LIMIT ?", (PRUNE_BATCH,)).fetchall()
+                doomed = []
+                for rowid, size in rows:
+                    doomed.append((rowid,))
+                    excess -= size
+                    if excess <= 0:
+                        break
+                c.executemany("DELETE FROM entries WHERE rowid = ?", doomed)
+            gone += len(doomed)
+            if not doomed:
+                break
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.execute("PRAGMA incremental_vacuum")  # give the freed pages back to the file system
+        return gone
+
+    def stats(self) -> dict[str, Any]:
+        c = self.conn
+        n, body, pt, ct, first, last = c.execute(
+            "SELECT count(*), coalesce(sum(length(body)), 0), coalesce(sum(prompt_tokens), 0), "
+            "coalesce(sum(completion_tokens), 0), min(created), max(atime) FROM entries").fetchall()[0]
+        models = c.execute("SELECT model, count(*) FROM entries GROUP BY model ORDER BY count(*) DESC LIMIT 20"
+                           ).fetchall()
+        size = sum(p.stat().st_size for p in (self.path, self.path.with_name(FILE + "-wal")) if p.exists())
+        return {"path": str(self.path), "entries": n, "body_bytes": body, "budget_bytes": self.bytes_used(),
+                "file_bytes": size, "prompt_tokens": pt, "completion_tokens": ct, "oldest": first,
+                "last_used": last, "models": {str(m): k for m, k in models}}
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry, oldest use first (export)."""
+        cur = self.conn.execute(f"SELECT {', '.join(COLUMNS)} FROM entries ORDER BY atime")
+        try:
+            for r in cur:
+                yield Entry(bytes(r[0]), bytes(r[1]), *r[2:])
+        finally:
+            cur.close()
+
+
+def entry_json(e: Entry) -> bytes:
+    """One line of an export: the body as a string of its exact bytes (a parse and a dump could change them)."""
+    return orjson.dumps({"key": e.key.hex(), "body": e.body.decode(), "status": e.status, "request_id": e.request_id,
+                         "model": e.model, "path": e.path, "prompt_tokens": e.prompt_tokens,
+                         "completion_tokens": e.completion_tokens, "created": e.created, "atime": e.atime},
+                        option=orjson.OPT_APPEND_NEWLINE)
+
+
+def entry_from_json(line: bytes) -> Entry:
+    """An export's line back (ValueError, KeyError, TypeError when it is not one)."""
+    d = orjson.loads(line)
+    key = bytes.fromhex(d["key"])
+    if len(key) != 32 or not isinstance(d["body"], str):
+        raise ValueError("not a cache entry")
+    body = d["body"].encode()
+    orjson.loads(body)  # a body is JSON
+    now = time.time()
+    return Entry(key, body, int(d.get("status") or 200), d.get("request_id"), d.get("model"), d.get("path"),
+                 int(d.get("prompt_tokens") or 0), int(d.get("completion_tokens") or 0),
+                 float(d.get("created") or now), float(d.get("atime") or now))
