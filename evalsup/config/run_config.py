@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from evalsup.config.caps import CapError, Caps, parse_caps
 from evalsup.config.options import DEFAULTS as OPT  # every run option's default, defined once (options.py)
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
 from evalsup.config.shards import shard_dir_name
@@ -67,6 +68,10 @@ class RunConfig:
     endpoint_rates: tuple[EndpointRate, ...] = ()  # limits of single endpoints (URL=N), see evalsup.config.ratelimits
     arrivals: Literal["uniform", "poisson"] = OPT["arrivals"]
     max_wait_down_s: float = OPT["max_wait_down"]
+    # issue 30: the run's caps (a shard's share already taken), and the prices they and the estimate use
+    caps: Caps = Caps()  # noqa: RUF009 - frozen, so one shared default is safe
+    prices_file: str | None = None
+    self_hosted: bool = False
     check: bool = OPT["check"]
     # memory supervision
     monitor_interval_s: float = OPT["monitor_interval"]
@@ -145,6 +150,18 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         # no more workers than requests in flight: each holds at least one, so -c 1 would mean 4 on the wire
         workers = min(workers, kw["max_concurrency"] if adaptive else kw["concurrency"])
     shard = parse_shard(kw["shard"])
+    try:
+        caps = parse_caps(kw["max_cost"], kw["max_completion_tokens_total"], kw["max_total_tokens"], shard)
+    except CapError as e:
+        raise ConfigError(str(e)) from None
+    prices_file = None if kw["prices"] is None else str(kw["prices"])
+    if prices_file is not None or caps.cost is not None:
+        from evalsup.config.prices import PriceError, load_prices
+
+        try:
+            load_prices(prices_file, kw["self_hosted"])  # a bad price file: one line, before anything starts
+        except PriceError as e:
+            raise ConfigError(str(e)) from None
     per_worker = kw["max_tasks_per_worker"]
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
@@ -163,6 +180,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
         retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
+        caps=caps, prices_file=prices_file, self_hosted=kw["self_hosted"],
     )
 
 

@@ -38,6 +38,7 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
+        **({"budget": run.budget} if run.budget is not None else {}),  # issue 30: caps, spent, reserved, projected
         **({"scores": st.scores.summary()} if st.scores else {}),
         "retries": st.retries,
         "timeout_stall": st.stalled,  # attempts abandoned because the run had stalled on them, and retried
@@ -66,6 +67,8 @@ def stopped_how(s: dict[str, Any]) -> str:
     """Why an unfinished run stopped and what to do: a resume, unless the input or settings were bad (exit 2:
     the same command would meet them again; the reason names what to fix)."""
     why = s.get("stop_reason") or s.get("stopped") or "unfinished"
+    if s.get("exit_reason") == "budget":  # a cap stopped it (issue 30)
+        return f"{why}; rerun with a higher cap to resume"
     return why if s.get("exit_code") == exitcodes.BAD_INPUT else f"{why}; rerun the same command to resume"
 
 
@@ -111,6 +114,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
             f"{e['index']}: " + ("left out" if "left_out" in e else f"{e['results']:,} results"
                                  + (f", ejected {e['ejected']}x ({e['down_s']:.1f}s)" if e["ejected"] else ""))
             for e in eps)))
+    if summary.get("budget"):
+        rows.insert(-1, ("budget", budget_text(summary["budget"])))
     if summary.get("timeout_stall"):
         rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
                                    "no result in the run for --stall-after while they were on the wire)"))
@@ -120,6 +125,28 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+
+
+def budget_text(b: dict[str, Any]) -> str:
+    """A budget's figures (``Budget.to_json``) in one phrase: spent of each cap, reserved, projected."""
+    caps, spent, res, proj = b["caps"], b["spent"], b["reserved"], b.get("projected")
+    parts = []
+    if caps.get("cost") is not None:
+        parts.append(f"${spent['cost_usd']:,.4f} of ${caps['cost']:,.4f}")
+    if caps.get("completion_tokens") is not None:
+        parts.append(f"{spent['completion_tokens']:,} of {caps['completion_tokens']:,} completion tokens")
+    if caps.get("total_tokens") is not None:
+        parts.append(f"{spent['prompt_tokens'] + spent['completion_tokens']:,} of {caps['total_tokens']:,} tokens")
+    text = "spent " + ", ".join(parts)
+    if res.get("requests"):
+        text += f"; reserved ${res['cost_usd']:,.4f}, {res['prompt_tokens'] + res['completion_tokens']:,} tokens " \
+                f"by {res['requests']:,} request(s) out"
+    if proj is not None:
+        text += f"; projected for the whole run ${proj['cost_usd']:,.4f}, " \
+                f"{proj['prompt_tokens'] + proj['completion_tokens']:,} tokens"
+    if b.get("unpriced_results"):
+        text += f"; {b['unpriced_results']:,} answer(s) of unknown cost (no price)"
+    return text
 
 
 def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:

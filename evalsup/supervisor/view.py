@@ -61,3 +61,4 @@ class RunView:
     run_dir: Path
     finished: bool  # every task has its record
     stop_message: str  # why the run stopped early ("" if it did not)
+    budget: dict[str, Any] | None = None  # with a cap (issue 30): supervisor.budget.Budget.to_json
