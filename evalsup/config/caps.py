@@ -1,4 +1,5 @@
-"""The caps of a whole run (issue 30): --max-cost USD, --max-completion-tokens-total N, --max-total-tokens N.
+"""The caps of a whole run (issue 30): --max-cost USD, --max-completion-tokens-total N, --max-total-tokens N; and
+how spending against them is said (``budget_text``: the summary, `evalsup status`).
 
 Each is given for the whole run. Under --shard K/N each shard takes its share, the cap divided by N (the shards
 run apart and cannot lend to one another); a value written ``X/shard`` is that shard's own cap as given.
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["CapError", "Caps", "parse_caps"]
+__all__ = ["CapError", "Caps", "budget_text", "parse_caps"]
 
 PER_SHARD = "/shard"
 
@@ -60,3 +62,25 @@ def parse_caps(max_cost: str | float | None, max_completion: str | int | None, m
     comp = _one("--max-completion-tokens-total", max_completion, n, True)
     total = _one("--max-total-tokens", max_total, n, True)
     return Caps(cost, None if comp is None else max(1, int(comp)), None if total is None else max(1, int(total)))
+
+
+def budget_text(b: dict[str, Any]) -> str:
+    """A budget's figures (``Budget.to_json``) in one phrase: spent of each cap, reserved, projected."""
+    caps, spent, res, proj = b["caps"], b["spent"], b["reserved"], b.get("projected")
+    parts = []
+    if caps.get("cost") is not None:
+        parts.append(f"${spent['cost_usd']:,.4f} of ${caps['cost']:,.4f}")
+    if caps.get("completion_tokens") is not None:
+        parts.append(f"{spent['completion_tokens']:,} of {caps['completion_tokens']:,} completion tokens")
+    if caps.get("total_tokens") is not None:
+        parts.append(f"{spent['prompt_tokens'] + spent['completion_tokens']:,} of {caps['total_tokens']:,} tokens")
+    text = "spent " + ", ".join(parts)
+    if res.get("requests"):
+        text += f"; reserved ${res['cost_usd']:,.4f}, {res['prompt_tokens'] + res['completion_tokens']:,} tokens " \
+                f"by {res['requests']:,} request(s) out"
+    if proj is not None:
+        text += f"; projected for the whole run ${proj['cost_usd']:,.4f}, " \
+                f"{proj['prompt_tokens'] + proj['completion_tokens']:,} tokens"
+    if b.get("unpriced_results"):
+        text += f"; {b['unpriced_results']:,} answer(s) of unknown cost (no price)"
+    return text

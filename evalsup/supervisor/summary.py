@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from evalsup.config import exitcodes
+from evalsup.config.caps import budget_text
 from evalsup.rundir.run_json import recorded_settings
 from evalsup.supervisor.view import RunView
 
@@ -125,28 +126,6 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
-
-
-def budget_text(b: dict[str, Any]) -> str:
-    """A budget's figures (``Budget.to_json``) in one phrase: spent of each cap, reserved, projected."""
-    caps, spent, res, proj = b["caps"], b["spent"], b["reserved"], b.get("projected")
-    parts = []
-    if caps.get("cost") is not None:
-        parts.append(f"${spent['cost_usd']:,.4f} of ${caps['cost']:,.4f}")
-    if caps.get("completion_tokens") is not None:
-        parts.append(f"{spent['completion_tokens']:,} of {caps['completion_tokens']:,} completion tokens")
-    if caps.get("total_tokens") is not None:
-        parts.append(f"{spent['prompt_tokens'] + spent['completion_tokens']:,} of {caps['total_tokens']:,} tokens")
-    text = "spent " + ", ".join(parts)
-    if res.get("requests"):
-        text += f"; reserved ${res['cost_usd']:,.4f}, {res['prompt_tokens'] + res['completion_tokens']:,} tokens " \
-                f"by {res['requests']:,} request(s) out"
-    if proj is not None:
-        text += f"; projected for the whole run ${proj['cost_usd']:,.4f}, " \
-                f"{proj['prompt_tokens'] + proj['completion_tokens']:,} tokens"
-    if b.get("unpriced_results"):
-        text += f"; {b['unpriced_results']:,} answer(s) of unknown cost (no price)"
-    return text
 
 
 def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
