@@ -1,8 +1,11 @@
 """`evalsup estimate TASKS`: what a run of TASKS would send and cost, before it is started (issue 30).
 
-One streamed pass over the task file (``TaskReader``: each line checked as the run checks it; memory stays flat
-however long the file is): requests, prompt tokens and completion tokens as a low / expected / high band, and the
-cost from the price table (config.prices), by model and in all (the maths: tasks.tokens.Tally).
+One streamed pass over the task file (``TaskReader``: each line checked as the run checks it, but for duplicate
+ids, which the run's pre-scan refuses; memory stays flat however long the file is: 28 MiB peak for 10 thousand
+lines and for a million): requests, prompt tokens and completion tokens as a low / expected / high band, and the
+cost from the price table (config.prices), by model and in all (the maths: tasks.tokens.Tally). The band's lengths
+seen come from the run directory's answers (``seen_lengths``); a cache of answers may feed ``Tally.seen`` the same
+way.
 
 Prompt tokens come from the endpoint's own tokenizer when it serves one (vLLM and SGLang: ``POST /tokenize``
 at the server's root with ``{"model", "messages"}`` or ``{"model", "prompt"}``, answering ``{"count"}`` or
@@ -19,6 +22,7 @@ from __future__ import annotations
 import http.client
 import ssl
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from evalsup.config.prices import PriceTable
 from evalsup.rundir.layout import RESULTS
 from evalsup.rundir.usage import usage_of_results
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
+from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskReader
 from evalsup.tasks.requests import RequestDefaults, credentials, to_request
 from evalsup.tasks.routes import CHAT, COMPLETIONS
@@ -38,6 +43,14 @@ TOKENIZE_PATH = "/tokenize"
 TIMEOUT_S = 10.0
 
 __all__ = ["EstimateError", "Tokenizer", "estimate", "estimate_text", "seen_lengths"]
+
+
+class _NoIds(IdSet):
+    """No duplicate-id check: the estimate counts lines in constant memory (the run's pre-scan refuses a duplicate
+    id before its first request)."""
+
+    def add(self, task_id: str, offset: int, id_at: Callable[[int], str | None], log: bool = True) -> int | None:
+        return None
 
 
 class EstimateError(Exception):
@@ -137,15 +150,15 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
     tok = Tokenizer(base_url, headers or {}) if base_url else None
     counted = approx_sum = 0  # the tokenizer's counts and the ≈ figures of the same requests: their ratio scales
     try:
-        with TaskReader(tasks, max_line_bytes) as reader:
+        with TaskReader(tasks, max_line_bytes, ids=_NoIds(16)) as reader:
             while True:
                 got = reader.next()
                 if got is None:
                     break
-                _ref, line, index = got
+                index = got[2]
                 if shard is not None and index % shard[1] != shard[0]:
                     continue
-                obj = orjson.loads(line)
+                obj = reader.last_obj
                 f = figures(obj, defaults)
                 price = prices.lookup(f.model)
                 exact: int | None = None

@@ -77,6 +77,8 @@ def test_a_cap_stops_the_run_and_a_higher_one_resumes_it_exactly_once(tmp_path: 
     assert b["reserved"]["requests"] == 0  # what was out finished before the stop
     status = run_cli("status", str(run_dir))
     assert "budget      spent $" in status.stdout and "rerun with a higher cap" in status.stdout
+    assert run_cli("report", str(run_dir)).returncode == 0
+    assert "<b>budget</b>spent $" in (run_dir / "report.html").read_text()
     second = run_cli(*args, "--max-cost", "1000")
     assert second.returncode == 0, second.stderr
     assert "(spent so far, from results.jsonl)" in second.stderr
