@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,18 +57,26 @@ class PriceTable:
     as_of: str = ""
     self_hosted: bool = False
     user: dict[str, Price] | None = None  # the user's file, looked up first
+    _memo: dict[str, Price | None] = field(default_factory=dict, compare=False, repr=False)  # by name, as asked
 
     def lookup(self, model: str | None) -> Price | None:
         """The price of ``model``, or None (no price known: say so, never count it as free)."""
         if self.self_hosted:
-            return Price(0.0, 0.0, 0.0, None, "self-hosted")
+            return SELF_HOSTED
         if not model:
             return None
+        try:
+            return self._memo[model]
+        except KeyError:
+            pass
+        got = None
         for table in (self.user or {}, self.models):
             got = _find(table, model)
             if got is not None:
-                return got
-        return None
+                break
+        if len(self._memo) < 10_000:  # (a file naming more models than that is looked up afresh)
+            self._memo[model] = got
+        return got
 
     def describe(self) -> str:
         """Where the prices come from, for the estimate's and the run's first line."""
@@ -76,6 +84,9 @@ class PriceTable:
             return "self-hosted: cost 0"
         own = f"your prices ({next(iter(self.user.values())).source}) over " if self.user else ""
         return f"{own}evalsup's table of {self.as_of}"
+
+
+SELF_HOSTED = Price(0.0, 0.0, 0.0, None, "self-hosted")
 
 
 def _find(table: dict[str, Price], model: str) -> Price | None:

@@ -231,7 +231,13 @@ class Supervisor:
         spent: Amount | None = None
         unpriced_results = 0
         if cfg.caps.any and resumed:
-            u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup, cfg.worker.model)
+            try:
+                u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
+                                            cfg.worker.model)
+            except JournalError as e:  # a damaged results.jsonl: refused as _open refuses it (evalsup repair)
+                raise RunRefused(str(e), e.code) from None
+            except OSError as e:
+                raise RunRefused(f"cannot read {cfg.run_dir / RESULTS}: {e.strerror}", ex.BAD_INPUT) from None
             spent, unpriced_results = Amount(u.prompt_tokens, u.completion_tokens, u.cost), u.unpriced
             tally.seen = u.seen
             if u.unpriced and cfg.caps.cost is not None:

@@ -31,9 +31,10 @@ class Priced(Protocol):
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Amount:
-    """Tokens and dollars (``cost`` None: the model has no price)."""
+    """Tokens and dollars (``cost`` None: the model has no price). Treated as a value: never changed once made
+    (not frozen only because a frozen dataclass costs twice as much to make, once a task)."""
 
     prompt: int = 0
     completion: int = 0
@@ -62,7 +63,8 @@ class Budget:
         self.spent_cost = (spent.cost or 0.0) if spent else 0.0
         self.unpriced = unpriced  # results whose cost is unknown (a model with no price): not in spent_cost
         self.settled = 0  # results settled this session (the projection's average is over them)
-        self.session = Amount()  # spent this session
+        self.session_prompt = self.session_completion = 0  # spent this session
+        self.session_cost = 0.0
         self._open: dict[int, tuple[Amount, Priced | None]] = {}
         self.res_prompt = self.res_completion = 0
         self.res_cost = 0.0
@@ -126,16 +128,19 @@ class Budget:
         if got is not None:
             price = got[1]
             self.release(key)
-        spent = priced(max(0, prompt), max(0, completion), price)
-        self.spent_prompt += spent.prompt
-        self.spent_completion += spent.completion
-        if spent.cost is None:
+        prompt, completion = max(0, prompt), max(0, completion)
+        cost = None if price is None else price.cost(prompt, completion)
+        self.spent_prompt += prompt
+        self.spent_completion += completion
+        self.session_prompt += prompt
+        self.session_completion += completion
+        if cost is None:
             self.unpriced += 1
         else:
-            self.spent_cost += spent.cost
+            self.spent_cost += cost
+            self.session_cost += cost
         self.settled += 1
-        self.session = self.session + Amount(spent.prompt, spent.completion, spent.cost or 0.0)
-        return spent
+        return Amount(prompt, completion, cost)
 
     # ----- what a person sees -----
 
@@ -144,10 +149,9 @@ class Budget:
         this session's results x left (None before any result, or with no count of what is left)."""
         if left is None or not self.settled:
             return None
-        n, s = self.settled, self.session
-        cost = s.cost or 0.0
-        return Amount(self.spent_prompt + round(s.prompt / n * left), self.spent_completion
-                      + round(s.completion / n * left), self.spent_cost + cost / n * left)
+        n = self.settled
+        return Amount(self.spent_prompt + round(self.session_prompt / n * left), self.spent_completion
+                      + round(self.session_completion / n * left), self.spent_cost + self.session_cost / n * left)
 
     def to_json(self, left: int | None = None) -> dict[str, Any]:
         """The budget's figures: summary.json, the checkpoint's counters (status reads them), the progress."""

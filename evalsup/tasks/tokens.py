@@ -10,7 +10,7 @@ message (``approx_prompt_tokens``), always shown as such (≈). A request's wors
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,8 +40,8 @@ class Priced(Protocol):
 Lookup = Callable[[str | None], Priced | None]
 
 
-@dataclass(frozen=True, slots=True)
-class Figures:
+@dataclass(slots=True)
+class Figures:  # (not frozen: made once a task, and a frozen dataclass costs twice as much to make)
     model: str | None
     path: str  # the route, e.g. /v1/chat/completions
     prompt_chars: int  # characters of the prompt's text (messages' content, prompt, input)
@@ -66,18 +66,21 @@ def approx_prompt_tokens(chars: int, messages: int = 0) -> int:
     return max(1, -(-chars // CHARS_PER_TOKEN) + PER_MESSAGE * messages)
 
 
-def _texts(value: Any) -> Iterable[str]:
-    """The text of a content value: a string, a list of parts ({"text": ...}, {"content": ...}, strings)."""
+def _chars(value: Any) -> int:
+    """Characters of a content value's text: a string, or a list of parts ({"text": ...}, {"content": ...},
+    strings)."""
     if isinstance(value, str):
-        yield value
-    elif isinstance(value, list):
+        return len(value)
+    n = 0
+    if isinstance(value, list):
         for part in value:
             if isinstance(part, str):
-                yield part
+                n += len(part)
             elif isinstance(part, dict):
                 for k in ("text", "content", "input_text"):
                     if k in part:
-                        yield from _texts(part[k])
+                        n += _chars(part[k])
+    return n
 
 
 def _int(v: Any) -> int | None:
@@ -99,10 +102,10 @@ def figures(obj: dict[str, Any], defaults: RequestDefaults) -> Figures:
         n_msgs = len(messages)
         for m in messages:
             if isinstance(m, dict):
-                chars += sum(len(t) for t in _texts(m.get("content")))
+                chars += _chars(m.get("content"))
     for k in ("prompt", "input", "instructions"):
         if k in body:
-            chars += sum(len(t) for t in _texts(body[k]))
+            chars += _chars(body[k])
     model = body.get("model") if isinstance(body.get("model"), str) else defaults.model
     mt = None
     for k in ("max_completion_tokens", "max_tokens", "max_output_tokens"):

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from evalsup.config.prices import PriceTable
+from evalsup.rundir.checkpoint import JournalError
 from evalsup.rundir.layout import RESULTS
 from evalsup.rundir.usage import usage_of_results
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
@@ -145,7 +146,10 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
     Raises EstimateError (a bad line: ``file:LINE: why``, as the run would refuse it)."""
     from evalsup.tasks.reader import TaskError
 
-    done, seen = seen_lengths(run_dir)
+    try:
+        done, seen = seen_lengths(run_dir)
+    except JournalError as e:  # a damaged results.jsonl (evalsup repair)
+        raise EstimateError(str(e)) from None
     tally = Tally(seen=seen)
     tok = Tokenizer(base_url, headers or {}) if base_url else None
     counted = approx_sum = 0  # the tokenizer's counts and the ≈ figures of the same requests: their ratio scales

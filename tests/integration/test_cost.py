@@ -1,10 +1,12 @@
 """Cost control against the mock (issue 30): the estimate's band holds the usage the run then meets; a cap stops
 a run (exit 75, exit_reason budget) and a resume with a higher cap completes it exactly once, spend never past
-the cap (the mock never answers past a reservation); --max-cost with a model that has no price sends nothing."""
+the cap (the mock never answers past a reservation), also after a kill -9; --max-cost with a model that has no
+price sends nothing."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,16 @@ import orjson
 
 from evalsup.config.prices import Price
 from evalsup.mock.server import MockThread
-from tests.harness import assert_exactly_once, ids_of, lines, read_results, run_cli, summary
+from tests.harness import (
+    Run,
+    assert_exactly_once,
+    complete_lines,
+    ids_of,
+    lines,
+    read_results,
+    run_cli,
+    summary,
+)
 
 PRICE = Price(input=1000.0, output=2000.0)  # USD per million tokens: a few cents a task, so a cap is met soon
 
@@ -28,8 +39,10 @@ def _prices(tmp_path: Path) -> Path:
     return f
 
 
-def _usage(run_dir: Path) -> tuple[int, int, float]:
-    recs = read_results(run_dir)
+def _usage(run_dir: Path, complete_only: bool = False) -> tuple[int, int, float]:
+    data = (run_dir / "results.jsonl").read_bytes()
+    recs = [orjson.loads(x) for x in data[: data.rfind(b"\n") + 1].splitlines()] if complete_only else \
+        read_results(run_dir)
     pt = sum(r["response"]["body"]["usage"]["prompt_tokens"] for r in recs)
     ct = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in recs)
     return pt, ct, PRICE.cost(pt, ct)
@@ -100,3 +113,30 @@ def test_max_cost_without_a_price_is_refused_before_any_request(tmp_path: Path, 
     ok = run_cli("run", "--model", "mock-model", "--base-url", mock.url, "--max-cost", "5", "--self-hosted", "-q",
                  str(tasks))
     assert ok.returncode == 0, ok.stderr
+
+
+def test_after_kill_9_the_spend_is_read_back_from_the_results(tmp_path: Path, mock: MockThread,
+                                                              start: Callable[..., Run]) -> None:
+    n = 1500
+    tasks = _tasks(tmp_path, n)
+    run_dir = tmp_path / "t.run"
+    args = ("run", "--model", "mock-model", "--base-url", mock.url, "--max-tokens", "40", "-c", "32",
+            "--prices", str(_prices(tmp_path)), str(tasks))
+    mock.configure(latency_ms=60, jitter_ms=20)
+    p = start(*args, "--max-cost", "1000000")
+    p.wait_results(run_dir, 150)
+    p.kill_group()
+    assert p.wait_workers_gone() == []
+    assert complete_lines(run_dir / "results.jsonl") < n
+    mock.configure(latency_ms=2, jitter_ms=1)
+    _, _, before = _usage(run_dir, complete_only=True)
+    cap = before + 1.0  # room for a dozen more tasks, if the resume starts from what was spent
+    r = run_cli(*args, "--max-cost", f"{cap:.6f}", "--json")
+    assert r.returncode == 75, r.stderr
+    s = orjson.loads(r.stdout)
+    assert s["exit_reason"] == "budget"
+    pt, ct, cost = _usage(run_dir)
+    assert (s["budget"]["spent"]["prompt_tokens"], s["budget"]["spent"]["completion_tokens"]) == (pt, ct)
+    assert before < cost <= cap
+    recs = read_results(run_dir)
+    assert len({r["custom_id"] for r in recs}) == len(recs) < n
