@@ -230,7 +230,7 @@ class Supervisor:
                                  "(no request was sent)", ex.BAD_INPUT)
         spent: Amount | None = None
         unpriced_results = 0
-        if cfg.caps.any and resumed:
+        if cfg.caps.any and (cfg.run_dir / RESULTS).exists():  # a resume (or a run dir of records already)
             try:
                 u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
                                             cfg.worker.model)

@@ -112,3 +112,25 @@ def test_random_runs_keep_the_invariants(seed: int) -> None:
             assert b.spent.completion <= caps.completion_tokens + beyond.completion
         if caps.total_tokens is not None:
             assert b.spent.total <= caps.total_tokens + beyond.total
+
+
+def test_what_a_person_sees_of_the_budget() -> None:
+    from prometheus_client import generate_latest
+
+    from evalsup.config.caps import budget_text
+    from evalsup.supervisor.metrics import Metrics
+    from evalsup.supervisor.progress import fmt_budget
+
+    b = Budget(Caps(cost=5.0, total_tokens=10_000))
+    b.reserve(1, priced(100, 400, PRICE), PRICE)
+    b.reserve(2, priced(100, 400, PRICE), PRICE)
+    b.settle(1, 50, 100)
+    fig = b.to_json(left=9)
+    assert fig["reserved"]["requests"] == 1 and fig["projected"]["prompt_tokens"] == 50 * 10
+    assert fmt_budget(fig) == "spent $0.00/$5.00 (reserved $0.00, projected $0.01)"
+    assert budget_text(fig).startswith("spent $0.0009 of $5.0000, 150 of 10,000 tokens; reserved $0.0034")
+    m = Metrics()
+    m.update_budget(fig)
+    text = generate_latest(m.registry).decode()
+    assert 'evalsup_budget_usd{what="cap"} 5.0' in text
+    assert 'evalsup_budget_tokens{kind="completion",what="spent"} 100.0' in text
