@@ -105,7 +105,8 @@ def run(tasks: Path | None, **kw: Any) -> None:
     --out): it is streamed once into the run directory's own copy, RUN_DIR/tasks.jsonl, which the run reads.
 
     Exit codes: 0 every task has its record (failed requests are records, not errors); 75 stopped before
-    the end (signal, endpoint down, key refused, crash loop, disk full): rerun to resume; 2 bad input or
+    the end (signal, endpoint down, key refused, crash loop, disk full; a cap reached, exit_reason budget: rerun
+    with a higher cap): rerun to resume; 2 bad input or
     settings (every task line is checked before the first request; an input with no task is exit 2 too);
     73 another evalsup holds the run directory; 1 anything else.
     """
