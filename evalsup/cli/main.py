@@ -114,6 +114,8 @@ def run(tasks: Path | None, **kw: Any) -> None:
     from evalsup.rundir.run_json import resume_config
     from evalsup.supervisor import early_signals as earlysignals
 
+    if kw["ray"] is not None or kw["shards"] is not None:
+        _run_on_ray(tasks, kw)
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
     # `--retry-failed tasks.jsonl`: the flag without codes; the codes are parsed once, by build_config
     tasks, kw["retry_failed"] = retry_failed_task_file(tasks, kw["retry_failed"])
@@ -146,6 +148,31 @@ def run(tasks: Path | None, **kw: Any) -> None:
     from evalsup.supervisor.run import run as run_job
 
     sys.exit(run_job(cfg))
+
+
+def _run_on_ray(tasks: Path | None, kw: dict[str, Any]) -> None:
+    """`run --ray [ADDRESS] --shards N`: the shards as Ray tasks (evalsup.ray.driver); exits with its code."""
+    if tasks is None and kw["ray"] not in (None, "default") and Path(kw["ray"]).is_file():
+        tasks, kw["ray"] = Path(kw["ray"]), "default"  # `--ray tasks.jsonl`: the address is optional
+    if kw["ray"] is None:
+        _fail("--shards N runs the shards on Ray and needs --ray [ADDRESS] (on other schedulers: --shard K/N)")
+    if kw["shards"] is None:
+        _fail("--ray needs --shards N (how many shards: Ray runs each as a task)")
+    if kw["shard"] is not None:
+        _fail("--ray runs every shard itself: give --shards N, not --shard K/N")
+    if tasks is None:
+        _fail("missing TASKS (the task file); see evalsup run --help")
+    assert tasks is not None
+    from evalsup.ray.driver import RayRunError, run_on_ray
+
+    given = given_options(click.get_current_context(), kw)
+    try:
+        code = run_on_ray(tasks, given, address=kw["ray"], n=kw["shards"], retries=kw["ray_retries"],
+                          quiet=kw["quiet"], interval=kw["log_interval"], json_summary=kw["json_summary"],
+                          say=lambda m: _note(m, kw["log_format"]))
+    except RayRunError as e:
+        _fail(str(e), e.code)
+    sys.exit(code)
 
 
 def _note(msg: str, log_format: str = "text") -> None:
@@ -225,33 +252,64 @@ main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
 @click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write (default: RUN_DIR/results.scored.jsonl).")
+@click.option("--judge-base-url", metavar="URL", default=None,
+              help="--scorer judge: the judge's endpoint (asked for each answer; the run's endpoints never are).")
+@click.option("--judge-model", metavar="MODEL", default=None, help="--scorer judge: the judge's model.")
+@click.option("--judge-api-key-env", metavar="VAR", default=None,
+              help="--scorer judge: environment variable that holds the judge's key (default: OPENAI_API_KEY).")
+@click.option("--judge-template", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="--scorer judge: the judge's prompt template (as for `evalsup run --judge-template`).")
+@click.option("--judge-concurrency", type=click.IntRange(1, 100_000), default=16, show_default=True,
+              help="--scorer judge: judge requests in flight at most.")
+@click.option("--judge-max-tokens", type=click.IntRange(1, None), default=None,
+              help="--scorer judge: max_tokens of the judge's requests.")
+@click.option("--judge-timeout", type=float, default=900.0, show_default=True,
+              help="--scorer judge: the most one answer's judging may take; then a scorer error.")
+@click.option("--tasks", "tasks_file", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="--scorer judge: the run's task file, for each answer's prompt (default: the one the run read).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
-          normalize: bool, pattern: str | None, output: Path | None) -> None:
-    """Score an existing run's results again, without sending any request.
+          normalize: bool, pattern: str | None, output: Path | None, judge_base_url: str | None = None,
+          judge_model: str | None = None, judge_api_key_env: str | None = None, judge_template: Path | None = None,
+          judge_concurrency: int = 16, judge_max_tokens: int | None = None, judge_timeout: float = 900.0,
+          tasks_file: Path | None = None) -> None:
+    """Score an existing run's results again, without sending any request to its endpoints.
 
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
-    to a new file beside it; prints the per-scorer summary (also written to scores.json).
+    to a new file beside it; prints the per-scorer summary (also written to scores.json). With --scorer
+    judge, each answer is graded by the judge endpoint instead (in this process, --judge-concurrency requests
+    at a time; the judge's reply kept in the record's score_detail, its tokens in scores.json's judge_usage).
     """
     from evalsup.config.exitcodes import LOCKED
     from evalsup.rundir.lock import RunDirBusy, RunDirError, locked
     from evalsup.tools.rescore import rescore
 
+    usage = None
     try:
         with contextlib.ExitStack() as stack:
             # not while a run writes results.jsonl; a run directory we cannot write in is scored unlocked
             with contextlib.suppress(RunDirError):
                 stack.enter_context(locked(run_dir, create=False, command="score"))
-            summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output,
-                              normalize=normalize)
+            if "judge" in scorers:
+                from evalsup.tools.rescore_judge import judge_for_score, rescore_judge
+
+                settings, others = judge_for_score(scorers, not no_strip, ignore_case, pattern, normalize,
+                                                    judge_base_url, judge_model, judge_api_key_env, judge_template,
+                                                    judge_concurrency, judge_max_tokens, judge_timeout)
+                summary, usage = rescore_judge(run_dir, others, settings, output, tasks_file)
+            else:
+                summary = rescore(run_dir, list(scorers), workers, not no_strip, ignore_case, pattern, output,
+                                  normalize=normalize)
     except RunDirBusy as e:
         _fail(str(e), LOCKED)
     except (ValueError, OSError) as e:
         _fail(str(e))
     from rich.console import Console
 
-    from evalsup.supervisor.summary import print_scores
+    from evalsup.supervisor.summary import judge_rows, print_scores
 
     print_scores(summary, Console())
+    for k, v in judge_rows(usage):
+        click.echo(f"{k}: {v}")
 
 
 @main.command()

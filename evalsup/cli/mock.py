@@ -13,8 +13,8 @@ Live config (while it runs):
   GET  /_mock/config           the knobs (api_key shown as ***)
   POST /_mock/config           change any of them, e.g. {"fail_429": 0.5, "retry_after_s": 2}:
                                latency_ms, jitter_ms, response_kb, fail_500, fail_429, retry_after_s, reset,
-                               malformed, cut_stream, seed (restarts the fault sequence), models, api_key,
-                               echo_headers_in_errors, revoked (true: every /v1 request gets 401),
+                               malformed, cut_stream, slow, slow_ms, seed (restarts the fault sequence), models,
+                               api_key, echo_headers_in_errors, revoked (true: every /v1 request gets 401),
                                revoke_after (N: 401 after N requests, counted from start or reset),
                                down (true: every connection is dropped, an outage)
   GET  /_mock/stats            counters (requests, statuses, faults, in flight, bytes)
@@ -44,6 +44,8 @@ Fault modes for clients' tests:
                                invalid_api_key, on every /v1 request
   outage                       POST /_mock/config {"down": true}, later {"down": false}
   a task that always fails     its line's "mock": {"status": 400} (or any status, reset, cut_stream)
+  a stuck slot now and then    --slow 0.05 --slow-ms 30000: exactly 5 % of requests (evenly spaced) answered
+                               after 30 s, or never if the client goes first (tail hedging, stalls)
   random faults                --fail-500, --fail-429, --reset, --malformed, --cut-stream (one seeded draw per
                                request)
 """
@@ -72,6 +74,10 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="Fraction answered 200 with a body that is not valid JSON (or a broken SSE event).")
 @click.option("--cut-stream", type=_FRACTION, default=0.0, show_default=True,
               help="Fraction of answers cut midway: half the body (or of the SSE events), then the connection closed.")
+@click.option("--slow", type=_FRACTION, default=0.0, show_default=True,
+              help="Fraction of requests answered after --slow-ms instead (exactly that share, evenly spaced): a "
+                   "replica with a stuck slot now and then.")
+@click.option("--slow-ms", type=float, default=5000.0, show_default=True, help="Latency of the --slow requests.")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require \"Authorization: Bearer $NAME\" (the key is read from that variable, never printed).")
 @click.option("--api-key-header", metavar="NAME", default=None,
@@ -88,10 +94,15 @@ _FRACTION = click.FloatRange(0.0, 1.0)
                    "vLLM-style running and waiting gauges.")
 @click.option("--queue", type=click.IntRange(0, None), default=0, show_default=True,
               help="With --capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After.")
+@click.option("--judge", is_flag=True,
+              help="Act as a judge for --scorer judge: a request from the default judge template is answered "
+                   "GRADE: C when its <answer> equals its <reference>, else GRADE: I.")
 def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
          fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
-         cut_stream: float, api_key_env: str | None, api_key_header: str | None, basic_auth_env: str | None,
-         require_query: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int) -> None:
+         cut_stream: float, slow: float, slow_ms: float, api_key_env: str | None, api_key_header: str | None,
+         basic_auth_env: str | None,
+         require_query: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int,
+         judge: bool = False) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
 
     \b
@@ -117,7 +128,7 @@ def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: floa
     cfg = MockConfig(basic_auth=basic, api_key_header=api_key_header, require_query=require_query,
                      latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed,
-                     cut_stream=cut_stream, seed=seed,
+                     cut_stream=cut_stream, slow=slow, slow_ms=slow_ms, seed=seed,
                      models=models or ("mock-model",), api_key=key, revoke_after=revoke_after, capacity=capacity,
-                     queue=queue)
+                     queue=queue, judge=judge)
     serve_forever(cfg, host, port)

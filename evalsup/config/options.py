@@ -135,6 +135,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="When no result has come for this many seconds while requests have been on the wire that long, "
                 "those attempts are abandoned and retried (timeout_stall, an attempt used). 0 (the default): "
                 "never. An answer still streaming is cut too: set it above your longest generation."),
+    Option("hedge", ("--hedge",), "flag", False,
+           help="In the tail of the run (no task left to start, free capacity), send a second copy of a request "
+                "on the wire --hedge-factor x the p95 latency without a byte of answer, to another endpoint when "
+                "there is one; the first answer is the record, the other copy is cancelled. A hedged request "
+                "may be billed twice: for endpoints where a duplicate costs little (your own replicas, "
+                "temperature 0)."),
+    Option("hedge_factor", ("--hedge-factor",), "float", 2.0, show_default=True, metavar="K",
+           help="With --hedge: a request is hedged once on the wire K times the p95 of its worker's recent "
+                "latencies."),
     Option("hang_timeout", ("--hang-timeout",), "float", 60.0, show_default=True,
            help="A worker silent (no heartbeat) this long is killed and replaced."),
     Option("max_task_crashes", ("--max-task-crashes",), "int", 3, lo=1, hi=100, show_default=True,
@@ -145,6 +154,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Process only the lines whose index (non-blank lines from 0) is K mod N; auto reads "
                 "JOB_COMPLETION_INDEX+EVALSUP_SHARDS, SLURM_ARRAY_TASK_ID+SLURM_ARRAY_TASK_COUNT or "
                 "AWS_BATCH_JOB_ARRAY_INDEX+AWS_BATCH_JOB_ARRAY_SIZE. Run dir: TASKS.run/shard-K-of-N/."),
+    Option("ray", ("--ray",), "str", flag_value="default", metavar="[ADDRESS]", api=False,
+           help="Run --shards N shards as Ray tasks on a Ray cluster (pip install 'evalsup[ray]'): ADDRESS as "
+                "ray.init takes it (auto, ray://HOST:10001, HOST:6379); without one, Ray's own choice ($RAY_ADDRESS, "
+                "else the cluster `ray start` began on this machine, else a new local one). A shard whose process or "
+                "node dies is retried by Ray and resumes; the merge at the end proves coverage. Python: "
+                "evalsup.ray.run_shards."),
+    Option("shards", ("--shards",), "int", lo=1, hi=100_000, api=False,
+           help="With --ray: how many shards (RUN_DIR/shard-K-of-N/); --concurrency and the rate limits are split "
+                "evenly among them."),
+    Option("ray_retries", ("--ray-retries",), "int", 5, lo=0, hi=1000, show_default=True, api=False,
+           help="With --ray: how often Ray retries a shard that ended unfinished (its process or node died, or it "
+                "stopped resumably); each retry resumes the shard."),
     Option("stream", ("--stream/--no-stream",), "bool", False,
            help="Stream responses (SSE): records ttft_s; the reassembled body is written. --no-stream: one whole "
                 "body (the default of a new run)."),
@@ -199,9 +220,30 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="module:function called in the worker for each task (testing hooks)."),
     Option("scorers", ("--scorer",), "str", (), multiple=True, metavar="NAME|module:fn|file.py:fn",
            help="Score each successful response in the workers (repeatable): exact_match, contains, "
-                "regex, json_valid, choice, math, or your own function fn(task, response) -> number|bool|dict|None."),
+                "regex, json_valid, choice, math, judge (a model grades it: --judge-base-url), or your own "
+                "function fn(task, response) -> number|bool|dict|None."),
     Option("scorer_timeout", ("--scorer-timeout",), "float", 30.0, show_default=True,
            help="Seconds one scorer call may take; past it the task gets an error score."),
+    Option("judge_base_url", ("--judge-base-url",), "str", metavar="URL",
+           help="--scorer judge: the judge's endpoint (an OpenAI-compatible base URL including /v1), asked after "
+                "each answer with --judge-template; its own connections, limit (--judge-concurrency), retries and "
+                "breaker, apart from --base-url's."),
+    Option("judge_model", ("--judge-model",), "str", metavar="MODEL",
+           help="--scorer judge: the judge's model (default: --model)."),
+    Option("judge_api_key_env", ("--judge-api-key-env",), "str", metavar="VAR",
+           help="--scorer judge: environment variable that holds the judge's API key (default: the answers' "
+                "key). Only the name is recorded, never the key."),
+    Option("judge_template", ("--judge-template",), "path", metavar="FILE",
+           help="--scorer judge: the judge's prompt, with {prompt}, {messages}, {answer}, {expected}, {id}; a "
+                "head block may set the grade's pattern and values (README: model-graded scoring). Default: is "
+                "the answer correct given the reference, graded GRADE: C (1) or GRADE: I (0)."),
+    Option("judge_concurrency", ("--judge-concurrency",), "int", 16, lo=1, hi=100_000, show_default=True,
+           help="--scorer judge: judge requests in flight at most, in all (split among the workers)."),
+    Option("judge_max_tokens", ("--judge-max-tokens",), "int", lo=1,
+           help="--scorer judge: max_tokens of the judge's requests (default: the judge's own)."),
+    Option("judge_timeout", ("--judge-timeout",), "float", 900.0, show_default=True,
+           help="--scorer judge: the most one answer's judging may take (retries, an outage of the judge); past "
+                "it the answer gets a scorer error, not a failed task."),
     Option("ignore_case", ("--ignore-case",), "flag", False,
            help="exact_match/contains/regex: compare case-insensitively (choice always does)."),
     Option("no_strip", ("--no-strip",), "flag", False,
@@ -247,3 +289,15 @@ def python_type(o: Option) -> str:
     if o.multiple:
         return f"{base} | Sequence[{base}]" if o.name == "base_url" else f"Sequence[{base}]"
     return base if o.default is not None else f"{base} | None"
+
+
+def argv_of(options: Mapping[str, Any]) -> list[str]:
+    """Run options (evalsup.run's keywords: {name: value}) as `evalsup run` arguments, for a run in a child
+    process. None, and a flag that is off, are left out."""
+    args: list[str] = []
+    for name, value in options.items():
+        o = BY_NAME[name]
+        if value is None or (o.kind == "flag" and not value):
+            continue
+        args += o.argv(value)
+    return args

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from evalsup.config.caps import CapError, Caps, parse_caps
+from evalsup.config.options import BY_NAME
 from evalsup.config.options import DEFAULTS as OPT  # every run option's default, defined once (options.py)
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
 from evalsup.config.shards import shard_dir_name
@@ -84,6 +87,8 @@ class RunConfig:
     hard_rss_factor: float = 1.5
     max_tasks_per_worker: int | None = OPT["max_tasks_per_worker"]
     max_tasks_jitter: int = 0
+    # --scorer judge: the template file given (None: the default); its text travels in worker.judge_template
+    judge_template_path: str | None = None
 
     @property
     def max_line_bytes(self) -> int:
@@ -133,8 +138,19 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         score_strip=not kw["no_strip"], score_ignore_case=kw["ignore_case"], score_pattern=kw["regex"],
         score_normalize=kw["normalize"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
+        hedge=kw["hedge"], hedge_factor=kw["hedge_factor"],
     )
+    if not kw["hedge_factor"] > 0:
+        raise ConfigError(f"--hedge-factor must be more than 0 (a multiple of the p95 latency), got "
+                          f"{kw['hedge_factor']}")
     _check_requests(wc)
+    judge_template_path = None
+    if "judge" in wc.scorers:  # the model-graded scorer: its endpoint, model, key and template, checked now
+        wc, judge_template_path = _with_judge(wc, kw)
+    else:
+        given_judge = [BY_NAME[k].flag for k in _JUDGE_OPTIONS if kw[k] is not None and kw[k] != OPT[k]]
+        if given_judge:
+            raise ConfigError(f"{given_judge[0]} is for --scorer judge, which is not among the scorers")
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
 
     def mb(name: str) -> int | None:
@@ -150,6 +166,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         # no more workers than requests in flight: each holds at least one, so -c 1 would mean 4 on the wire
         workers = min(workers, kw["max_concurrency"] if adaptive else kw["concurrency"])
     shard = parse_shard(kw["shard"])
+    if wc.judge_base_url is not None:  # --judge-concurrency is the run's: each worker its share
+        wc = dataclasses.replace(wc, judge_concurrency=max(1, math.ceil(kw["judge_concurrency"] / workers)))
     try:
         caps = parse_caps(kw["max_cost"], kw["max_completion_tokens_total"], kw["max_total_tokens"], shard)
     except CapError as e:
@@ -181,7 +199,49 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
         retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
         caps=caps, prices_file=prices_file, self_hosted=kw["self_hosted"],
+        judge_template_path=judge_template_path,
     )
+
+
+_JUDGE_OPTIONS = ("judge_base_url", "judge_model", "judge_api_key_env", "judge_template", "judge_max_tokens")
+
+
+def _with_judge(wc: WorkerConfig, kw: dict[str, Any]) -> tuple[WorkerConfig, str | None]:
+    """``wc`` with the judge's settings (--scorer judge), each checked before any request: its URL, its model
+    (--judge-model, else --model), its key's variable (set, when named) and its template (read and parsed now:
+    a missing file, an unknown variable or a bad pattern is refused here, in one line). The template's path
+    for run.json."""
+    from evalsup.scoring.judge import TemplateError, load_template
+    from evalsup.tasks.headers import HeaderError, api_key, build_headers, request_headers
+    from evalsup.tasks.requests import url_problem
+
+    url = kw["judge_base_url"]
+    if not url:
+        raise ConfigError("--scorer judge needs the judge's endpoint: --judge-base-url http://HOST:PORT/v1")
+    url = str(url).strip().rstrip("/")
+    problem = url_problem(url)
+    if problem is not None:
+        raise ConfigError(f"--judge-base-url {public_url(url)} {problem}")
+    model = kw["judge_model"] or kw["model"]
+    if not model:
+        raise ConfigError("--scorer judge needs the judge's model: --judge-model MODEL (or --model)")
+    env = kw["judge_api_key_env"]
+    if env and not os.environ.get(env):
+        raise ConfigError(f"--judge-api-key-env {env}: the variable is not set (it holds the judge's API key)")
+    path = None if kw["judge_template"] is None else str(kw["judge_template"])
+    try:
+        template = load_template(path)
+    except TemplateError as e:
+        raise ConfigError(str(e)) from None
+    try:  # (as _check_requests: two sources for the judge's Authorization are refused, never a value shown)
+        key = api_key(env, None) if env else None
+        request_headers(url, build_headers(()), key, f"${env}" if env else "the API key")
+    except (HeaderError, OSError) as e:
+        raise ConfigError(f"--judge-base-url: {e}") from None
+    return dataclasses.replace(
+        wc, judge_base_url=url, judge_model=model, judge_api_key_env=env or None,
+        judge_template=None if path is None else template.text, judge_timeout_s=kw["judge_timeout"],
+        judge_max_tokens=kw["judge_max_tokens"]), path
 
 
 RETRY_CODES = re.compile(r"^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")

@@ -40,6 +40,9 @@ class ResultMeta(TypedDict):
     sh: NotRequired[list[int]]  # [position, length] of the line in the worker's shared-memory ring
     ep: NotRequired[int]  # the endpoint that served the last attempt (its index in WorkerConfig.endpoints)
     st: NotRequired[int]  # attempts abandoned as stalled (timeout_stall, on the supervisor's STALL); absent: 0
+    hg: NotRequired[int]  # hedged (--hedge): 1, the first copy's answer is the record; 2, the second's; absent: not
+    jpt: NotRequired[int]  # the judge's prompt tokens for this task (--scorer judge), apart from ``pt``
+    jct: NotRequired[int]  # the judge's completion tokens
 
 
 class Heartbeat(TypedDict):
@@ -165,6 +168,18 @@ class WorkerConfig:
     headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.tasks.headers), never values
     # many endpoints (issue 21 item 1): every --base-url, in the order given; () means just base_url
     base_urls: tuple[str, ...] = ()
+    # --hedge (issue 28): a request this many times the worker's p95 old gets a second copy in the run's tail
+    hedge: bool = False
+    hedge_factor: float = 2.0
+    # the model-graded scorer (--scorer judge): its endpoint of its own, model, key's variable (never the key;
+    # None: the answers' key), template's text (None: the default, evalsup.scoring.judge) and limits
+    judge_base_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key_env: str | None = None
+    judge_template: str | None = None
+    judge_concurrency: int = 16  # judge requests in flight in this worker at most
+    judge_timeout_s: float = 900.0  # the most one task's judging may take (attempts, outages); then a scorer error
+    judge_max_tokens: int | None = None
 
     @property
     def endpoints(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from aiohttp import web
 from evalsup.mock import content as C
 from evalsup.mock.config import MockConfig
 from evalsup.mock.faults import NO_OVERRIDE, Fault, FaultInjector, Override, parse_override
+from evalsup.mock.judge import judge_reply
 from evalsup.mock.state import (
     FLUSH_BYTES,
     ID_HEX,
@@ -79,7 +80,17 @@ class Call:
         if ov.times is not None and ov.has_fault and state.attempts.attempt(C.request_key(body)) > ov.times:
             ov = ov.without_faults()
         self.override = ov
-        delay = ov.delay_s if ov.delay_s is not None else state.faults.latency_s(self.cfg)
+        slow = state.faults.slow_s(self.cfg) if ov.delay_s is None else None  # (an explicit delay_s wins)
+        if slow is not None:  # one of the slow share: answered late, or never if the client goes first
+            self.state.stats.fault("slow")
+            end = asyncio.get_running_loop().time() + slow
+            while asyncio.get_running_loop().time() < end:
+                if self.request.transport is None or self.request.transport.is_closing():
+                    self.aborted = True
+                    abort_transport(self.request, rst=True)
+                    return web.Response(status=499)  # never sent: the client is gone
+                await asyncio.sleep(min(0.05, end - asyncio.get_running_loop().time()))
+        delay = ov.delay_s if ov.delay_s is not None else 0.0 if slow is not None else state.faults.latency_s(self.cfg)
         if delay > 0:
             await asyncio.sleep(delay)
             if state.down:  # an outage that started while this request waited
@@ -155,6 +166,10 @@ class Call:
         """One answer per choice, before padding."""
         if self.override.text is not None:
             return [C.Answer(self.override.text)] * count
+        if self.cfg.judge:  # the mock as a judge: a grade by the rule of evalsup.mock.judge
+            reply = judge_reply(self.body)
+            if reply is not None:
+                return [C.Answer(reply)] * count
         out = []
         limited = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
         for i in range(count):

@@ -18,6 +18,10 @@ class MockConfig:
     reset: float = 0.0  # probability of a connection reset (abort the transport without response)
     malformed: float = 0.0  # probability of a 200 with a body that is not valid JSON
     cut_stream: float = 0.0  # probability of an answer cut midway (half the body or of the SSE events, then closed)
+    # a share of requests answered after slow_ms instead of latency_ms (a replica with a stuck slot now and then):
+    # exactly that share, evenly spaced in arrival order (every 4th at 0.25), so a test knows how many
+    slow: float = 0.0
+    slow_ms: float = 5000.0
     seed: int = 0
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
@@ -31,13 +35,14 @@ class MockConfig:
     api_key_header: str | None = None  # the header that carries api_key instead of Authorization (Azure: api-key)
     require_query: str | None = None  # "name=value&...": a /v1 or Azure request without each of them gets 404
     tokenize: bool = True  # serve POST /tokenize (vLLM's and SGLang's shape; issue 30); False: 404, as OpenAI
+    judge: bool = False  # grade requests from evalsup's judge template by a known rule (evalsup.mock.judge)
 
 
 _FLOAT_FIELDS = frozenset(
     {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed",
-     "cut_stream"}
+     "cut_stream", "slow", "slow_ms"}
 )
-_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream"})
+_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream", "slow"})
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(MockConfig))
 
 
@@ -80,7 +85,7 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if name == "basic_auth" and value is not None and ":" not in value:
                 raise ValueError("basic_auth must be 'user:password'")
             changes[name] = value
-        elif name in ("echo_headers_in_errors", "revoked", "tokenize"):
+        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge"):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a boolean")
             changes[name] = value

@@ -136,6 +136,7 @@ class FaultInjector:
     def reseed(self, seed: int) -> None:
         self._faults = random.Random(seed)
         self._jitter = random.Random(f"jitter|{seed}")
+        self._requests = 0  # generation requests seen with a slow share set (the slow ones are evenly spaced)
 
     def draw(self) -> float:
         return self._faults.random()
@@ -158,6 +159,15 @@ class FaultInjector:
         if u < edge:
             return Fault.CUT_STREAM
         return Fault.NONE
+
+    def slow_s(self, cfg: MockConfig) -> float | None:
+        """This request's latency when it is one of ``cfg.slow`` (exactly that share of requests, evenly spaced
+        in arrival order); else None."""
+        if cfg.slow <= 0:
+            return None
+        self._requests += 1
+        n = self._requests
+        return cfg.slow_ms / 1000.0 if int(n * cfg.slow) > int((n - 1) * cfg.slow) else None
 
     def latency_s(self, cfg: MockConfig) -> float:
         ms = cfg.latency_ms

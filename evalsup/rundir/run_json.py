@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +31,7 @@ from evalsup.config.options import BY_NAME, DEFAULTS
 from evalsup.config.run_config import ConfigError, RunConfig, build_config, run_dir_of
 from evalsup.rundir.checkpoint import JournalError, write_atomic
 from evalsup.rundir.layout import RUN_JSON
+from evalsup.tasks.requests import public_url
 
 RUN_JSON_VERSION = 1
 
@@ -41,7 +43,7 @@ class SettingsChanged(JournalError):
 def request_settings(cfg: RunConfig) -> dict[str, Any]:
     """The settings that change what is sent or what is recorded."""
     w = cfg.worker
-    return {
+    out = {
         "model": w.model,
         "max_tokens": w.max_tokens,
         "temperature": w.temperature,
@@ -53,6 +55,15 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_pattern": w.score_pattern,
         "score_normalize": w.score_normalize,
     }
+    if w.judge_base_url is not None:
+        # --scorer judge (only then): its key's variable by name, never the key; the template's file, and its
+        # content's hash, so an edited template is a change
+        out |= {"judge_base_url": public_url(w.judge_base_url), "judge_model": w.judge_model,
+                "judge_api_key_env": w.judge_api_key_env, "judge_template": cfg.judge_template_path,
+                "judge_template_sha256": None if w.judge_template is None
+                else sha256(w.judge_template.encode()).hexdigest(),
+                "judge_max_tokens": w.judge_max_tokens}
+    return out
 
 
 def endpoint_paths(urls: tuple[str, ...]) -> str | list[str]:
@@ -107,9 +118,15 @@ FLAGGED: dict[str, _Flag] = {
     "score_ignore_case": _Flag("ignore_case", (bool,)),
     "score_pattern": _Flag("regex", (str, type(None))),
     "score_normalize": _Flag("normalize", (bool,)),
+    "judge_base_url": _Flag("judge_base_url", (str, type(None))),
+    "judge_model": _Flag("judge_model", (str, type(None))),
+    "judge_api_key_env": _Flag("judge_api_key_env", (str, type(None))),
+    "judge_template": _Flag("judge_template", (str, type(None))),
+    "judge_max_tokens": _Flag("judge_max_tokens", (int, type(None))),
 }
 SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
-_FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)"}
+_FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)",
+          "judge_template_sha256": "--judge-template (its content)"}
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any] | None:
@@ -217,6 +234,8 @@ def resume_config(tasks: Path, given: dict[str, Any]) -> tuple[RunConfig, str | 
         return build_config(tasks, given), None
     run_dir = run_dir_of(tasks, given.get("out"), given.get("shard"))
     taken = recorded_options(run_dir, given)
+    if "judge" not in (given.get("scorers") or taken.get("scorers") or ()):  # the judge's settings go with it
+        taken = {k: v for k, v in taken.items() if not k.startswith("judge_")}
     cfg = build_config(tasks, {**given, **taken})
     shown = {k: f.to_setting(taken[f.option]) for k, f in FLAGGED.items()
              if f.option in taken and f.to_setting(taken[f.option]) != SETTING_DEFAULTS[k]}

@@ -16,7 +16,7 @@ import math
 import re
 import string
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -402,6 +402,8 @@ class Scored:
     scores: dict[str, float | None]
     errors: dict[str, str]
     unscored: list[str]
+    # what a scorer keeps beside its score, by name (the judge's reply: ``score_detail`` in the record)
+    detail: dict[str, Any] = field(default_factory=dict)
 
     def take(self, name: str, value: Any) -> None:
         """Add a scorer's return value (a bad one is that scorer's error)."""

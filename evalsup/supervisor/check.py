@@ -174,7 +174,41 @@ async def check_endpoints(cfg: RunConfig) -> tuple[list[str], dict[int, str]]:
             raise CheckFailed(failed[0])
         raise CheckFailed("no endpoint passed the connection check: "
                           + "; ".join(f"endpoint {i}: {m}" for i, m in failed.items()))
+    if cfg.worker.judge_base_url is not None:  # --scorer judge: the judge is checked too, and cannot be left out
+        found.append(await asyncio.to_thread(_check_judge, cfg, cfg.worker.judge_base_url))
     return found, failed
+
+
+def _check_judge(cfg: RunConfig, url: str) -> str:
+    """The judge's endpoint (--judge-base-url): reachable, its key taken, its model served (GET /models, as the
+    judge's requests go: the User-Agent and the judge's key only). Raises CheckFailed."""
+    w = cfg.worker
+    base = public_url(url)
+    if w.judge_api_key_env:
+        key, source = api_key(w.judge_api_key_env, None), f"the judge's API key (${w.judge_api_key_env})"
+    else:
+        key, source = api_key(w.api_key_env, w.api_key_file), key_source(w.api_key_env, w.api_key_file)
+    try:
+        headers = request_headers(url, build_headers(()), key, source)
+        status, data = _http(cfg, "GET", join_url(credentials(url)[0], "/v1/models"), headers)
+    except (HeaderError, _Unsendable) as e:
+        raise CheckFailed(f"--judge-base-url {base}: {e}") from None
+    except _Unreachable as e:
+        raise CheckFailed(f"cannot reach the judge {base}: {e} (is --judge-base-url right? --no-check skips "
+                          "this check)") from None
+    if status in (401, 403):
+        raise CheckFailed(f"the judge {base} refused its API key ({source}; --judge-api-key-env NAME names "
+                          f"another) (HTTP {status}: {_message(data, key)})")
+    served: list[str] = []
+    if status == 200:
+        try:
+            served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            served = []
+    if served and w.judge_model not in served:
+        raise CheckFailed(f"the judge's model {w.judge_model!r} is not served by {base}; it serves: "
+                          f"{', '.join(served[:10])} (--judge-model)")
+    return f"judge {base} is up" + (f" and serves {w.judge_model}" if served else "")
 
 
 async def check_endpoint(cfg: RunConfig, url: str | None = None) -> str:

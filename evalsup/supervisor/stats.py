@@ -63,8 +63,14 @@ class RunStats:
     errors: dict[str, int] = field(default_factory=dict)
     retries: int = 0
     stalled: int = 0  # attempts abandoned on a STALL (timeout_stall) and retried, this session (issue 28)
+    hedged: int = 0  # tasks whose request got a second copy (--hedge), this session (issue 28)
+    hedge_wins: int = 0  # of them, those whose record is the second copy's answer
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # the judge's tokens (--scorer judge), counted apart: never the answers' (summary.json judge_usage)
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+    judged: int = 0  # results the judge was asked about
     ring_results: int = 0  # results whose line came through a worker's shared-memory ring, not the pipe
     bodies_checked: int = 0  # large answers checked to be JSON without being built (worker.bodies)
     scores: ScoreStats = field(default_factory=ScoreStats)
@@ -86,6 +92,10 @@ class RunStats:
         self.latency.add(float(meta["lat"]))
         self.retries += int(meta["rt"])
         self.stalled += int(meta.get("st", 0))
+        hedge = meta.get("hg")
+        if hedge:
+            self.hedged += 1
+            self.hedge_wins += hedge == 2
         code = meta.get("ec")
         if code:
             self.errors[code] = self.errors.get(code, 0) + 1
@@ -101,6 +111,10 @@ class RunStats:
         self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
         self.prompt_tokens += int(meta.get("pt") or 0)
         self.completion_tokens += int(meta.get("ct") or 0)
+        if "jpt" in meta or "jct" in meta:
+            self.judged += 1
+            self.judge_prompt_tokens += int(meta.get("jpt") or 0)
+            self.judge_completion_tokens += int(meta.get("jct") or 0)
 
     def on_poisoned(self, task_id: str) -> None:
         self.failed += 1

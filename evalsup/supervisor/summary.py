@@ -41,8 +41,13 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         "errors": dict(st.errors),
         **({"budget": run.budget} if run.budget is not None else {}),  # issue 30: caps, spent, reserved, projected
         **({"scores": st.scores.summary()} if st.scores else {}),
+        # the judge's tokens (--scorer judge), apart from the answers' "tokens": what grading cost
+        **({"judge_usage": {"prompt": st.judge_prompt_tokens, "completion": st.judge_completion_tokens,
+                            "requests": st.judged}} if st.judged else {}),
         "retries": st.retries,
         "timeout_stall": st.stalled,  # attempts abandoned because the run had stalled on them, and retried
+        # --hedge: tasks whose request got a second copy in the run's tail, and those the second copy answered
+        "hedges": {"sent": st.hedged, "won": st.hedge_wins},
         # the run paused for every endpoint down; and per endpoint (issue 21): results, ejections, time out
         "breaker": {"opened": run.endpoints.opened, "down_s": round(run.endpoints.total_down_s(time.monotonic()), 2)},
         # (with several --base-url only: one endpoint's figures are the run's, and its URL stays out of reports)
@@ -120,7 +125,12 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     if summary.get("timeout_stall"):
         rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
                                    "no result in the run for --stall-after while they were on the wire)"))
+    hedges = summary.get("hedges") or {}
+    if hedges.get("sent"):
+        rows.insert(-1, ("hedges", f"{hedges['sent']:,} request(s) sent twice (--hedge), {hedges['won']:,} "
+                                   "answered first by the second copy (the other copy cancelled)"))
     rows.extend(score_rows(summary.get("scores", {})))
+    rows.extend(judge_rows(summary.get("judge_usage")))
     if summary["poisoned"]:
         rows.append(("poisoned", ", ".join(summary["poisoned"][:10])))
     for k, v in rows:
@@ -143,6 +153,14 @@ def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
         else:
             rows.append((f"score {name}", f"no score (n=0){errs}"))
     return rows
+
+
+def judge_rows(usage: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The judge's tokens (--scorer judge), apart from the answers'."""
+    if not usage:
+        return []
+    return [("judge tokens", f"{usage['prompt']:,} prompt + {usage['completion']:,} completion over "
+                             f"{usage['requests']:,} judged answers (not in the answers' tokens)")]
 
 
 def print_scores(scores: dict[str, Any], console: Console) -> None:

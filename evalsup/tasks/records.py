@@ -27,7 +27,8 @@ def record_error(error: dict[str, str] | None) -> dict[str, Any] | None:
 
 def output_line(task_id: str, *, status: int | None, request_id: str | None, body: Any,
                 error: dict[str, str] | None, metrics: dict[str, Any], metadata: dict[str, Any] | None,
-                scores: dict[str, float | None] | None = None, score_errors: dict[str, str] | None = None) -> bytes:
+                scores: dict[str, float | None] | None = None, score_errors: dict[str, str] | None = None,
+                score_detail: dict[str, Any] | None = None) -> bytes:
     """One line of results.jsonl (OpenAI Batch output format plus metrics and metadata), newline included.
 
     ``body`` may be an ``orjson.Fragment`` holding the endpoint's raw JSON, so it is not encoded twice.
@@ -46,6 +47,8 @@ def output_line(task_id: str, *, status: int | None, request_id: str | None, bod
         rec["scores"] = scores
     if score_errors:
         rec["score_errors"] = score_errors
+    if score_detail:  # what a scorer kept beside its score (the judge's reply), by scorer name
+        rec["score_detail"] = score_detail
     return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
 
 

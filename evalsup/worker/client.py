@@ -252,9 +252,10 @@ class Client:
         assert status is not None
         return Attempt(status, raw, parsed, request_id, errors.from_status(status, parsed, retry_after))
 
-    async def execute(self, path: str, body: dict[str, Any], key: int = 0) -> Outcome:
+    async def execute(self, path: str, body: dict[str, Any], key: int = 0, avoid: Endpoint | None = None) -> Outcome:
         """All the attempts of task ``key``: each failure's verdict comes from the retry policy
-        (``retry.RetryPolicy.decide``, on the task's ``AttemptState``); this loop only carries it out."""
+        (``retry.RetryPolicy.decide``, on the task's ``AttemptState``); this loop only carries it out.
+        ``avoid``: the first pick avoids that endpoint while another is up (a hedge's copy, worker.race)."""
         stream = bool(body.get("stream"))
         if stream and asks_stream_usage(path):
             opts = body.get("stream_options")
@@ -268,7 +269,7 @@ class Client:
             self._last = last
         pool, pacer, policy = self.endpoints, self.pacer, self.policy
         estimate = estimate_tokens(body) if pool.counts_tokens(pacer) else 0
-        st = AttemptState(time.monotonic())
+        st = AttemptState(time.monotonic(), avoid=avoid)
         while True:
             t_q = time.monotonic()
             if pacer.rps is not None or pacer.tpm is not None:  # (no coroutine without a limit)

@@ -26,8 +26,9 @@ from evalsup.common.process import quiet_gc
 from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame
 from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WIRE_TOP, WorkerConfig
+from evalsup.scoring.judge import JUDGE, load_template, parse_template
 from evalsup.scoring.plugin import load_callable
-from evalsup.scoring.scorers import ScorerOptions
+from evalsup.scoring.scorers import Scored, ScorerOptions, response_text
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers, secret_values, url_secrets
 from evalsup.tasks.requests import RequestDefaults, to_request
 from evalsup.worker import records
@@ -35,9 +36,12 @@ from evalsup.worker.adaptive import adaptive_from_config
 from evalsup.worker.breaker import HandedBack
 from evalsup.worker.client import Client, Outcome
 from evalsup.worker.control import Control, leak_report
-from evalsup.worker.endpoints import EndpointPool
+from evalsup.worker.endpoints import Endpoint, EndpointPool
+from evalsup.worker.hedge import Tail, tick_s
+from evalsup.worker.judge import Judge, JudgeSettings
 from evalsup.worker.pacing import Pacer
 from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, open_pipes
+from evalsup.worker.race import Hedger
 from evalsup.worker.retry import RetryPolicy
 from evalsup.worker.schedule import Schedule
 from evalsup.worker.scoring import Scoring
@@ -66,12 +70,17 @@ class Worker:
         self.defaults = RequestDefaults(cfg.model, cfg.max_tokens, cfg.temperature, cfg.stream)
         self.plugin = load_callable(cfg.plugin) if cfg.plugin else None
         self.scoring: Scoring | None = None
-        if cfg.scorers:
+        specs = [s for s in cfg.scorers if s != JUDGE]  # the judge is asked here, after them (worker.judge)
+        if specs:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
-            self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
+            self.scoring = Scoring(specs, opts, cfg.scorer_timeout_s, cfg.scorer_threads)
+        self.judge: Judge | None = None
+        self.judging = JUDGE in cfg.scorers
         self.pid = os.getpid()
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
+        # --hedge (issue 28): a task's request may get a second copy in the tail of the run (worker.race)
+        self.hedger = Hedger(cfg.hedge_factor, self._copy) if cfg.hedge else None
         self._bg: set[asyncio.Task[Any]] = set()
         self.control = Control(self.schedule, self.endpoints, self.pacer, self.outbox, self._probe, self._drain,
                                lambda: leak_report(self.pid, self.done),
@@ -125,11 +134,13 @@ class Worker:
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
         key = meta["k"]
-        try:
-            oc = await client.execute(url, body, key)
-        except Exception as e:  # a bug must cost one record, never the worker
-            oc = Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
-                         1, 0.0)
+        hedge: bool | None = None  # hedged: whether the second copy's answer is the record
+        if self.hedger is None:
+            oc = await self._execute(client, url, body, key)
+        else:  # its copies race (worker.race): one outcome, the other copy cancelled
+            eps = self.endpoints.all
+            oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
+                client, url, body, key, None if avoid is None else eps[avoid]))
         if self.plugin is not None:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
@@ -137,9 +148,67 @@ class Worker:
         if self.scoring is not None and oc.error is None:
             self.outbox.before_user_code(key)
             scored = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
+        judged = None
+        if self.judge is not None and oc.error is None:  # after the answer; one record with both (exactly once)
+            scored = scored or Scored({}, {}, [])
+            judged = await self.judge_one(tid, body, oc.parsed, metadata, key, scored)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
         endpoint = {"index": oc.endpoint, "url": self.endpoints.all[oc.endpoint].public}
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, hedge,
+                             judged)
+
+    @staticmethod
+    async def _execute(client: Client, url: str, body: dict[str, Any], key: int,
+                       avoid: Endpoint | None = None) -> Outcome:
+        """All the attempts of one copy of a task's request (``Client.execute``)."""
+        try:
+            return await client.execute(url, body, key, avoid)
+        except Exception as e:  # a bug must cost one record, never the worker
+            return Outcome(None, None, 0, None, {"code": "internal_error", "message": f"{type(e).__name__}: {e}"},
+                           1, 0.0)
+
+    def _copy(self, delta: int) -> None:
+        """A hedge's second copy starts (+1) or ends (-1): it is active as any request (``Schedule.active``)."""
+        self.schedule.copies += delta
+        if delta < 0:
+            self._pump()
+
+    async def hedge_loop(self, hedger: Hedger) -> None:
+        """--hedge: every ``hedge.tick_s``, start the copies due (``Hedger.check``) in the tail of the run. Not
+        while this worker drains (a recycle mid-run is not the run's tail) or no endpoint is up (a copy would
+        only park)."""
+        schedule = self.schedule
+        while True:
+            await asyncio.sleep(tick_s(hedger.factor, hedger.window.p95()))
+            c = self.client
+            if c is None or not c.wire or schedule.queue or self.draining or not self.endpoints.any_up():
+                continue
+            tail = Tail(len(schedule.queue), schedule.active(), schedule.allowed(), schedule.paused)
+            hedger.check(c.wire, time.monotonic(), tail)
+
+
+    async def judge_one(self, tid: str, request: dict[str, Any], parsed: Any, metadata: dict[str, Any], key: int,
+                        scored: Scored) -> tuple[int, int] | None:
+        """Ask the judge about one answer and put its verdict in ``scored``: ``judge`` scored, or a scorer error
+        (the reply kept), or unscored without ``expected``; the judge's reply under ``detail``. Its tokens (None:
+        it was not asked)."""
+        assert self.judge is not None
+        expected = metadata.get("expected")
+        if expected is None or expected == []:
+            scored.unscored.append(JUDGE)
+            return None
+        try:
+            v = await self.judge.judge(tid, request, response_text(parsed), expected, key)
+        except Exception as e:  # a bug costs this task its judge score, never its answer nor the worker
+            scored.fail(JUDGE, f"{type(e).__name__}: {e}")
+            return None
+        if v.score is None:
+            scored.fail(JUDGE, v.error or "no grade")
+        else:
+            scored.scores[JUDGE] = v.score
+        if v.reply is not None:
+            scored.detail[JUDGE] = v.detail()
+        return v.prompt_tokens, v.completion_tokens
 
     def _probe(self, e: int) -> None:
         if self.client is not None:
@@ -197,16 +266,24 @@ class Worker:
         policy = RetryPolicy(max_attempts=cfg.max_attempts, cap_s=cfg.max_retry_wait_s,
                              max_limited_s=cfg.max_rate_limited_s)
         schedule, outbox = self.schedule, self.outbox
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with contextlib.AsyncExitStack() as stack:
+            session = await stack.enter_async_context(aiohttp.ClientSession(connector=connector, timeout=timeout))
             client = Client(session, self.endpoints, policy,
                             int(cfg.max_response_mb * (1 << 20)), seed=self.pid, cap=lambda: schedule.limit,
                             pacer=self.pacer, on_trip=outbox.trip,
                             on_probe=outbox.probe_result, secret=key, on_auth=outbox.auth, on_local=outbox.fatal,
-                            whole_bodies=self.scoring is not None or self.plugin is not None)
+                            whole_bodies=self.scoring is not None or self.plugin is not None or self.judging)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
             client.secrets += [v.encode() for u in cfg.endpoints for v in url_secrets(u)]  # basic auth (issue 34)
             self.client, client.on_rest = client, self._pump
+            if self.judging:  # its own endpoint, pool, limit, breaker and connections (worker.judge)
+                judge_session = await stack.enter_async_context(aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=cfg.judge_concurrency, ssl=not cfg.insecure),
+                    timeout=timeout))
+                self.judge = Judge(judge_settings(cfg), judge_session, self.outbox.fatal, seed=self.pid)
             tasks = [asyncio.create_task(self.heartbeat())]
+            if self.hedger is not None:
+                tasks.append(asyncio.create_task(self.hedge_loop(self.hedger)))
             if cfg.adaptive:  # every attempt and the server's queue feed each endpoint's limit
                 schedule.resting = lambda: client.resting  # a request resting in a back-off holds no slot
                 client.observe = self.endpoints.observer(schedule.active, lambda: schedule.limit)
@@ -221,6 +298,21 @@ class Worker:
             for t in [*tasks, reading, drained]:
                 t.cancel()
             await asyncio.gather(*tasks, reading, drained, return_exceptions=True)
+            if self.judge is not None:
+                self.judge.close()
+
+
+def judge_settings(cfg: WorkerConfig) -> JudgeSettings:
+    """The judge's settings from the worker's config: its key from --judge-api-key-env (else the answers')."""
+    assert cfg.judge_base_url is not None and cfg.judge_model is not None, "checked by build_config"
+    template = parse_template(cfg.judge_template) if cfg.judge_template is not None else load_template(None)
+    if cfg.judge_api_key_env:
+        key, source = api_key(cfg.judge_api_key_env, None), f"the judge's API key (${cfg.judge_api_key_env})"
+    else:
+        key, source = api_key(cfg.api_key_env, cfg.api_key_file), key_source(cfg.api_key_env, cfg.api_key_file)
+    return JudgeSettings(cfg.judge_base_url, cfg.judge_model, template, key, source, cfg.judge_concurrency,
+                         cfg.judge_timeout_s, cfg.judge_max_tokens, cfg.max_attempts, cfg.max_retry_wait_s,
+                         cfg.max_rate_limited_s, int(cfg.max_response_mb * (1 << 20)))
 
 
 async def amain() -> int:

@@ -19,16 +19,23 @@ BIG_BODY = 1 << 14  # a response body this large is written around, not copied i
 
 
 def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any],
-          metadata: dict[str, Any], scored: Scored | None = None) -> tuple[list[bytes], dict[str, Any]]:
+          metadata: dict[str, Any], scored: Scored | None = None,
+          hedge: bool | None = None, judge_tokens: tuple[int, int] | None = None
+          ) -> tuple[list[bytes], dict[str, Any]]:
     """Task ``tid`` (its key ``key``): its output line (as parts to write one after the other) and the RESULT
     meta. ``waited_s``: the time it waited in this worker's queue; ``endpoint``: the index and public URL of its
     last attempt's endpoint (``endpoint_of``); ``scored``: its scores, when the run scores (a scorer that left it
-    unscored is absent from the record's scores and named in the meta's ``us``)."""
+    unscored is absent from the record's scores and named in the meta's ``us``); ``hedge``: None when its request
+    was not hedged (--hedge), else whether the second copy's answer is the record; ``judge_tokens``: the judge's
+    (prompt, completion) tokens for it when it was asked, counted apart from the answer's (``jpt``, ``jct``)."""
     # latency_s is the server's (the last attempt, request written to last byte); queue_s the time it waited
     # here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
     metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(waited_s + oc.queue_s, 6),
                                "total_s": round(oc.latency_s, 6), "attempts": oc.attempts, "worker": pid,
                                "endpoint": endpoint}
+    if hedge is not None:  # a second copy was sent (issue 28): which one answered
+        metrics["hedged"] = True
+        metrics["hedge_won"] = hedge
     if oc.ttft_s is not None:
         metrics["ttft_s"] = round(oc.ttft_s, 6)
     if oc.itl_s is not None:
@@ -36,7 +43,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
     fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
                               "metrics": metrics, "metadata": metadata or None,
                               "scores": None if scored is None else scored.scores,
-                              "score_errors": None if scored is None else scored.errors}
+                              "score_errors": None if scored is None else scored.errors,
+                              "score_detail": None if scored is None else scored.detail}
     if oc.raw_json is not None and len(oc.raw_json) >= BIG_BODY:  # raw_json: the body is the endpoint's bytes
         # the endpoint's own bytes go out between the record's head and tail: never copied into a line
         head, tail = output_line_around(tid, **fields)
@@ -51,8 +59,12 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
             "sc": None if scored is None else scored.scores, "ep": oc.endpoint}
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
+    if judge_tokens is not None:  # the judge was asked: its tokens: never added to the answer's (summary judge_usage)
+        info["jpt"], info["jct"] = judge_tokens
     if oc.stalled:
         info["st"] = oc.stalled  # attempts abandoned as stalled (timeout_stall), for the summary
+    if hedge is not None:
+        info["hg"] = 2 if hedge else 1  # hedged: 1, the first copy answered; 2, the second did
     if isinstance(oc.parsed, UsageOnly):
         info["chk"] = 1  # checked by simdjson, not built (counted in the summary)
     return out, info

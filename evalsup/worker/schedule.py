@@ -32,6 +32,7 @@ class Schedule:
         # with an adaptive limit, requests resting in a retry's back-off (they load no server) hold no slot:
         # how many there are now (Client.resting), set once the client exists
         self.resting: Callable[[], int] | None = None
+        self.copies = 0  # hedges' second copies running (--hedge, worker.race): active, as any request
 
     def add(self, meta: Any, line: bytes | memoryview) -> None:
         """A TASK frame: queued, its queue_s counted from now."""
@@ -54,8 +55,9 @@ class Schedule:
         return self.endpoints.limit(self.limit)
 
     def active(self) -> int:
-        """Requests begun and not answered; with an adaptive limit, less those resting in a retry's back-off."""
-        return self.inflight - (self.resting() if self.resting is not None else 0)
+        """Requests begun and not answered, hedges' copies included; with an adaptive limit, less those resting
+        in a retry's back-off."""
+        return self.inflight + self.copies - (self.resting() if self.resting is not None else 0)
 
     def can_start(self) -> bool:
         return (bool(self.queue) and not self.paused and self.endpoints.any_up() and self.active() < self.allowed()

@@ -18,13 +18,14 @@ ALLOWED: dict[str, set[str]] = {
     "mock": set(),
     "tasks": set(),
     "scoring": set(),
-    "config": {"ipc", "tasks"},
+    "config": {"ipc", "tasks", "scoring"},
     "rundir": {"config", "tasks"},
     "worker": {"common", "ipc", "tasks", "scoring"},
     "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir"},
-    "tools": {"common", "tasks", "scoring", "config", "rundir"},
-    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock"},
-    "api": {"tasks", "config", "rundir", "cli"},
+    "tools": {"common", "tasks", "scoring", "config", "rundir", "worker"},
+    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray"},
+    "api": {"common", "tasks", "config", "rundir", "cli"},
+    "ray": {"common", "config", "rundir", "tools", "api"},
 }
 # the top of evalsup/ holds only these files; everything else lives in a package
 TOP_FILES = {"__init__.py", "__main__.py"}

@@ -141,7 +141,8 @@ def test_a_recorded_value_no_flag_could_set_is_refused_unless_the_flag_is_given(
 
 
 def test_the_api_passes_on_only_the_keywords_given() -> None:
-    from evalsup.api.run import _argv, _last_message
+    from evalsup.common.child import last_message as _last_message
+    from evalsup.config.options import argv_of as _argv
 
     assert _argv({"out": "r", "stream": False}) == ["--out", "r", "--no-stream"]
     assert _argv({"out": "r", "model": None, "stream": True}) == ["--out", "r", "--stream"]

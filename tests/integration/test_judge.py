@@ -1,0 +1,111 @@
+"""The model-graded scorer (issue 29 item 5) over real HTTP: answers from one mock, the judge on a second one
+that grades by a rule the test knows (evalsup.mock.judge: the answer equal to the reference is GRADE: C), and
+`evalsup score --scorer judge` on the finished run, which asks the judge again and the answer endpoint never."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from evalsup.mock.server import MockConfig, MockThread
+from tests.harness import chat_requests, lines, read_results, run_cli, summary
+
+ANSWERS = ["Paris", "London", "Paris", "[no grade]", "paris"]  # by task index, in turn
+
+
+@pytest.fixture
+def judge() -> Iterator[MockThread]:
+    m = MockThread(MockConfig(latency_ms=2, seed=7, judge=True, models=("judge-model",))).start()
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def _tasks(path: Path, n: int) -> Path:
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        row: dict[str, Any] = {"id": f"t{i}", "messages": [{"role": "user", "content": f"Capital of France ({i})?"}],
+                               "mock": {"text": ANSWERS[i % len(ANSWERS)]}}
+        if i % 10 != 9:  # every tenth task has no reference: unscored by the judge, never asked about
+            row["expected"] = "Paris"
+        rows.append(row)
+    return lines(path, rows)
+
+
+def _want(i: int) -> float | None:
+    """The judge's score by the mock's rule; None: no grade in its reply (a scorer error)."""
+    answer = ANSWERS[i % len(ANSWERS)]
+    return None if answer == "[no grade]" else float(answer == "Paris")
+
+
+def test_a_run_with_a_judge_then_score_again_without_the_model(tmp_path: Path, mock: MockThread,
+                                                                judge: MockThread) -> None:
+    n = 40
+    tasks = _tasks(tmp_path / "tasks.jsonl", n)
+    judge_args = ("--scorer", "judge", "--judge-base-url", judge.url, "--judge-model", "judge-model")
+    r = run_cli("run", "-w", "2", "-c", "8", "--model", "mock-model", "--base-url", mock.url, *judge_args,
+                "--scorer", "exact_match", str(tasks))
+    assert r.returncode == 0, r.stderr
+    assert "judge tokens" in r.stdout
+    run_dir = tmp_path / "tasks.run"
+    recs = {rec["custom_id"]: rec for rec in read_results(run_dir)}
+    assert len(recs) == n and all(rec["error"] is None for rec in recs.values())
+    asked = [i for i in range(n) if i % 10 != 9]
+    judge_tokens = [0, 0]
+    for i in range(n):
+        rec = recs[f"t{i}"]
+        if i not in asked:
+            assert "judge" not in rec["scores"] and "score_detail" not in rec  # unscored: not an error
+            continue
+        detail = rec["score_detail"]["judge"]
+        assert "GRADE" in detail["reply"] or _want(i) is None  # the judge's raw reply, kept
+        judge_tokens[0] += detail["usage"]["prompt_tokens"]
+        judge_tokens[1] += detail["usage"]["completion_tokens"]
+        if _want(i) is None:
+            assert rec["scores"]["judge"] is None and "no grade" in rec["score_errors"]["judge"]
+        else:
+            assert rec["scores"]["judge"] == _want(i), (i, detail)
+    s = summary(run_dir)
+    graded = [_want(i) for i in asked if _want(i) is not None]
+    sj = s["scores"]["judge"]
+    assert (sj["count"], sj["unscored"], sj["errors"]) == (len(graded), n - len(asked), len(asked) - len(graded))
+    assert sj["accuracy"] == pytest.approx(sum(graded) / len(graded), abs=1e-6)
+    # the judge's tokens apart: its own figure, and the answers' tokens are the answers' usage alone
+    assert s["judge_usage"] == {"prompt": judge_tokens[0], "completion": judge_tokens[1], "requests": len(asked)}
+    assert s["tokens"]["prompt"] == sum(rec["response"]["body"]["usage"]["prompt_tokens"] for rec in recs.values())
+    assert judge.stats()["by_path"]["/v1/chat/completions"] == len(asked)
+    run_json = orjson.loads((run_dir / "run.json").read_bytes())["settings"]
+    assert run_json["judge_model"] == "judge-model" and run_json["judge_base_url"] == judge.url
+
+    answered = chat_requests(mock)
+    judge.configure(fail_500=0.1)  # the judge fails now and then: its retries (the workers' client) mend it
+    r = run_cli("score", str(run_dir), *judge_args, "--judge-concurrency", "8")
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == answered  # not one request to the answer endpoint
+    assert judge.stats()["by_path"]["/v1/chat/completions"] >= 2 * len(asked)  # every answer again (and retries)
+    scored = {rec["custom_id"]: rec for rec in read_results_file(run_dir / "results.scored.jsonl")}
+    assert {k: v["scores"].get("judge") for k, v in scored.items()} == {
+        k: v["scores"].get("judge") for k, v in recs.items()}
+    assert scored["t0"]["score_detail"]["judge"]["grade"] == "C"
+    scores_json = orjson.loads((run_dir / "scores.json").read_bytes())
+    assert scores_json["judge"]["count"] == len(graded) and scores_json["judge_usage"]["requests"] == len(asked)
+
+
+def read_results_file(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_a_bad_template_is_refused_before_any_request(tmp_path: Path, mock: MockThread, judge: MockThread) -> None:
+    tasks = _tasks(tmp_path / "tasks.jsonl", 3)
+    bad = tmp_path / "judge.txt"
+    bad.write_text("Grade {answer} against {reference}.\n")
+    r = run_cli("run", "--model", "mock-model", "--base-url", mock.url, "--scorer", "judge", "--judge-base-url",
+                judge.url, "--judge-template", str(bad), str(tasks))
+    assert r.returncode == 2
+    assert f"{bad}:1: unknown variable {{reference}}" in r.stderr and "Traceback" not in r.stderr
+    assert sum(mock.stats()["by_path"].values()) == 0 and sum(judge.stats()["by_path"].values()) == 0

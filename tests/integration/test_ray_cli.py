@@ -1,0 +1,42 @@
+"""`evalsup run --ray`: what is refused in one line before Ray is even imported (the real cluster is in
+tests/slow/test_ray_real.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evalsup.api.exceptions import BadSettings
+from tests.harness import run_cli, write_tasks
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--shards", "4"], "--shards N runs the shards on Ray and needs --ray [ADDRESS]"),
+    (["--ray", "auto"], "--ray needs --shards N"),
+    (["--ray", "auto", "--shards", "4", "--shard", "1/4"], "give --shards N, not --shard K/N"),
+    (["--ray", "auto", "--shards", "2", "--base-url", "http://u:secret@127.0.0.1:9/v1"],
+     "set OPENAI_BASE_URL on the nodes instead"),
+])
+def test_refused_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
+    r = run_cli("run", *args, str(tasks))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and says in r.stderr
+    assert "secret" not in r.stderr
+    assert not (tmp_path / "tasks.run").exists()
+
+
+def test_the_task_file_must_be_a_file_every_node_sees(tmp_path: Path) -> None:
+    r = run_cli("run", "--ray", "--shards", "2", "-", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_run_shards_raises_the_commands_line(tmp_path: Path) -> None:
+    from evalsup.ray import run_shards
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
+    with pytest.raises(BadSettings, match="--shards"):
+        run_shards(tasks, tmp_path / "o", num_shards=0, progress=False)
+    with pytest.raises(TypeError, match="bogus"):
+        run_shards(tasks, num_shards=2, bogus=1)

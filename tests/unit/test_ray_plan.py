@@ -1,0 +1,67 @@
+"""evalsup.ray.plan: what each shard on Ray runs with, what its exit means, the one progress line."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from evalsup.config.options import argv_of
+from evalsup.ray.plan import DRIVER_ONLY, Exit, ShardUnfinished, exit_of, progress_line, shard_options
+
+
+def test_limits_are_shared_among_the_shards_not_multiplied() -> None:
+    given = {"concurrency": 64, "max_requests_per_s": ("10", "http://gpu2:8000/v1=3"),
+             "max_tokens_per_min": ("200000",), "model": "m"}
+    opts = shard_options(given, 0, 4)
+    assert opts["concurrency"] == 16
+    assert opts["max_requests_per_s"] == ("2.5", "http://gpu2:8000/v1=0.75")
+    assert opts["max_tokens_per_min"] == ("50000",)
+    assert opts["model"] == "m"
+    # the shards together never exceed what was given
+    assert sum(float(shard_options(given, k, 4)["max_requests_per_s"][0]) for k in range(4)) == 10
+
+
+def test_a_shard_keeps_at_least_one_request_in_flight() -> None:
+    assert shard_options({"concurrency": 3}, 0, 8)["concurrency"] == 1
+    assert shard_options({"max_concurrency": 100}, 0, 8)["max_concurrency"] == 12
+
+
+def test_a_single_rate_as_evalsup_run_takes_it() -> None:
+    assert shard_options({"max_requests_per_s": 9}, 2, 3)["max_requests_per_s"] == ("3",)
+
+
+def test_the_driver_keeps_its_own_options_and_fresh_never_reaches_a_shard() -> None:
+    given = {"ray": "auto", "shards": 4, "ray_retries": 2, "out": "/x", "fresh": True, "json_summary": True,
+             "stream": True}
+    opts = shard_options(given, 1, 4)
+    assert set(opts) == {"stream"}
+    assert not set(opts) & DRIVER_ONLY
+    assert argv_of(opts) == ["--stream"]  # a retried shard given --fresh would move its own progress aside
+
+
+def test_each_shard_gets_its_own_metrics_port() -> None:
+    assert [shard_options({"metrics_port": 9100}, k, 3)["metrics_port"] for k in range(3)] == [9100, 9101, 9102]
+
+
+@pytest.mark.parametrize(("code", "verdict"), [(0, Exit.DONE), (2, Exit.BAD), (73, Exit.HELD), (75, Exit.UNFINISHED),
+                                               (-9, Exit.UNFINISHED), (1, Exit.UNFINISHED), (143, Exit.UNFINISHED)])
+def test_what_a_shards_exit_means(code: int, verdict: Exit) -> None:
+    assert exit_of(code) is verdict
+
+
+def test_the_retried_exception_survives_pickling_as_ray_ships_it() -> None:
+    e = pickle.loads(pickle.dumps(ShardUnfinished(3, 75, "endpoint down")))
+    assert (e.shard, e.code, e.message) == (3, 75, "endpoint down")
+    assert str(e) == "shard 3 ended unfinished (exit 75): endpoint down"
+
+
+def test_the_progress_line_over_every_shard() -> None:
+    groups = [{"shards": 4, "total": {"done": 1500, "failed": 3, "finished": 1, "running": 3, "rate": 412.4,
+                                      "total": 4000}}]
+    assert progress_line(groups, 4, 2) == ("ray: 1/4 shards finished, 3 running, 2 retried; 1,500/4,000 done "
+                                           "(37.5 %), 3 failed, 412 req/s")
+    assert progress_line([], 4, 0) == "ray: 4 shards starting"
+    assert progress_line([{"shards": 4, "total": {"done": 10, "failed": 0, "finished": 0, "running": 2,
+                                                  "rate": None}}], 4, 0) == (
+        "ray: 0/4 shards finished, 2 running; 10 done, 0 failed")
