@@ -1184,6 +1184,8 @@ class Supervisor:
             return "waiting for endpoint"
         if self.paused:
             return "throttled"
+        if self._budget_wait:  # the next task would pass a cap: the requests out settle first (issue 30)
+            return "waiting for budget"
         return "running"
 
     def view(self) -> RunView:

@@ -44,7 +44,7 @@ class MemoryFigures(Protocol):
 
 @dataclass(frozen=True)
 class RunView:
-    state: str  # "running", "throttled", "waiting for endpoint", "draining" or "stopping"
+    state: str  # "running", "throttled", "waiting for endpoint", "waiting for budget", "draining" or "stopping"
     stats: RunStats
     rate: Rate
     in_flight: int  # tasks held by workers, queued in them or begun (TaskLedger.in_flight)
