@@ -32,6 +32,7 @@ def main() -> None:
     evalsup demo                              try it against the built-in mock endpoint
     evalsup run --workers 4 tasks.jsonl       the real job, against $OPENAI_BASE_URL
     evalsup status tasks.run                  progress of a run, from another shell
+    evalsup estimate tasks.jsonl              what a run would send and cost, before it starts
     """
 
 
@@ -105,7 +106,8 @@ def run(tasks: Path | None, **kw: Any) -> None:
     --out): it is streamed once into the run directory's own copy, RUN_DIR/tasks.jsonl, which the run reads.
 
     Exit codes: 0 every task has its record (failed requests are records, not errors); 75 stopped before
-    the end (signal, endpoint down, key refused, crash loop, disk full): rerun to resume; 2 bad input or
+    the end (signal, endpoint down, key refused, crash loop, disk full; a cap reached, exit_reason budget: rerun
+    with a higher cap): rerun to resume; 2 bad input or
     settings (every task line is checked before the first request; an input with no task is exit 2 too);
     73 another evalsup holds the run directory; 1 anything else.
     """
@@ -423,6 +425,67 @@ def report(run_dir: Path, output: Path | None, group_by: str | None) -> None:
         click.echo(f"report written to {write_report(run_dir, output, group_by)}")
     except ReportError as e:
         _fail(str(e), 1)
+
+
+@main.command()
+@click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--base-url", default=None, metavar="URL",
+              help="The endpoint: its /tokenize (vLLM, SGLang) counts the prompt tokens. Without it, or when it "
+                   "has none, they are estimated as characters / 4 (marked ≈).")
+@click.option("--model", default=None, help="Model for lines whose body has none (as for evalsup run).")
+@click.option("--max-tokens", type=click.IntRange(0), default=None,
+              help="max_tokens for requests that do not set it (as for evalsup run).")
+@click.option("--prices", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Model prices (YAML or JSON: MODEL: {input, output, cached_input}, USD per million tokens) "
+                   "over evalsup's own table.")
+@click.option("--self-hosted", is_flag=True, help="Your own endpoint: every model costs 0.")
+@click.option("--out", "-o", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="The run directory (default TASKS.run): its answers so far give the lengths seen, and the "
+                   "estimate covers only the tasks still to do.")
+@click.option("--shard", default=None, metavar="K/N", help="Only the lines of this shard (as for evalsup run).")
+@click.option("--tokenize-max", type=click.IntRange(0), default=2000, show_default=True,
+              help="Requests whose prompt the endpoint counts; the rest are scaled by the ratio those showed.")
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
+              help="Environment variable holding the key for /tokenize.")
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
+def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: int | None, prices: Path | None,
+             self_hosted: bool, out: Path | None, shard: str | None, tokenize_max: int, api_key_env: str,
+             as_json: bool) -> None:
+    """What a run of TASKS would send and cost: requests, prompt and completion tokens, and the cost, each as
+    low / expected / high, by model. Streamed: flat memory on any size; no request but /tokenize.
+
+    \b
+    Completion tokens: low 0, expected half of max_tokens, high max_tokens (a request without max_tokens: the
+    model's largest answer from the price table, else 4096); with answers already in the run directory, low
+    is the shortest seen and expected the mean seen. A model with no price says so (never counted as free).
+    Exit 2 on a bad line or price file.
+    """
+    from evalsup.config.prices import PriceError, load_prices
+    from evalsup.config.run_config import parse_shard, run_dir_of
+    from evalsup.rundir.run_json import recorded_settings
+    from evalsup.tasks.headers import HeaderError
+    from evalsup.tasks.requests import RequestDefaults
+    from evalsup.tools.estimate import EstimateError, endpoint_headers, estimate_text
+    from evalsup.tools.estimate import estimate as do_estimate
+
+    try:
+        table = load_prices(prices, self_hosted)
+        parsed_shard = parse_shard(shard)
+        run_dir = run_dir_of(tasks, out, parsed_shard)
+        rec = recorded_settings(run_dir) or {}  # a run begun: its own --model and --max-tokens
+        defaults = RequestDefaults(model=model if model is not None else rec.get("model"),
+                                   max_tokens=max_tokens if max_tokens is not None else rec.get("max_tokens"))
+        headers = endpoint_headers(base_url, (), api_key_env, None) if base_url else None
+        s = do_estimate(tasks, table, defaults, base_url=base_url, headers=headers, tokenize_max=tokenize_max,
+                        run_dir=run_dir, shard=parsed_shard)
+    except (PriceError, ConfigError, EstimateError, HeaderError) as e:
+        _fail(str(e))
+    if as_json:
+        import orjson
+
+        click.echo(orjson.dumps(s, option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(estimate_text(s))
 
 
 @main.command()

@@ -177,6 +177,22 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Token rate limit (estimated before a request, corrected from usage). N: all requests together; "
                 "URL=N: only those sent to that endpoint. Repeatable, e.g. --max-tokens-per-min 200000 "
                 "--max-tokens-per-min http://gpu2:8000/v1=50000."),
+    Option("max_cost", ("--max-cost",), "str", metavar="USD[/shard]",
+           help="Stop dispatching before the run's spend could pass this many US dollars: each request reserves its "
+                "worst case (prompt + max_tokens, priced) when sent and settles to its usage when it answers; the "
+                "requests out finish and the run stops (exit 75, exit_reason budget); rerun with a higher cap to go "
+                "on. Needs a price for every model (--prices, --self-hosted): refused otherwise. Under --shard each "
+                "shard gets cap/N; USD/shard gives each shard that much."),
+    Option("max_completion_tokens_total", ("--max-completion-tokens-total",), "str", metavar="N[/shard]",
+           help="As --max-cost, for the completion tokens of the whole run."),
+    Option("max_total_tokens", ("--max-total-tokens",), "str", metavar="N[/shard]",
+           help="As --max-cost, for prompt + completion tokens of the whole run."),
+    Option("prices", ("--prices",), "file", metavar="FILE",
+           help="Model prices (YAML or JSON: MODEL: {input, output, cached_input} in USD per million tokens) over "
+                "evalsup's own table (evalsup/config/prices.json, dated, sources named). For --max-cost and the "
+                "estimate at the start."),
+    Option("self_hosted", ("--self-hosted",), "flag", False,
+           help="The endpoint is your own: every model costs 0 (the token caps still hold)."),
     Option("arrivals", ("--arrivals",), "choice", "uniform", choices=("uniform", "poisson"), show_default=True,
            help="Spacing of request starts under --max-requests-per-s."),
     Option("max_wait_down", ("--max-wait-down",), "float", 600.0, show_default=True,

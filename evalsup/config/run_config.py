@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from evalsup.config.caps import CapError, Caps, parse_caps
 from evalsup.config.options import BY_NAME
 from evalsup.config.options import DEFAULTS as OPT  # every run option's default, defined once (options.py)
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
@@ -70,6 +71,10 @@ class RunConfig:
     endpoint_rates: tuple[EndpointRate, ...] = ()  # limits of single endpoints (URL=N), see evalsup.config.ratelimits
     arrivals: Literal["uniform", "poisson"] = OPT["arrivals"]
     max_wait_down_s: float = OPT["max_wait_down"]
+    # issue 30: the run's caps (a shard's share already taken), and the prices they and the estimate use
+    caps: Caps = Caps()  # noqa: RUF009 - frozen, so one shared default is safe
+    prices_file: str | None = None
+    self_hosted: bool = False
     check: bool = OPT["check"]
     # memory supervision
     monitor_interval_s: float = OPT["monitor_interval"]
@@ -180,6 +185,18 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     shard = parse_shard(kw["shard"])
     if wc.judge_base_url is not None:  # --judge-concurrency is the run's: each worker its share
         wc = dataclasses.replace(wc, judge_concurrency=max(1, math.ceil(kw["judge_concurrency"] / workers)))
+    try:
+        caps = parse_caps(kw["max_cost"], kw["max_completion_tokens_total"], kw["max_total_tokens"], shard)
+    except CapError as e:
+        raise ConfigError(str(e)) from None
+    prices_file = None if kw["prices"] is None else str(kw["prices"])
+    if prices_file is not None or caps.cost is not None:
+        from evalsup.config.prices import PriceError, load_prices
+
+        try:
+            load_prices(prices_file, kw["self_hosted"])  # a bad price file: one line, before anything starts
+        except PriceError as e:
+            raise ConfigError(str(e)) from None
     per_worker = kw["max_tasks_per_worker"]
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
@@ -198,6 +215,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         check=kw["check"], log_interval_s=kw["log_interval"], log_format=kw["log_format"],
         metrics_port=kw["metrics_port"], metrics_host=kw["metrics_host"],
         retry_failed=retry_failed_codes(kw["retry_failed"]), accept_changed_settings=kw["accept_changed_settings"],
+        caps=caps, prices_file=prices_file, self_hosted=kw["self_hosted"],
         judge_template_path=judge_template_path,
         cache_max_bytes=None if kw["cache_max_gb"] is None else int(kw["cache_max_gb"] * (1 << 30)),
     )

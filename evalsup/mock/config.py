@@ -34,6 +34,7 @@ class MockConfig:
     basic_auth: str | None = None  # "user:password"
     api_key_header: str | None = None  # the header that carries api_key instead of Authorization (Azure: api-key)
     require_query: str | None = None  # "name=value&...": a /v1 or Azure request without each of them gets 404
+    tokenize: bool = True  # serve POST /tokenize (vLLM's and SGLang's shape; issue 30); False: 404, as OpenAI
     judge: bool = False  # grade requests from evalsup's judge template by a known rule (evalsup.mock.judge)
 
 
@@ -84,7 +85,7 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if name == "basic_auth" and value is not None and ":" not in value:
                 raise ValueError("basic_auth must be 'user:password'")
             changes[name] = value
-        elif name in ("echo_headers_in_errors", "revoked", "judge"):
+        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge"):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a boolean")
             changes[name] = value

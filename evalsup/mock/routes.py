@@ -103,6 +103,29 @@ async def admin_set_config(request: web.Request) -> web.StreamResponse:
     return json_response(state.config_json())
 
 
+async def tokenize(request: web.Request) -> web.StreamResponse:
+    """vLLM's and SGLang's ``POST /tokenize`` (at the server's root): ``{"model", "messages"}`` or ``{"model",
+    "prompt"}`` -> ``{"count", "max_model_len", "tokens"}``, counting as the answers' ``usage.prompt_tokens``
+    does. Off (``tokenize: false``): 404, as an endpoint without one answers."""
+    st = request.app[STATE]
+    if not st.cfg.tokenize:
+        return error(request, 404, f"Invalid URL ({request.method} {request.path})", code="unknown_url")
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return error(request, 400, "the body is not JSON")
+    if not isinstance(body, dict):
+        return error(request, 400, "the body must be a JSON object")
+    if isinstance(body.get("messages"), list):
+        count = C.chat_prompt_tokens(body["messages"])
+    else:
+        items = C.input_items(body.get("prompt"))
+        if items is None:
+            return error(request, 400, "give messages or prompt", param="prompt")
+        count = sum(C.item_tokens(x) for x in items)
+    return json_response({"count": count, "max_model_len": 32768, "tokens": list(range(count))})
+
+
 async def metrics(request: web.Request) -> web.StreamResponse:
     """vLLM-style queue gauges of the capacity model (running, waiting), for the adaptive limit's scraper."""
     st = request.app[STATE]

@@ -39,6 +39,7 @@ from evalsup.mock.routes import (
     metrics,
     model,
     models,
+    tokenize,
     unknown,
 )
 from evalsup.mock.state import MAX_BODY, SHUTDOWN_TIMEOUT_S, STATE, State, new_id
@@ -78,6 +79,7 @@ def create_app(cfg: MockConfig) -> web.Application:
     r.add_post(azure + "/embeddings", v1(embeddings))
     r.add_route("*", "/openai/{tail:.*}", v1(unknown))
     r.add_get("/metrics", metrics, allow_head=False)  # the capacity model's queue gauges
+    r.add_post("/tokenize", tokenize)  # vLLM's and SGLang's tokenizer (issue 30: evalsup estimate)
     r.add_get("/_mock/stats", admin_stats, allow_head=False)
     r.add_post("/_mock/reset", admin_reset)
     r.add_get("/_mock/config", admin_get_config, allow_head=False)

@@ -40,6 +40,7 @@ from evalsup.cache.feed import CacheFeed
 from evalsup.common.process import quiet_gc
 from evalsup.common.text import fmt_duration
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
+from evalsup.config.prices import load_prices
 from evalsup.config.ratelimits import rate_share
 from evalsup.config.run_config import RunConfig
 from evalsup.ipc import FrameKind, decode_json, split_meta
@@ -48,12 +49,14 @@ from evalsup.ipc.messages import WIRE_TOP, Auth, ResultMeta
 from evalsup.ipc.ring import ring_size_from_env
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint, previous_fingerprint
 from evalsup.rundir.journal import Journal
-from evalsup.rundir.layout import EVENTS, MEMORY
+from evalsup.rundir.layout import EVENTS, MEMORY, RESULTS
 from evalsup.rundir.results_file import ResumeState
+from evalsup.rundir.usage import usage_of_results
 from evalsup.scoring.groups import GroupedScores
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.breaker import PAUSED_PROBE_S
+from evalsup.supervisor.budget import Amount, Budget, priced
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.events import EventLog, write_leaks
@@ -76,6 +79,8 @@ from evalsup.tasks.idset import IdSet
 from evalsup.tasks.prescan import prescan
 from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
 from evalsup.tasks.records import output_line
+from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.tokens import Tally, figures, fmt_tokens, fmt_usd, one_line
 
 MIB = 1 << 20
 TICK_S = 0.25  # the ticker's period: checkpoints, flushes, the breaker's probes, hang detection
@@ -136,6 +141,12 @@ class Supervisor:
         self.rate = RateWindow(time.monotonic())  # results a second, for the progress (supervisor.progress)
         self.metrics: Any = None
         self.cache: CacheFeed | None = None  # the answer cache's writes (issue 30), set by supervisor.run
+        # issue 30: the prices (the estimate at the start, --max-cost), and the budget when a cap is given
+        self.prices = load_prices(cfg.prices_file, cfg.self_hosted)
+        self.defaults = RequestDefaults(model=cfg.worker.model, max_tokens=cfg.worker.max_tokens)
+        self.budget: Budget | None = None
+        self._budget_wait = False  # the next task would pass a cap while requests are out: wait for them
+        self.stop_reason: str | None = None  # "budget" when a cap stopped the run (summary.json's exit_reason)
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
         if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
@@ -180,8 +191,10 @@ class Supervisor:
             if cp.ids_len:
                 ids.load(self.journal.read_ids(cp.ids_len))
         skip = cfg.on_invalid == "skip"
+        tally = Tally()
         scan = await asyncio.to_thread(prescan, cfg.tasks_path, cfg.max_line_bytes, ids, start=start,
-                                       keep_going=skip, should_stop=lambda: self.stopping is not None)
+                                       keep_going=skip, should_stop=lambda: self.stopping is not None,
+                                       each=self._estimator(tally))
         verdict = judge(scan, str(cfg.tasks_path), skip)
         if not verdict.go:
             assert verdict.say is not None
@@ -192,7 +205,55 @@ class Supervisor:
             raise RunRefused(verdict.say, ex.BAD_INPUT)
         if verdict.say:
             self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
+        await self._start_budget(tally, cp is not None)
         self._scanned = (start, ids)
+
+    def _estimator(self, tally: Tally) -> Callable[[dict[str, Any], int], None]:
+        """The pre-scan's eye for the estimate at the start (issue 30): each of this shard's lines counted."""
+        shard, lookup, defaults = self.cfg.shard, self.prices.lookup, self.defaults
+
+        def each(obj: dict[str, Any], index: int) -> None:
+            if shard is None or index % shard[1] == shard[0]:
+                f = figures(obj, defaults)
+                price = lookup(f.model)
+                tally.add(f, price.max_output if price is not None else None)
+        return each
+
+    async def _start_budget(self, tally: Tally, resumed: bool) -> None:
+        """The estimate's line (not under --quiet); --max-cost with a model that has no price is refused here,
+        before any request; with a cap, the budget starts from what results.jsonl says was spent (right after
+        any kill: the results file is the source of truth)."""
+        cfg = self.cfg
+        if tally.requests and cfg.caps.cost is not None:
+            unpriced = [m for m in tally.models if self.prices.lookup(m if m != "(no model)" else None) is None]
+            if unpriced:
+                raise RunRefused(f"--max-cost: no price for model {unpriced[0]!r}"
+                                 + (f" (nor {len(unpriced) - 1} other(s))" if len(unpriced) > 1 else "")
+                                 + "; give its price with --prices FILE, or --self-hosted for your own endpoint "
+                                 "(no request was sent)", ex.BAD_INPUT)
+        spent: Amount | None = None
+        unpriced_results = 0
+        if cfg.caps.any and (cfg.run_dir / RESULTS).exists():  # a resume (or a run dir of records already)
+            try:
+                u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
+                                            cfg.worker.model)
+            except JournalError as e:  # a damaged results.jsonl: refused as _open refuses it (evalsup repair)
+                raise RunRefused(str(e), e.code) from None
+            except OSError as e:
+                raise RunRefused(f"cannot read {cfg.run_dir / RESULTS}: {e.strerror}", ex.BAD_INPUT) from None
+            spent, unpriced_results = Amount(u.prompt_tokens, u.completion_tokens, u.cost), u.unpriced
+            tally.seen = u.seen
+            if u.unpriced and cfg.caps.cost is not None:
+                self.log(f"--max-cost: {u.unpriced:,} earlier answer(s) of a model with no price "
+                         f"({', '.join(sorted(u.unpriced_models or ()))}): their cost is not counted", "warning")
+        if tally.requests and not cfg.quiet:
+            what = "the lines not yet read" if resumed else "this run"
+            self.log(f"estimate for {what}: {one_line(tally.summary(self.prices.lookup))} [prices: "
+                     f"{self.prices.describe()}; evalsup estimate for the endpoint's own token counts]")
+        if cfg.caps.any:
+            self.budget = Budget(cfg.caps, spent, unpriced_results)
+            if not cfg.quiet:
+                self.log(f"budget: {self._budget_text()}" + (" (spent so far, from results.jsonl)" if resumed else ""))
 
     def _open(self) -> None:
         cfg = self.cfg
@@ -387,13 +448,24 @@ class Supervisor:
             fingerprint=self.fp, frontier=self.reader.offset, line_no=self.reader.line_no, index=self.reader.index,
             outstanding=list(led.outstanding()), ids_len=self.journal.ids_length(),
             invalid_len=self.journal.invalid_length(), succeeded=self.stats.succeeded, failed=self.stats.failed,
-            invalid=self.stats.invalid, counters=self.stats.counters(),
+            invalid=self.stats.invalid, counters=self._counters(),
             finished=finished, done_ahead=sorted(led.done_ahead), pid=os.getpid(),
         )
         self.events("progress", **self.stats.progress())  # the report's time series (tokens, errors by code)
         await self.journal.checkpoint(cp)
         if self.cache is not None:  # the answers whose records are now durable may be kept
             self.cache.committed(cp.results_len)
+
+    def _counters(self) -> dict[str, Any]:
+        """The checkpoint's counters: the stats', and the budget's figures (evalsup status shows them)."""
+        out = self.stats.counters()
+        if self.budget is not None:
+            out["budget"] = self.budget.to_json(self._left())
+        return out
+
+    def _left(self) -> int | None:
+        total = self.counter.total
+        return None if total is None else max(0, total - self.stats.done - self.stats.invalid)
 
     def stop(self, message: str, code: int, mode: StopMode, hand_back: bool = False) -> None:
         """Stop dispatching: NOW ends the workers; DRAIN lets them finish what they hold (within --grace),
@@ -509,7 +581,8 @@ class Supervisor:
             if self.stop_code == 0 or not self.journal.broken:  # keep the first cause (the failed write) if any
                 self.stop_message, self.stop_code = str(e), e.code
         self.events("end", finished=self.finished, done=self.stats.done, code=self.stop_code,
-                    stopped=self.stop_message or None)  # why, for `evalsup status`
+                    stopped=self.stop_message or None,  # why, for `evalsup status`
+                    **({"reason": self.stop_reason} if self.stop_reason else {}))
         self.close()
         return self.stop_code
 
@@ -570,12 +643,13 @@ class Supervisor:
 
     # ----- dispatch -----
 
-    def _next_task(self) -> tuple[TaskRef, bytes] | None:
+    def _next_task(self) -> tuple[TaskRef, bytes, dict[str, Any] | None] | None:
+        """The next task to hand out: (its ref, its line, the line parsed when the reader has just parsed it)."""
         cfg = self.cfg
         assert self.reader is not None
         ref = self.ledger.take_redo()
         if ref is not None:
-            return ref, read_line_at(cfg.tasks_path, ref.offset, cfg.max_line_bytes)
+            return ref, read_line_at(cfg.tasks_path, ref.offset, cfg.max_line_bytes), None
         while not self.exhausted:
             try:
                 got = self.reader.next()
@@ -594,8 +668,64 @@ class Supervisor:
                 continue  # another shard's line (still validated, and its id still counts for duplicates)
             if self.ledger.skip(ref.id):
                 continue
-            return ref, line
+            return ref, line, self.reader.last_obj
         return None
+
+    def _afford(self, ref: TaskRef, line: bytes, obj: dict[str, Any] | None) -> bool:
+        """With a cap (issue 30): may this task go? It reserves its worst case (``budget.Budget``) and goes, or
+        it is put back first in line: dispatch waits for the requests out to settle, and when none is out
+        and it still would pass the cap, the run stops (exit 75, exit_reason budget), resumable with a higher
+        cap. A model with no price under --max-cost stops it (exit 2)."""
+        b = self.budget
+        if b is None:
+            return True
+        f = figures(orjson.loads(line) if obj is None else obj, self.defaults)
+        price = self.prices.lookup(f.model)
+        worst = priced(f.approx_prompt, f.max_completion(price.max_output if price else None), price)
+        if price is None and self.cfg.caps.cost is not None:
+            self.ledger.put_back(ref)
+            self.stop(f"--max-cost: no price for model {f.model!r} (task {ref.id!r}, line {ref.line_no}); give its "
+                      "price with --prices FILE, or --self-hosted", ex.BAD_INPUT, StopMode.DRAIN)
+            return False
+        over = b.would_exceed(worst)
+        if over is None:
+            b.reserve(ref.offset, worst, price)
+            return True
+        self.ledger.put_back(ref)
+        if b.reservations:
+            self._budget_wait = True  # the requests out may settle below their worst case: then look again
+            return False
+        self.stop_reason = "budget"
+        nxt = f"${worst.cost:,.4f}" if over == "cost" and worst.cost is not None else \
+            f"{worst.completion if over == 'completion_tokens' else worst.total:,} tokens"
+        self.events("budget", cap=over, **b.to_json())
+        self.stop(f"budget: {self._cap_text(over)}; the next request could use up to {nxt}", ex.RESUMABLE,
+                  StopMode.DRAIN)
+        return False
+
+    def _cap_text(self, over: str) -> str:
+        b = self.budget
+        assert b is not None
+        c = self.cfg.caps
+        if over == "cost":
+            return f"spent ${b.spent_cost:,.4f} of --max-cost ${c.cost:,.4f}"
+        if over == "completion_tokens":
+            return f"{b.spent_completion:,} completion tokens of --max-completion-tokens-total {c.completion_tokens:,}"
+        return f"{b.spent_prompt + b.spent_completion:,} tokens of --max-total-tokens {c.total_tokens:,}"
+
+    def _budget_text(self) -> str:
+        """spent (and reserved) against each cap, one phrase."""
+        b = self.budget
+        assert b is not None
+        c = self.cfg.caps
+        parts = []
+        if c.cost is not None:
+            parts.append(f"{fmt_usd(b.spent_cost)} of {fmt_usd(c.cost)}")
+        if c.completion_tokens is not None:
+            parts.append(f"{fmt_tokens(b.spent_completion)} of {fmt_tokens(c.completion_tokens)} completion tokens")
+        if c.total_tokens is not None:
+            parts.append(f"{fmt_tokens(b.spent_prompt + b.spent_completion)} of {fmt_tokens(c.total_tokens)} tokens")
+        return "spent " + ", ".join(parts)
 
     def _pick_worker(self, suspect_free: bool = False) -> WorkerHandle | None:
         """The worker with the most free credits, if it has a refill's worth (so that a refill sends many
@@ -614,7 +744,7 @@ class Supervisor:
         await self.credit.wait()
 
     def _may_dispatch(self) -> bool:
-        return self.stopping is None and not self.paused and not self.endpoints.open
+        return self.stopping is None and not self.paused and not self.endpoints.open and not self._budget_wait
 
     async def _dispatch(self) -> None:
         """Hand out tasks until the input is done and nothing is outstanding, or a stop is asked."""
@@ -628,7 +758,10 @@ class Supervisor:
                 if sw is not None:
                     ref = led.take_suspect()
                     assert ref is not None
-                    self.hand(sw, ref, read_line_at(self.cfg.tasks_path, ref.offset, self.cfg.max_line_bytes))
+                    line = read_line_at(self.cfg.tasks_path, ref.offset, self.cfg.max_line_bytes)
+                    if not self._afford(ref, line, None):
+                        continue
+                    self.hand(sw, ref, line)
                     await sw.pipe_room()
                     continue
             if self.exhausted and not led.has_redo():
@@ -648,7 +781,9 @@ class Supervisor:
             task = self._next_task()
             if task is None:
                 return
-            self.hand(w, *task)
+            if not self._afford(*task):
+                return
+            self.hand(w, task[0], task[1])
             if w.out is not None and w.out.must_drain():
                 await w.pipe_room()
 
@@ -772,6 +907,8 @@ class Supervisor:
                             {w.slot: w.rss for w in self.workers if w.alive}, mem.last_supervisor_rss, mem.last_ws,
                             mem.limit, limit_total(self.workers), endpoint_loads(self.workers, self.endpoints))
         self.metrics.scores(self.stats.scores, self.stats.groups)
+        if self.budget is not None:
+            self.metrics.update_budget(self.budget.to_json(self._left()))
 
     def _maybe_scale(self, mem: MemoryControl) -> None:
         """Automatic worker count: the workers' CPU is sampled here, ``ScaleUp.may_add`` decides."""
@@ -823,6 +960,13 @@ class Supervisor:
         self.append(line, meta)
         if (note := self.stats.on_result(meta)) is not None:
             self.log(note, "warning")
+        if self.budget is not None:
+            paid = meta.get("ca") != "h"  # an answer from the cache cost nothing: its reservation is given back
+            self.budget.settle(ref.offset, int(meta.get("pt") or 0) if paid else 0,
+                               int(meta.get("ct") or 0) if paid else 0)
+            if self._budget_wait:
+                self._budget_wait = False  # look again: what settled may leave room
+                self.credit.set()
         self.stall.result(time.monotonic())
         if self.metrics is not None:
             self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
@@ -842,8 +986,20 @@ class Supervisor:
             self.hold_results()
 
     def _on_returned(self, w: WorkerHandle, payload: memoryview) -> None:
-        self.ledger.returned(w.id, decode_json(payload).get("keys", []))
+        keys = decode_json(payload).get("keys", [])
+        self.ledger.returned(w.id, keys)
+        self._release(keys)
         self.credit.set()
+
+    def _release(self, keys: Iterable[int]) -> None:
+        """Tasks handed back unanswered: their reservations go (nothing spent), and dispatch may look again."""
+        if self.budget is None:
+            return
+        for k in keys:
+            self.budget.release(int(k))
+        if self._budget_wait:
+            self._budget_wait = False
+            self.credit.set()
 
     def _on_started(self, w: WorkerHandle, payload: memoryview) -> None:
         for (k,) in KEY.iter_unpack(payload):
@@ -877,6 +1033,7 @@ class Supervisor:
         how = w.exited()
         if w in self.workers:
             self.workers.remove(w)
+        self._release(list(w.held))
         for ref in self.ledger.gone(w.id, died=how.died):
             self.poison(ref)
         self.credit.set()
@@ -1046,6 +1203,8 @@ class Supervisor:
             return "waiting for endpoint"
         if self.paused:
             return "throttled"
+        if self._budget_wait:  # the next task would pass a cap: the requests out settle first (issue 30)
+            return "waiting for budget"
         return "running"
 
     def view(self) -> RunView:
@@ -1057,7 +1216,8 @@ class Supervisor:
                        max_workers=cfg.workers, autoscale=cfg.autoscale, concurrency=cfg.concurrency,
                        adaptive=cfg.adaptive, run_dir=cfg.run_dir, finished=self.finished,
                        stop_message=self.stop_message,
-                       cache=self.cache.summary() if self.cache is not None else None)
+                       cache=self.cache.summary() if self.cache is not None else None,
+                       budget=None if self.budget is None else self.budget.to_json(self._left()))
 
     def snapshot(self) -> dict[str, Any]:
         """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""

@@ -121,6 +121,11 @@ class TaskLedger:
 
     # ----- the queues, as the dispatcher takes from them -----
 
+    def put_back(self, ref: TaskRef) -> None:
+        """A task taken (a redo, a suspect, or read from the input) but not handed out, because the budget would
+        pass a cap (supervisor.budget): first again when dispatch goes on, and in O for the checkpoint."""
+        (self.suspects if ref.crashes else self.redo).appendleft(ref)
+
     def take_redo(self) -> TaskRef | None:
         """The next task to redo (handed back or left outstanding by an earlier run), before any new task."""
         return self.redo.popleft() if self.redo else None

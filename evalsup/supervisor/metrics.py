@@ -56,6 +56,11 @@ class Metrics:
         self.score_errors = Gauge("evalsup_score_errors", "Tasks the scorer failed on, by scorer and group",
                                   ["scorer", "group"], registry=r)
         self.cgroup_limit = Gauge("evalsup_cgroup_limit_bytes", "Effective memory limit (0: none)", registry=r)
+        # issue 30, with a cap: spent, reserved by the requests out, projected for the whole run, and the caps
+        self.budget_usd = Gauge("evalsup_budget_usd", "US dollars: spent, reserved, projected, cap (with a cap)",
+                                ["what"], registry=r)
+        self.budget_tokens = Gauge("evalsup_budget_tokens", "Tokens (with a cap) by what (spent, reserved, "
+                                   "projected, cap) and kind (prompt, completion, total)", ["what", "kind"], registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
         for cause in ("crashed", "hung"):
@@ -87,6 +92,23 @@ class Metrics:
                 self.score_count.labels(scorer, group).set(n)
             for scorer, n in st.errors.items():
                 self.score_errors.labels(scorer, group).set(n)
+
+    def update_budget(self, b: dict[str, Any]) -> None:
+        """The budget's gauges from ``Budget.to_json``."""
+        for what in ("spent", "reserved", "projected"):
+            fig = b.get(what)
+            if fig is None:
+                continue
+            self.budget_usd.labels(what).set(fig["cost_usd"])
+            self.budget_tokens.labels(what, "prompt").set(fig["prompt_tokens"])
+            self.budget_tokens.labels(what, "completion").set(fig["completion_tokens"])
+        caps = b["caps"]
+        if caps.get("cost") is not None:
+            self.budget_usd.labels("cap").set(caps["cost"])
+        if caps.get("completion_tokens") is not None:
+            self.budget_tokens.labels("cap", "completion").set(caps["completion_tokens"])
+        if caps.get("total_tokens") is not None:
+            self.budget_tokens.labels("cap", "total").set(caps["total_tokens"])
 
     def update(self, inflight: int, throttled: bool, down: bool, worker_rss: dict[int, int], supervisor_rss: int,
                working_set: int, limit: int | None, concurrency_limit: int,

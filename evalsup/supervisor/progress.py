@@ -127,6 +127,7 @@ def snapshot(run: RunView, now: float) -> dict[str, Any]:
         "conc_limit": limit_total(run.workers),  # the requests the workers may have in flight now (issue 21)
         # with several endpoints, each one's state, limit and requests on the wire
         "endpoints": endpoint_loads(run.workers, run.endpoints) if run.endpoints.many else None,
+        "budget": run.budget,  # issue 30: with a cap, spent / reserved / projected (supervisor.budget)
     }
 
 
@@ -144,11 +145,29 @@ def _health(s: dict[str, Any], sep: str) -> list[str]:
     parts += [f"{s.get('queued', 0)} queued in workers", f"{s['failed']:,} failed"]
     if s.get("invalid"):
         parts.append(f"{s['invalid']:,} invalid")
+    if s.get("budget"):
+        parts.append(fmt_budget(s["budget"]))
     parts += [f"{s['retries']:,} retries", f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB"]
     if s.get("cgroup_mb") is not None:
         lim = f"{sep}{s['limit_mb']:,.0f}" if s.get("limit_mb") else ""
         parts.append(f"memory {s['cgroup_mb']:,.0f}{lim} MiB")
     return parts
+
+
+def fmt_budget(b: dict[str, Any]) -> str:
+    """`spent $1.20/$5.00 (reserved $0.30, projected $4.10)`, or the same in tokens for a token cap alone."""
+    caps, spent, res, proj = b["caps"], b["spent"], b["reserved"], b.get("projected")
+    if caps.get("cost") is not None:
+        out = f"spent ${spent['cost_usd']:,.2f}/${caps['cost']:,.2f} (reserved ${res['cost_usd']:,.2f}"
+        return out + (f", projected ${proj['cost_usd']:,.2f})" if proj else ")")
+    kind = "completion_tokens" if caps.get("completion_tokens") is not None else "total_tokens"
+    cap = caps[kind]
+
+    def tok(x: dict[str, Any]) -> int:
+        c = int(x["completion_tokens"])
+        return c if kind == "completion_tokens" else c + int(x["prompt_tokens"])
+    out = f"spent {tok(spent):,}/{cap:,} tokens (reserved {tok(res):,}"
+    return out + (f", projected {tok(proj):,})" if proj else ")")
 
 
 def short_names(urls: list[str]) -> list[str]:

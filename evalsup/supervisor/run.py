@@ -154,6 +154,8 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions, cache: CacheFeed
     wall = time.monotonic() - start
     summary = build_summary(sup.view(), wall)
     summary.update(exitcodes.describe(code))
+    if sup.stop_reason is not None and code == exitcodes.RESUMABLE:
+        summary["exit_reason"] = sup.stop_reason  # "budget": a cap stopped it (issue 30)
     try:
         write_atomic(cfg.run_dir / SUMMARY, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     except OSError as e:
@@ -170,7 +172,8 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions, cache: CacheFeed
 
         print_summary(summary, Console())
     if sup.stop_message:
-        how = f"; rerun the same command to resume ({summary['total']:,} done so far)" \
+        again = "with a higher cap" if sup.stop_reason == "budget" else "the same command"
+        how = f"; rerun {again} to resume ({summary['total']:,} done so far)" \
             if code == exitcodes.RESUMABLE else ""
         # what stopped the run: said in every mode (a resumable stop is a warning: rerun to go on)
         log(f"{sup.stop_message}{how} (exit {code})", "error" if code != exitcodes.RESUMABLE else "warning")

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from evalsup.config import exitcodes
+from evalsup.config.caps import budget_text
 from evalsup.rundir.run_json import recorded_settings
 from evalsup.supervisor.view import RunView
 
@@ -67,6 +68,7 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         "tokens": {"prompt": st.prompt_tokens, "completion": st.completion_tokens,
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
+        **({"budget": run.budget} if run.budget is not None else {}),  # issue 30: caps, spent, reserved, projected
         **({"scores": st.scores.summary()} if st.scores else {}),
         # --group-by: per group (at most 10,000, then "(other)"), its tasks, failures and the same score figures
         **({"groups": st.groups.summary()} if st.groups else {}),
@@ -108,6 +110,8 @@ def stopped_how(s: dict[str, Any]) -> str:
     """Why an unfinished run stopped and what to do: a resume, unless the input or settings were bad (exit 2:
     the same command would meet them again; the reason names what to fix)."""
     why = s.get("stop_reason") or s.get("stopped") or "unfinished"
+    if s.get("exit_reason") == "budget":  # a cap stopped it (issue 30)
+        return f"{why}; rerun with a higher cap to resume"
     return why if s.get("exit_code") == exitcodes.BAD_INPUT else f"{why}; rerun the same command to resume"
 
 
@@ -153,6 +157,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
             f"{e['index']}: " + ("left out" if "left_out" in e else f"{e['results']:,} results"
                                  + (f", ejected {e['ejected']}x ({e['down_s']:.1f}s)" if e["ejected"] else ""))
             for e in eps)))
+    if summary.get("budget"):
+        rows.insert(-1, ("budget", budget_text(summary["budget"])))
     if summary.get("timeout_stall"):
         rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
                                    "no result in the run for --stall-after while they were on the wire)"))

@@ -44,7 +44,7 @@ class MemoryFigures(Protocol):
 
 @dataclass(frozen=True)
 class RunView:
-    state: str  # "running", "throttled", "waiting for endpoint", "draining" or "stopping"
+    state: str  # "running", "throttled", "waiting for endpoint", "waiting for budget", "draining" or "stopping"
     stats: RunStats
     rate: Rate
     in_flight: int  # tasks held by workers, queued in them or begun (TaskLedger.in_flight)
@@ -62,3 +62,4 @@ class RunView:
     finished: bool  # every task has its record
     stop_message: str  # why the run stopped early ("" if it did not)
     cache: dict[str, Any] | None = None  # the cache's writes this session (evalsup.cache.feed), None: no cache
+    budget: dict[str, Any] | None = None  # with a cap (issue 30): supervisor.budget.Budget.to_json

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskError, TaskReader
@@ -37,9 +38,11 @@ class Scan:
 
 
 def prescan(path: Path, max_line_bytes: int, ids: IdSet, *, start: tuple[int, int, int] = (0, 0, 0),
-            keep_going: bool = False, should_stop: Callable[[], bool] = lambda: False) -> Scan:
+            keep_going: bool = False, should_stop: Callable[[], bool] = lambda: False,
+            each: Callable[[dict[str, Any], int], None] | None = None) -> Scan:
     """Read ``path`` from ``start`` (offset, line number, index) to its end, adding each good line's id to
-    ``ids`` (not to its log). Stops at the first bad line unless ``keep_going`` (``--on-invalid skip``: counted)."""
+    ``ids`` (not to its log). Stops at the first bad line unless ``keep_going`` (``--on-invalid skip``: counted).
+    ``each(task, index)`` sees every good line parsed (the estimate at a run's start, issue 30)."""
     tasks = invalid = 0
     first: TaskError | None = None
     ids.reserve(len(ids) + _lines_ahead(path, start[0]))
@@ -58,6 +61,8 @@ def prescan(path: Path, max_line_bytes: int, ids: IdSet, *, start: tuple[int, in
             if got is None:
                 break
             tasks += 1
+            if each is not None:
+                each(reader.last_obj, got[2])
         return Scan(tasks, invalid, first, start[0], reader.offset, reader.line_no)
 
 

@@ -110,6 +110,7 @@ class TaskReader:
         self.log_ids = log_ids  # False for the pre-scan: ids.bin logs the ids of the lines the run itself read
         self.exhausted = False
         self._last = (start_offset, start_line, start_index)
+        self.last_obj: dict[str, Any] = {}  # the line last returned, parsed (the estimate reads it: no second parse)
 
     def unread(self) -> None:
         """Step back over the line last read (the bad one), so the frontier stays before it."""
@@ -178,6 +179,7 @@ class TaskReader:
             if earlier is not None:
                 raise TaskError(self.name, self.line_no, start, f"duplicate id {tid!r} (first seen at byte {earlier})",
                                 body)
+            self.last_obj = obj
             return TaskRef(start, self.line_no, tid), body, index
 
 

@@ -22,6 +22,7 @@ import orjson
 
 from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
+from evalsup.config.caps import budget_text
 from evalsup.config.exitcodes import BAD_INPUT
 from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
@@ -71,6 +72,9 @@ class RunStatus:
     exit_code: int | None = None
     restarts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] | None = None
+    # with a cap (issue 30): caps, spent, reserved, projected at the last checkpoint (supervisor.budget)
+    budget: dict[str, Any] | None = None
+    exit_reason: str | None = None  # "budget" when a cap stopped the run
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,6 +208,8 @@ def _why_stopped(run_dir: Path, cp: Checkpoint, events: list[dict[str, Any]]) ->
                   else "stopped")
     if code == BAD_INPUT:  # bad input or settings: the reason says what to fix; the same command meets it again
         return reason, code
+    if reason.startswith("budget:"):  # a cap stopped it (issue 30)
+        return reason + "; rerun with a higher cap to resume", code
     return reason + "; rerun the same command to resume", code
 
 
@@ -247,6 +253,8 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     st.input_line, st.pid = cp.line_no, cp.pid
     st.checkpoint_age_s = round(max(0.0, now - cp.time), 1)
     st.restarts = {k: int(v) for k, v in (cp.counters.get("restarts") or {}).items() if v}
+    budget = cp.counters.get("budget")
+    st.budget = budget if isinstance(budget, dict) and isinstance(budget.get("caps"), dict) else None
     st.total, st.total_estimated = _total(cp, st.done, st.outstanding)
     events = tail_events(run_dir)
     if cp.finished:
@@ -274,6 +282,8 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     else:
         st.state = RunState.STOPPED
         st.why, st.exit_code = _why_stopped(run_dir, cp, events)
+        if st.why.startswith("budget:"):
+            st.exit_reason = "budget"
     return st
 
 
@@ -336,6 +346,8 @@ def format_run(st: RunStatus) -> str:
     lines.append(f"  checkpoint  {st.checkpoint_age_s:,.1f}s ago{pid}")
     if st.exit_code is not None:
         lines.append(f"  exit code   {st.exit_code}")
+    if st.budget:
+        lines.append(f"  budget      {budget_text(st.budget)}")
     if st.restarts:
         lines.append("  restarts    " + ", ".join(f"{k} {v}" for k, v in st.restarts.items()))
     if st.settings:

@@ -1,0 +1,82 @@
+"""What a run's answers have used, read back from results.jsonl (the one source of truth, so right after any
+kill): tokens, the cost at the prices given, and the completion lengths seen (issue 30). Streamed: memory flat.
+
+A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this;
+`evalsup estimate` takes the lengths seen for its band.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from evalsup.rundir.results_file import iter_records
+
+__all__ = ["Usage", "usage_of_results"]
+
+
+class Priced(Protocol):
+    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
+
+
+@dataclass
+class Usage:
+    records: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    unpriced: int = 0  # answers with usage whose model has no price: their cost is not in ``cost``
+    unpriced_models: set[str] | None = None  # (at most a few names, for the message)
+    answers: int = 0  # records with a usage
+    low: float = math.inf  # completion tokens a choice: the shortest seen, and their sum (for the mean)
+    sum_per_choice: float = 0.0
+
+    @property
+    def seen(self) -> tuple[float, float] | None:
+        """(shortest, mean) completion tokens a choice, or None before any answer with usage."""
+        return (self.low, self.sum_per_choice / self.answers) if self.answers else None
+
+
+def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None],
+                     fallback_model: str | None = None) -> Usage:
+    """The usage of every complete record of ``path`` (none: an empty Usage). A record's cost is priced by the
+    model its answer names, else ``fallback_model`` (the run's --model); an answer from the cache is not spend.
+    Raises RunDirDamaged on a bad line."""
+    u = Usage(unpriced_models=set())
+    if not path.is_file():
+        return u
+    for _, _, rec in iter_records(path):
+        u.records += 1
+        body: Any = (rec.get("response") or {}).get("body")
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            continue
+        pt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        ct = usage.get("completion_tokens", usage.get("output_tokens"))
+        pt = pt if isinstance(pt, int) and not isinstance(pt, bool) else 0
+        ct = ct if isinstance(ct, int) and not isinstance(ct, bool) else 0
+        # an answer from the cache (--cache: metrics.cache "hit") cost nothing this run; its lengths still count
+        paid = (rec.get("metrics") or {}).get("cache") != "hit"
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        if paid:
+            u.prompt_tokens += pt
+            u.completion_tokens += ct
+            price = price_of(model) if model else None
+            if price is None and fallback_model:
+                price = price_of(fallback_model)
+            if price is None:
+                u.unpriced += 1
+                if u.unpriced_models is not None and len(u.unpriced_models) < 5:
+                    u.unpriced_models.add(str(model or fallback_model))
+            else:
+                u.cost += price.cost(pt, ct)
+        if rec.get("error") is None:
+            choices = body.get("choices")
+            per = ct / max(1, len(choices) if isinstance(choices, list) else 1)
+            u.answers += 1
+            u.sum_per_choice += per
+            u.low = min(u.low, per)
+    return u

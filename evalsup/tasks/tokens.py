@@ -1,0 +1,257 @@
+"""A task's token figures before it is sent: its model, the characters of its prompt, its max_tokens, its
+choices. Read by the estimate (``evalsup estimate``, the line at a run's start) and by the budget's
+reservation (``--max-cost`` and the token caps, supervisor.budget). Pure: no I/O.
+
+Without the endpoint's tokenizer a prompt's tokens are estimated as characters / 4 plus ``PER_MESSAGE`` a chat
+message (``approx_prompt_tokens``), always shown as such (≈). A request's worst case is its prompt and
+``max_tokens`` a choice; a request with no max_tokens is assumed to be able to use the model's largest answer
+(the price table's ``max_output``), or ``DEFAULT_MAX_OUTPUT`` when that is unknown too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.routes import BY_PATH, DEFAULT
+
+CHARS_PER_TOKEN = 4  # the ≈ estimate of a prompt's tokens (English text with BPE tokenizers: 3.5-4.5)
+PER_MESSAGE = 4  # tokens a chat message costs beyond its text (role, separators)
+DEFAULT_MAX_OUTPUT = 4096  # a request without max_tokens, when the model's largest answer is not known either
+PROMPT_BAND = (5, 3)  # the ≈ estimate's low and high ends: characters / 5 and characters / 3
+EXPECTED_FRACTION = 0.5  # expected completion without answers seen yet: this fraction of max_tokens
+MAX_MODELS = 1000  # distinct models a tally keeps by name (the rest are counted together)
+OTHER = "(other models)"
+
+__all__ = ["Figures", "Tally", "approx_prompt_tokens", "figures"]
+
+
+class Priced(Protocol):
+    """A model's price as config.prices.Price has it (tasks imports no config)."""
+
+    @property
+    def max_output(self) -> int | None: ...
+
+    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
+
+
+Lookup = Callable[[str | None], Priced | None]
+
+
+@dataclass(slots=True)
+class Figures:  # (not frozen: made once a task, and a frozen dataclass costs twice as much to make)
+    model: str | None
+    path: str  # the route, e.g. /v1/chat/completions
+    prompt_chars: int  # characters of the prompt's text (messages' content, prompt, input)
+    messages: int  # chat messages (0 for a plain prompt)
+    max_tokens: int | None  # a choice's max_tokens (max_completion_tokens, max_output_tokens), None: not set
+    choices: int  # n (1 when absent); 0 for a route that generates nothing (embeddings)
+
+    @property
+    def approx_prompt(self) -> int:
+        return approx_prompt_tokens(self.prompt_chars, self.messages)
+
+    def max_completion(self, model_max: int | None) -> int:
+        """The most completion tokens this request may cost: max_tokens (else the model's largest answer, else
+        DEFAULT_MAX_OUTPUT) for each choice."""
+        if not self.choices:
+            return 0
+        per = self.max_tokens if self.max_tokens is not None else (model_max or DEFAULT_MAX_OUTPUT)
+        return per * self.choices
+
+
+def approx_prompt_tokens(chars: int, messages: int = 0) -> int:
+    return max(1, -(-chars // CHARS_PER_TOKEN) + PER_MESSAGE * messages)
+
+
+def _chars(value: Any) -> int:
+    """Characters of a content value's text: a string, or a list of parts ({"text": ...}, {"content": ...},
+    strings)."""
+    if isinstance(value, str):
+        return len(value)
+    n = 0
+    if isinstance(value, list):
+        for part in value:
+            if isinstance(part, str):
+                n += len(part)
+            elif isinstance(part, dict):
+                for k in ("text", "content", "input_text"):
+                    if k in part:
+                        n += _chars(part[k])
+    return n
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def figures(obj: dict[str, Any], defaults: RequestDefaults) -> Figures:
+    """A validated task line's figures, with the run's defaults (--model, --max-tokens) where it sets none."""
+    if "custom_id" in obj:
+        path = str(obj.get("url", DEFAULT.path))
+        body = obj.get("body") or {}
+    else:
+        path, body = DEFAULT.path, obj
+    route = BY_PATH.get(path)
+    samples = route is None or route.samples
+    messages = body.get("messages")
+    chars = n_msgs = 0
+    if isinstance(messages, list):
+        n_msgs = len(messages)
+        for m in messages:
+            if isinstance(m, dict):
+                chars += _chars(m.get("content"))
+    for k in ("prompt", "input", "instructions"):
+        if k in body:
+            chars += _chars(body[k])
+    model = body.get("model") if isinstance(body.get("model"), str) else defaults.model
+    mt = None
+    for k in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        mt = _int(body.get(k))
+        if mt is not None:
+            break
+    if mt is None and samples:
+        mt = defaults.max_tokens
+    n = _int(body.get("n")) or 1
+    return Figures(model, path, chars, n_msgs, mt, n if samples else 0)
+
+
+@dataclass
+class Band:
+    low: float = 0.0
+    expected: float = 0.0
+    high: float = 0.0
+
+    def add(self, low: float, expected: float, high: float) -> None:
+        self.low += low
+        self.expected += expected
+        self.high += high
+
+    def to_json(self) -> dict[str, float]:
+        return {"low": round(self.low), "expected": round(self.expected), "high": round(self.high)}
+
+
+@dataclass
+class ModelTally:
+    """One model's part of an estimate: requests, prompt characters and tokens, completion tokens' band."""
+
+    requests: int = 0
+    prompt_chars: int = 0
+    prompt: Band = field(default_factory=Band)  # counted by the endpoint's tokenizer, or ≈ chars/4 (Tally.exact)
+    completion: Band = field(default_factory=Band)
+    no_max_tokens: int = 0  # requests without max_tokens: their high end assumed (Figures.max_completion)
+
+
+@dataclass
+class Tally:
+    """An estimate's sums, in constant memory (at most MAX_MODELS models by name): fed one request at a time.
+
+    ``seen`` is what earlier answers of this run showed, (min, mean) completion tokens a choice: the low end
+    is then the shortest seen and the expected the mean, instead of 0 and EXPECTED_FRACTION of max_tokens."""
+
+    seen: tuple[float, float] | None = None
+    models: dict[str, ModelTally] = field(default_factory=dict)
+    requests: int = 0
+    exact: int = 0  # requests whose prompt tokens the endpoint counted
+
+    def add(self, f: Figures, model_max: int | None, prompt_tokens: int | None = None, counted: bool = True) -> None:
+        """Count one request. ``prompt_tokens``: the endpoint's tokenizer's count (``counted``), or a figure scaled
+        from its counts of other requests (not ``counted``: banded as the ≈ estimate is); None: ≈ chars/4."""
+        name = f.model or "(no model)"
+        if name not in self.models and len(self.models) >= MAX_MODELS:
+            name = OTHER
+        t = self.models.setdefault(name, ModelTally())
+        t.requests += 1
+        self.requests += 1
+        t.prompt_chars += f.prompt_chars
+        if prompt_tokens is not None and counted:
+            self.exact += 1
+            t.prompt.add(prompt_tokens, prompt_tokens, prompt_tokens)
+        else:  # ≈: chars/4, between chars/5 and chars/3 (PROMPT_BAND); a scaled count the same way around it
+            mid = f.approx_prompt if prompt_tokens is None else prompt_tokens
+            over = PER_MESSAGE * f.messages
+            t.prompt.add(max(0.0, (mid - over) * CHARS_PER_TOKEN / PROMPT_BAND[0]) + over / 2, mid,
+                         (mid - over) * CHARS_PER_TOKEN / PROMPT_BAND[1] + over)
+        high = f.max_completion(model_max)
+        if f.choices and f.max_tokens is None:
+            t.no_max_tokens += 1
+        if self.seen is not None:
+            lo, mean = self.seen
+            low, expected = min(lo * f.choices, high), min(mean * f.choices, high)
+        else:
+            low, expected = 0.0, high * EXPECTED_FRACTION
+        t.completion.add(low, expected, high)
+
+    def scaled(self, left: float) -> Tally:
+        """The same estimate for a ``left`` fraction of its requests (a resume: what is still to be sent)."""
+        out = Tally(self.seen, {}, round(self.requests * left), round(self.exact * left))
+        for name, t in self.models.items():
+            p, c = t.prompt, t.completion
+            out.models[name] = ModelTally(round(t.requests * left), round(t.prompt_chars * left),
+                                          Band(p.low * left, p.expected * left, p.high * left),
+                                          Band(c.low * left, c.expected * left, c.high * left),
+                                          round(t.no_max_tokens * left))
+        return out
+
+    def summary(self, lookup: Lookup) -> dict[str, Any]:
+        """Requests, prompt and completion tokens and the cost, each as a low / expected / high band, by model and
+        in all. A model with no price says so (``unpriced``) and its cost is left out of the total (``cost`` is
+        then a lower bound, and ``cost_complete`` false): never counted as free."""
+        prompt, completion, cost = Band(), Band(), Band()
+        by_model: dict[str, Any] = {}
+        unpriced: list[str] = []
+        for name, t in self.models.items():
+            price = lookup(None if name in ("(no model)", OTHER) else name)
+            row: dict[str, Any] = {"requests": t.requests, "prompt_tokens": t.prompt.to_json(),
+                                   "completion_tokens": t.completion.to_json()}
+            if t.no_max_tokens:
+                row["no_max_tokens"] = t.no_max_tokens
+            prompt.add(t.prompt.low, t.prompt.expected, t.prompt.high)
+            completion.add(t.completion.low, t.completion.expected, t.completion.high)
+            if price is None:
+                unpriced.append(name)
+                row["cost_usd"] = None
+            else:
+                pr, co = t.prompt, t.completion
+                c = Band(price.cost(pr.low, co.low), price.cost(pr.expected, co.expected), price.cost(pr.high, co.high))
+                cost.add(c.low, c.expected, c.high)
+                row["cost_usd"] = {k: round(getattr(c, k), 4) for k in ("low", "expected", "high")}
+            by_model[name] = row
+        return {
+            "requests": self.requests,
+            "prompt_tokens": prompt.to_json(),
+            "prompt_tokens_counted": "endpoint" if self.requests and self.exact == self.requests else
+            ("partly endpoint" if self.exact else "approx chars/4"),
+            "completion_tokens": completion.to_json(),
+            "completion_from": "seen" if self.seen is not None else f"{EXPECTED_FRACTION:g} x max_tokens",
+            "cost_usd": {k: round(getattr(cost, k), 4) for k in ("low", "expected", "high")},
+            "cost_complete": not unpriced,
+            "unpriced": unpriced,
+            "models": by_model,
+        }
+
+
+def fmt_tokens(x: float) -> str:
+    return f"{x:,.0f}" if x < 1e6 else f"{x / 1e6:,.1f}M" if x < 1e9 else f"{x / 1e9:,.2f}B"
+
+
+def fmt_usd(x: float) -> str:
+    return f"${x:,.2f}" if x >= 0.1 else f"${x:,.4f}"
+
+
+def one_line(s: dict[str, Any]) -> str:
+    """An estimate's summary (``Tally.summary``) in one line, as a run says it at its start."""
+    p, c, cost = s["prompt_tokens"], s["completion_tokens"], s["cost_usd"]
+    approx = "" if s["prompt_tokens_counted"] == "endpoint" else "≈ "
+    text = (f"{s['requests']:,} requests, prompt {approx}{fmt_tokens(p['expected'])} tokens"
+            + ("" if not approx else " (chars/4)")
+            + f", completion {fmt_tokens(c['low'])}-{fmt_tokens(c['high'])} tokens (expected "
+              f"{fmt_tokens(c['expected'])}, {s['completion_from']})")
+    if s["unpriced"] and len(s["unpriced"]) == len(s["models"]):
+        return text + f", cost unknown: no price for {', '.join(s['unpriced'])}"
+    text += f", cost {fmt_usd(cost['low'])}-{fmt_usd(cost['high'])} (expected {fmt_usd(cost['expected'])})"
+    if s["unpriced"]:
+        text += f" plus the unknown cost of {', '.join(s['unpriced'])} (no price)"
+    return text
