@@ -165,6 +165,8 @@ class WorkerConfig:
     headers: tuple[str, ...] = ()  # --header specs, resolved by each side (evalsup.tasks.headers), never values
     # many endpoints (issue 21 item 1): every --base-url, in the order given; () means just base_url
     base_urls: tuple[str, ...] = ()
+    # the Batch API (issue 31): set, the supervisor starts evalsup.batch's driver in the workers' place
+    batch: dict[str, Any] | None = None
 
     @property
     def endpoints(self) -> tuple[str, ...]:

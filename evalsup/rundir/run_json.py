@@ -52,6 +52,7 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_ignore_case": w.score_ignore_case,
         "score_pattern": w.score_pattern,
         "score_normalize": w.score_normalize,
+        "batch_api": w.batch is not None,  # a resume of a batch run stays one: its batches are adopted
     }
 
 
@@ -107,6 +108,7 @@ FLAGGED: dict[str, _Flag] = {
     "score_ignore_case": _Flag("ignore_case", (bool,)),
     "score_pattern": _Flag("regex", (str, type(None))),
     "score_normalize": _Flag("normalize", (bool,)),
+    "batch_api": _Flag("batch_api", (bool,)),
 }
 SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
 _FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)"}

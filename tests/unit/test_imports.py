@@ -22,8 +22,9 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"config", "tasks"},
     "worker": {"common", "ipc", "tasks", "scoring"},
     "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir"},
-    "tools": {"common", "tasks", "scoring", "config", "rundir"},
-    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock"},
+    "batch": {"common", "ipc", "tasks", "scoring", "config", "rundir", "worker"},
+    "tools": {"common", "tasks", "scoring", "config", "rundir", "batch"},
+    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "batch"},
     "api": {"tasks", "config", "rundir", "cli"},
 }
 # the top of evalsup/ holds only these files; everything else lives in a package
