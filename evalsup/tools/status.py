@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from evalsup.batch.journal import chunks_of
 from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
 from evalsup.config.exitcodes import BAD_INPUT
@@ -71,6 +72,8 @@ class RunStatus:
     exit_code: int | None = None
     restarts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] | None = None
+    # a --batch-api run (issue 31): each chunk's batch as its journal last saw it (batches.jsonl)
+    batches: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,7 +225,7 @@ def _total(cp: Checkpoint, done: int, outstanding: int) -> tuple[int | None, boo
 
 def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     now = time.time() if now is None else now
-    st = RunStatus(str(run_dir), RunState.NOT_STARTED, settings=settings_of(run_dir))
+    st = RunStatus(str(run_dir), RunState.NOT_STARTED, settings=settings_of(run_dir), batches=batch_rows(run_dir))
     try:
         cp = load_checkpoint(run_dir)
     except JournalError as e:
@@ -340,7 +343,20 @@ def format_run(st: RunStatus) -> str:
         lines.append("  restarts    " + ", ".join(f"{k} {v}" for k, v in st.restarts.items()))
     if st.settings:
         lines.append("  settings    " + ", ".join(f"{k}={v}" for k, v in st.settings.items() if v is not None))
+    for i, b in enumerate(st.batches):
+        c = b["counts"] or {}
+        when = "".join(f", {w} {_clock(float(b[w + '_at']))}" for w in ("created", "expires") if b[w + "_at"])
+        lines.append(f"  {'batches' if i == 0 else '':<11} chunk {b['chunk']} {b['batch_id'] or '(not created)'}: "
+                     f"{b['status'] or b['step']} ({c.get('completed', 0)} completed, {c.get('failed', 0)} failed "
+                     f"of {c.get('total') or b['tasks']}{when})" + (f": {b['reason']}" if b["reason"] else ""))
     return "\n".join(lines)
+
+
+def batch_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Each chunk of a --batch-api run: its batch id, the provider's state and counts, created and expires."""
+    return [{"chunk": c.chunk, "batch_id": c.batch_id, "step": c.step.value, "status": c.status,
+             "counts": c.counts, "tasks": len(c.keys), "created_at": c.created_at, "expires_at": c.expires_at,
+             "reason": c.reason} for c in chunks_of(run_dir).values()]
 
 
 # ----- the parent of shard run directories (`--shard`: TASKS.run/shard-K-of-N/) -----

@@ -1,0 +1,126 @@
+"""`evalsup run --batch-api` against the mock's Files and Batches APIs (issue 31): the whole path, a kill -9 at
+each step then a rerun (every task once, no chunk created twice), an expired chunk and its follow-up, an error
+file merged, a validation failure, the mock's shapes checked with the openai SDK's types. The 2,000-task run
+whose records match an online run's is in tests/slow/test_batch_api_match.py."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from openai.types import Batch, FileObject
+
+from evalsup.mock.server import MockConfig, MockThread
+from tests.harness import assert_exactly_once, ids_of, lines, run_args, run_cli, write_tasks
+
+FAST = ("--batch-api", "--batch-max-requests", "40", "--batch-poll-interval", "0.05", "--batch-poll-max", "0.2",
+        "-q")
+KEY = {"OPENAI_API_KEY": "sk-test"}
+
+
+@pytest.fixture
+def bmock() -> Any:
+    with MockThread(MockConfig(seed=3, batch_step_ms=20)) as m:
+        yield m
+
+
+def batches_of(mock: MockThread) -> list[dict[str, Any]]:
+    c = openai.OpenAI(base_url=mock.url, api_key="sk-test")
+    return [b.model_dump() for b in c.batches.list(limit=7)]  # small pages: the SDK follows `after`
+
+
+def assert_no_chunk_twice(mock: MockThread) -> None:
+    made = Counter((b["metadata"] or {}).get("evalsup_chunk") for b in batches_of(mock))
+    assert made and max(made.values()) == 1, f"a chunk was created twice: {made}"
+
+
+def test_mock_shapes_are_the_sdks(bmock: MockThread) -> None:
+    c = openai.OpenAI(base_url=bmock.url, api_key="sk-test")
+    data = b"".join(orjson.dumps({"custom_id": f"a{i}", "method": "POST", "url": "/v1/chat/completions",
+                                  "body": {"model": "mock-model", "messages": [{"role": "user", "content": f"q{i}"}],
+                                           **({"mock": {"status": 400}} if i == 1 else {})}}) + b"\n"
+                    for i in range(4))
+    f = c.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    assert isinstance(f, FileObject) and f.bytes == len(data)
+    FileObject.model_validate(c.files.retrieve(f.id).model_dump(), strict=True)
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                         metadata={"k": "v"})
+    seen = {b.status}
+    while b.status not in ("completed", "failed", "expired", "cancelled"):
+        b = c.batches.retrieve(b.id)
+        seen.add(b.status)
+    Batch.model_validate(b.model_dump(), strict=True)
+    assert {"validating", "completed"} <= seen and b.request_counts is not None
+    assert (b.request_counts.completed, b.request_counts.failed) == (3, 1)
+    out = [orjson.loads(x) for x in c.files.content(b.output_file_id or "").content.splitlines()]
+    err = [orjson.loads(x) for x in c.files.content(b.error_file_id or "").content.splitlines()]
+    assert sorted(x["custom_id"] for x in out) == ["a0", "a2", "a3"]
+    assert [x["response"]["status_code"] for x in err] == [400]
+    bmock.configure(batch_fail_validation=1)
+    bad = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    while bad.status not in ("failed", "completed"):
+        bad = c.batches.retrieve(bad.id)
+    assert bad.status == "failed" and bad.errors is not None and bad.errors.data
+    page = c.batches.list(limit=1)
+    assert page.has_more and len(list(c.batches.list(limit=1))) == 2  # the SDK pages with `after`
+
+
+@pytest.mark.parametrize("step", ["before_upload", "after_upload", "after_create", "while_downloading",
+                                  "mid_collect"])
+def test_kill_at_each_step_then_rerun(tmp_path: Path, bmock: MockThread, step: str) -> None:
+    n = 120
+    tasks = write_tasks(tmp_path / "t.jsonl", n)
+    args = run_args(bmock, tasks, *FAST)
+    r = run_cli(*args, env={**KEY, "EVALSUP_BATCH_CRASH_AT": step})
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    r = run_cli(*args, env=KEY)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(n))
+    assert_no_chunk_twice(bmock)
+
+
+def test_expired_chunk_and_its_follow_up(tmp_path: Path, bmock: MockThread) -> None:
+    bmock.configure(batch_expire=1)
+    n = 30
+    tasks = write_tasks(tmp_path / "t.jsonl", n)
+    r = run_cli(*run_args(bmock, tasks, *FAST), env=KEY)
+    assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(tmp_path / "t.run", ids_of(n))
+    assert all(x["error"] is None for x in recs)
+    followed = [x for x in recs if x["metrics"]["attempts"] == 2]
+    assert len(followed) == n - n // 2  # the half the expired batch never ran went in a follow-up batch
+    assert len({x["metrics"]["batch"]["id"] for x in recs}) == 2
+    assert [b["status"] for b in batches_of(bmock)] == ["completed", "expired"]
+
+
+def test_error_file_merged_through_5xx_and_a_slow_finalize(tmp_path: Path, bmock: MockThread) -> None:
+    bmock.configure(batch_retrieve_500=3, batch_finalize_ms=300)  # polled through, waited out
+    objs = [{"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
+             **({"mock": {"status": 400}} if i % 5 == 0 else {})} for i in range(20)]
+    tasks = lines(tmp_path / "t.jsonl", objs)
+    r = run_cli(*run_args(bmock, tasks, *FAST), env=KEY)
+    assert r.returncode == 0, r.stderr
+    recs = {x["custom_id"]: x for x in assert_exactly_once(tmp_path / "t.run", ids_of(20))}
+    bad = {i for i, x in recs.items() if x["error"] is not None}
+    assert bad == {f"t{i}" for i in range(0, 20, 5)}
+    assert recs["t0"]["response"]["status_code"] == 400 and recs["t0"]["error"]["evalsup_code"] == "http_400"
+    assert recs["t0"]["metrics"]["attempts"] == 1  # a 400 is not retried
+
+
+def test_validation_failure_stops_in_one_line(tmp_path: Path, bmock: MockThread) -> None:
+    bmock.configure(batch_fail_validation=1)
+    tasks = write_tasks(tmp_path / "t.jsonl", 10)
+    r = run_cli(*run_args(bmock, tasks, *FAST), env=KEY)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "failed validation" in last and "invalid_request" in last and "Traceback" not in r.stderr
+    r = run_cli(*run_args(bmock, tasks, *FAST), env=KEY)  # the provider takes it now: a new chunk
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(10))
+
+
