@@ -127,7 +127,8 @@ class Driver:
         self.chunks: dict[int, ChunkInfo] = journal.chunks()
         self.next_n = next_chunk(self.chunks)
         self.key_chunk: dict[int, int] = {}  # the open chunk each task of it belongs to (a resume's tasks)
-        self.pending: dict[int, dict[int, Answer]] = {}  # chunk -> answers whose task is not (yet) handed over
+        # chunk -> answers whose task is not (yet) handed over: the answer, or where it is in the chunk's files
+        self.pending: dict[int, dict[int, Answer | tuple[str, int]]] = {}
         self.sent: dict[int, float] = {}  # chunk -> when its last line went out (for the done check)
         self.chunkers: dict[str, Chunker] = {}
         self.live: set[asyncio.Task[None]] = set()
@@ -136,6 +137,7 @@ class Driver:
         self.done = 0
         self.draining = False
         self.stopped = asyncio.Event()
+        self.last_task = time.monotonic()  # when the last TASK came (`evalsup cancel` waits for the redo)
         self.key_att: dict[int, int] = {}  # the attempts each of them had used (from its chunk's intent)
         self.sending = 0  # RESULTs being built: the pipe is flushed when none is left
         for c in open_chunks(self.chunks):  # oldest first: a follow-up chunk's claim on a task wins
@@ -146,6 +148,7 @@ class Driver:
     # ----- tasks in -----
 
     def on_task(self, meta: Any, line: bytes | memoryview) -> None:
+        self.last_task = time.monotonic()
         k = int(meta["k"])
         obj = orjson.loads(line)
         tid = str(obj.get("custom_id", obj.get("id")))
@@ -155,7 +158,7 @@ class Driver:
             self.held[k] = Held(tid, metadata, self.key_att.get(k, 0), n)
             got = self.pending.get(n, {}).pop(k, None)
             if got is not None:
-                self._spawn(self._answer(n, k, got))
+                self._spawn(self._answer(n, k, got if isinstance(got, Answer) else self._reread(*got)))
             return
         self.held[k] = Held(tid, metadata)
         if self.cancel:
@@ -362,16 +365,39 @@ class Driver:
         self.journal.append({"event": "collected", "chunk": c.chunk, **names})
 
     async def _collect(self, c: ChunkInfo) -> None:
-        """Every line of the chunk's files to its task: a record, a follow-up chunk or an online request."""
+        """Every line of the chunk's files to its task, streamed: a record, a follow-up chunk or an online
+        request. An answer whose task is not handed over (a resume) is remembered by where it is in its file."""
         n = c.chunk
         ids = {str(tid): int(k) for k, tid, _a in c.keys}
         seen: set[str] = set()
-        answers: list[tuple[int, Answer]] = []
+        waiting = self.pending.setdefault(n, {})
+        half = len(ids) // 2 or -1
+
+        async def one(k: int, a: Answer | tuple[str, int]) -> None:
+            if len(seen) == half:
+                self.out.flush()
+                if os.environ.get(CRASH_ENV) == "mid_collect":
+                    await asyncio.sleep(0.5)  # let the supervisor write what went out
+                    _crash_at("mid_collect")
+            if self.key_chunk.get(k) != n:
+                return  # moved on to a later chunk already (a resume)
+            h = self.held.get(k)
+            if h is not None and h.chunk == n:
+                await self._answer(n, k, a if isinstance(a, Answer) else self._reread(*a))
+            else:
+                waiting[k] = a  # its task comes (a resume), or is already recorded
+            if self.out.must_drain():
+                await self.out.drain()
+            elif len(seen) % 512 == 0:
+                await asyncio.sleep(0)  # heartbeats and frames go on while a large file is read
+
         for name in (c.output, c.errors):
             if name is None:
                 continue
             with open(self.journal.files / name, "rb") as f:
+                pos = 0
                 for raw in f:
+                    at, pos = pos, pos + len(raw)
                     if not raw.strip():
                         continue
                     a = parse_line(orjson.loads(raw))
@@ -379,28 +405,19 @@ class Driver:
                     if k is None or a.tid in seen:
                         continue  # not a request of this chunk, or said twice: the first answer counts
                     seen.add(a.tid)
-                    answers.append((k, a))
+                    h = self.held.get(k)
+                    await one(k, a if h is not None and h.chunk == n else (name, at))
         for tid, k in ids.items():  # in neither file: the provider never ran it
             if tid not in seen:
-                answers.append((k, not_run(tid, "batch_missing", "the provider's files have no line for it")))
-        waiting = self.pending.setdefault(n, {})
-        half = len(answers) // 2
-        for i, (k, a) in enumerate(answers):
-            if i == half and i:
-                self.out.flush()
-                await asyncio.sleep(0)
-                if os.environ.get(CRASH_ENV) == "mid_collect":
-                    await asyncio.sleep(0.5)  # let the supervisor write what went out
-                    _crash_at("mid_collect")
-            if self.key_chunk.get(k) != n:
-                continue  # moved on to a later chunk already (a resume)
-            h = self.held.get(k)
-            if h is not None and h.chunk == n:
-                await self._answer(n, k, a)
-            else:
-                waiting[k] = a  # its task comes (a resume), or is already recorded
+                seen.add(tid)
+                await one(k, not_run(tid, "batch_missing", "the provider's files have no line for it"))
         self.sent[n] = time.time()
         self.out.flush()
+
+    def _reread(self, name: str, at: int) -> Answer:
+        with open(self.journal.files / name, "rb") as f:
+            f.seek(at)
+            return parse_line(orjson.loads(f.readline()))
 
     async def _answer(self, n: int, k: int, a: Answer) -> None:
         h = self.held.get(k)
@@ -459,25 +476,28 @@ class Driver:
         h = self.held.pop(k, None)
         if h is None:
             return
-        self._spawn(self._send(a, k, attempts, batch, waited_s, h))
+        if self.scoring is None:  # at once: nothing to wait for
+            self._emit(a, k, attempts, batch, waited_s, h, None)
+        else:
+            self._spawn(self._scored(a, k, attempts, batch, waited_s, h))
 
-    async def _send(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float,
-                    h: Held) -> None:
+    async def _scored(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float,
+                      h: Held) -> None:
+        assert self.scoring is not None
         self.sending += 1
         try:
-            scored = None
-            if self.scoring is not None and a.status == 200:
-                scored = await self.scoring.score({"id": h.tid, **h.metadata}, a.body)
-            out_line, info = build(a, k, attempts, self.pid, self.endpoint_info, batch, h.metadata, scored,
-                                   waited_s)
-            self.done += 1
-            self.outbox.result(out_line, info, 256, True)
+            scored = await self.scoring.score({"id": h.tid, **h.metadata}, a.body) if a.status == 200 else None
+            self._emit(a, k, attempts, batch, waited_s, h, scored)
         finally:
             self.sending -= 1
         if not self.sending:
             self.out.flush()
-        if self.out.must_drain():
-            await self.out.drain()
+
+    def _emit(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float, h: Held,
+              scored: Any) -> None:
+        out_line, info = build(a, k, attempts, self.pid, self.endpoint_info, batch, h.metadata, scored, waited_s)
+        self.done += 1
+        self.outbox.result(out_line, info, 256, True)
 
     # ----- done marks -----
 
@@ -556,7 +576,8 @@ class Driver:
             if now - last_settle >= 0.5:
                 last_settle = now
                 self.settle()
-            if self.cancel and not self.live and not any(c.step is Step.CREATED for c in self.chunks.values()):
+            if (self.cancel and not self.live and now - self.last_task >= 1.0
+                    and not any(c.step is Step.CREATED for c in self.chunks.values())):
                 left = len(self.held)
                 self.fatal(f"cancelled: the run's batches are cancelled and what they finished is recorded; "
                            f"{left} task(s) left for a rerun", ex.RESUMABLE)

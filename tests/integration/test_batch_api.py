@@ -6,7 +6,10 @@ whose records match an online run's is in tests/slow/test_batch_api_match.py."""
 from __future__ import annotations
 
 import io
+import re
+import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import pytest
 from openai.types import Batch, FileObject
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import assert_exactly_once, ids_of, lines, run_args, run_cli, write_tasks
+from tests.harness import Run, assert_exactly_once, ids_of, lines, run_args, run_cli, wait_until, write_tasks
 
 FAST = ("--batch-api", "--batch-max-requests", "40", "--batch-poll-interval", "0.05", "--batch-poll-max", "0.2",
         "-q")
@@ -124,3 +127,29 @@ def test_validation_failure_stops_in_one_line(tmp_path: Path, bmock: MockThread)
     assert_exactly_once(tmp_path / "t.run", ids_of(10))
 
 
+
+
+def test_sigterm_leaves_the_batches_running_and_cancel_collects(tmp_path: Path, bmock: MockThread,
+                                                                  start: Callable[..., Run]) -> None:
+    bmock.configure(batch_step_ms=5000)  # each batch validates for 5 s (a cancel ends it at once)
+    n = 60
+    tasks = write_tasks(tmp_path / "t.jsonl", n)
+    run = start(*run_args(bmock, tasks, *FAST), env=KEY)
+    journal = tmp_path / "t.run" / "batches.jsonl"
+    wait_until(lambda: journal.exists() and journal.read_bytes().count(b'"event":"created"') == 2,
+               "both batches created", proc=run)
+    run.signal(signal.SIGTERM)
+    assert run.finish() == 75
+    assert {b["status"] for b in batches_of(bmock)} <= {"validating", "in_progress"}  # left running
+    st = run_cli("status", str(tmp_path / "t.run")).stdout
+    assert len(re.findall(r"batch_[0-9a-f]{24}", st)) == 2 and "validating" in st and "expires" in st, st
+    # `evalsup cancel` cancels them, records what they finished (here: nothing yet), stops resumably
+    r = run_cli("cancel", str(tmp_path / "t.run"), env=KEY)
+    assert r.returncode == 75, r.stderr
+    assert "cancelled" in r.stderr.strip().splitlines()[-1]
+    assert {b["status"] for b in batches_of(bmock)} == {"cancelled"}
+    bmock.configure(batch_step_ms=20)
+    r = run_cli(*run_args(bmock, tasks, *FAST), env=KEY)  # the rerun sends what the cancel left
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(n))
+    assert_no_chunk_twice(bmock)
