@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,6 @@ class Held:
     metadata: dict[str, Any]
     attempts: int = 0
     chunk: int | None = None
-    since: float = field(default_factory=time.time)
 
 
 class Stop(Exception):
@@ -437,11 +436,13 @@ class Driver:
                 del self.key_chunk[k]
                 self._gather(Pending(k, a.tid, line, attempts), c.endpoint)
                 return
+        batch: dict[str, Any] = {"id": c.batch_id, "chunk": n}
         if verdict is Verdict.ONLINE:
             line = self._request_line(c, a.tid)
-            if line is not None:
+            if line is not None:  # one more attempt, online; the record keeps the batch that did not answer
                 a = await self._online(orjson.loads(line), a)
-        batch = {"id": c.batch_id, "chunk": n}
+                attempts += 1
+                batch["fallback"] = "online"
         self._record(a, k, attempts, batch, time.time() - c.planned_at)
 
     def _request_line(self, c: ChunkInfo, tid: str) -> bytes | None:

@@ -181,7 +181,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="--batch-api: what becomes of a request the batch did not answer (expired, cancelled) or answered "
                 "with a retryable error (429, 5xx), within --max-attempts: batch (a follow-up batch), online (one "
                 "online request), fail (recorded as failed with the provider's code and message)."),
-    Option("batch_cancel", ("--batch-cancel",), "flag", False, hidden=True,
+    Option("batch_cancel", ("--batch-cancel",), "flag", False, hidden=True, api=False,
            help="--batch-api: cancel the run's batches, record what they finished, stop (evalsup cancel RUN)."),
     Option("memory_limit_mb", ("--memory-limit",), "float",
            help="Memory budget in MiB for the whole job (default: the container's cgroup limit)."),

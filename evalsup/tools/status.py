@@ -14,6 +14,7 @@ import enum
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,13 +344,23 @@ def format_run(st: RunStatus) -> str:
         lines.append("  restarts    " + ", ".join(f"{k} {v}" for k, v in st.restarts.items()))
     if st.settings:
         lines.append("  settings    " + ", ".join(f"{k}={v}" for k, v in st.settings.items() if v is not None))
-    for i, b in enumerate(st.batches):
+    shown = st.batches
+    if len(shown) > BATCH_ROWS:  # many chunks: the count by state, then the open ones and the newest
+        by = Counter(str(b["status"] or b["step"]) for b in st.batches)
+        lines.append(f"  {'batches':<11} {len(st.batches):,}: " + ", ".join(f"{v:,} {k}" for k, v in by.most_common()))
+        open_rows = [b for b in st.batches if b["step"] not in ("done", "failed")][-BATCH_ROWS:]
+        shown = open_rows or st.batches[-BATCH_ROWS:]
+    for i, b in enumerate(shown):
         c = b["counts"] or {}
         when = "".join(f", {w} {_clock(float(b[w + '_at']))}" for w in ("created", "expires") if b[w + "_at"])
-        lines.append(f"  {'batches' if i == 0 else '':<11} chunk {b['chunk']} {b['batch_id'] or '(not created)'}: "
+        label = "batches" if i == 0 and shown is st.batches else ""
+        lines.append(f"  {label:<11} chunk {b['chunk']} {b['batch_id'] or '(not created)'}: "
                      f"{b['status'] or b['step']} ({c.get('completed', 0)} completed, {c.get('failed', 0)} failed "
                      f"of {c.get('total') or b['tasks']}{when})" + (f": {b['reason']}" if b["reason"] else ""))
     return "\n".join(lines)
+
+
+BATCH_ROWS = 10  # chunks shown one a line; more are counted by state
 
 
 def batch_rows(run_dir: Path) -> list[dict[str, Any]]:

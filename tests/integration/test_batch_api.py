@@ -153,3 +153,23 @@ def test_sigterm_leaves_the_batches_running_and_cancel_collects(tmp_path: Path, 
     assert r.returncode == 0, r.stderr
     assert_exactly_once(tmp_path / "t.run", ids_of(n))
     assert_no_chunk_twice(bmock)
+
+
+def test_fallback_online_and_fail(tmp_path: Path, bmock: MockThread) -> None:
+    objs = [{"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
+             **({"mock": {"status": 500, "times": 1}} if i < 3 else {})} for i in range(10)]
+    tasks = lines(tmp_path / "t.jsonl", objs)
+    r = run_cli(*run_args(bmock, tasks, *FAST, "--batch-fallback", "online"), env=KEY)
+    assert r.returncode == 0, r.stderr
+    recs = {x["custom_id"]: x for x in assert_exactly_once(tmp_path / "t.run", ids_of(10))}
+    assert all(x["error"] is None for x in recs.values())  # the 500s were sent again online, and answered
+    assert {i for i, x in recs.items() if x["metrics"]["attempts"] == 2} == {"t0", "t1", "t2"}
+    assert len(batches_of(bmock)) == 1  # no follow-up batch
+    bmock.configure(batch_expire=1)
+    tasks = write_tasks(tmp_path / "u.jsonl", 10)
+    r = run_cli(*run_args(bmock, tasks, *FAST, "--batch-fallback", "fail"), env=KEY)
+    assert r.returncode == 0, r.stderr
+    recs = {x["custom_id"]: x for x in assert_exactly_once(tmp_path / "u.run", ids_of(10))}
+    failed = [x for x in recs.values() if x["error"] is not None]
+    assert len(failed) == 5 and {x["error"]["code"] for x in failed} == {"batch_expired"}
+    assert all(x["response"] is None and x["error"]["message"] for x in failed)
