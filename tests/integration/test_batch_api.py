@@ -1,45 +1,36 @@
 """`evalsup run --batch-api` against the mock's Files and Batches APIs (issue 31): the whole path, a kill -9 at
 each step then a rerun (every task once, no chunk created twice), an expired chunk and its follow-up, an error
 file merged, a validation failure, the mock's shapes checked with the openai SDK's types. The 2,000-task run
-whose records match an online run's is in tests/slow/test_batch_api_match.py."""
+whose records match an online run's, and the kills at the other steps, are in tests/slow/test_batch_api_slow.py."""
 
 from __future__ import annotations
 
 import io
 import re
 import signal
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import openai
 import orjson
 import pytest
 from openai.types import Batch, FileObject
 
-from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import Run, assert_exactly_once, ids_of, lines, run_args, run_cli, wait_until, write_tasks
-
-FAST = ("--batch-api", "--batch-max-requests", "40", "--batch-poll-interval", "0.05", "--batch-poll-max", "0.2",
-        "-q")
-KEY = {"OPENAI_API_KEY": "sk-test"}
-
-
-@pytest.fixture
-def bmock() -> Any:
-    with MockThread(MockConfig(seed=3, batch_step_ms=20)) as m:
-        yield m
-
-
-def batches_of(mock: MockThread) -> list[dict[str, Any]]:
-    c = openai.OpenAI(base_url=mock.url, api_key="sk-test")
-    return [b.model_dump() for b in c.batches.list(limit=7)]  # small pages: the SDK follows `after`
-
-
-def assert_no_chunk_twice(mock: MockThread) -> None:
-    made = Counter((b["metadata"] or {}).get("evalsup_chunk") for b in batches_of(mock))
-    assert made and max(made.values()) == 1, f"a chunk was created twice: {made}"
+from evalsup.mock.server import MockThread
+from tests.harness import BATCH_FAST as FAST
+from tests.harness import BATCH_KEY as KEY
+from tests.harness import (
+    Run,
+    assert_exactly_once,
+    assert_no_chunk_twice,
+    batches_of,
+    ids_of,
+    lines,
+    run_args,
+    run_cli,
+    wait_until,
+    write_tasks,
+)
 
 
 def test_mock_shapes_are_the_sdks(bmock: MockThread) -> None:
@@ -73,8 +64,7 @@ def test_mock_shapes_are_the_sdks(bmock: MockThread) -> None:
     assert page.has_more and len(list(c.batches.list(limit=1))) == 2  # the SDK pages with `after`
 
 
-@pytest.mark.parametrize("step", ["before_upload", "after_upload", "after_create", "while_downloading",
-                                  "mid_collect"])
+@pytest.mark.parametrize("step", ["after_create", "mid_collect"])  # the other steps: tests/slow
 def test_kill_at_each_step_then_rerun(tmp_path: Path, bmock: MockThread, step: str) -> None:
     n = 120
     tasks = write_tasks(tmp_path / "t.jsonl", n)
