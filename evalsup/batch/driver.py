@@ -9,8 +9,7 @@ run directory and its intent recorded (``journal``, fsynced) before the upload; 
 (``plan.PollBackoff``); the output and error files downloaded to the run directory, recorded; then each line
 becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume
 adopts what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of
-paying again. A chunk is marked done once a checkpoint written after its lines went out no longer holds any of
-its tasks as outstanding.
+paying again. A chunk is marked done once the checkpoint settles every task of it (``settle``).
 """
 
 from __future__ import annotations
@@ -128,7 +127,7 @@ class Driver:
         self.key_chunk: dict[int, int] = {}  # the open chunk each task of it belongs to (a resume's tasks)
         # chunk -> answers whose task is not (yet) handed over: the answer, or where it is in the chunk's files
         self.pending: dict[int, dict[int, Answer | tuple[str, int]]] = {}
-        self.sent: dict[int, float] = {}  # chunk -> when its last line went out (for the done check)
+        self._cp_seen = -1  # the checkpoint's mtime last read by ``settle``
         self.chunkers: dict[str, Chunker] = {}
         self.live: set[asyncio.Task[None]] = set()
         self.client: BatchClient | None = None
@@ -410,7 +409,6 @@ class Driver:
             if tid not in seen:
                 seen.add(tid)
                 await one(k, not_run(tid, "batch_missing", "the provider's files have no line for it"))
-        self.sent[n] = time.time()
         self.out.flush()
 
     def _reread(self, name: str, at: int) -> Answer:
@@ -503,29 +501,30 @@ class Driver:
     # ----- done marks -----
 
     def settle(self) -> None:
-        """Mark done each collected chunk none of whose tasks is outstanding in a checkpoint written after its
-        lines went out: its records are on disk, so a resume need not look at it again."""
-        if not self.sent:
+        """Mark done each collected chunk whose tasks are all settled in the latest checkpoint: before its
+        frontier and not outstanding, which means their records are in results.jsonl (design notes, "Exactly-once
+        resume"). A resume need not look at a done chunk again. Read once a checkpoint is new."""
+        if not any(c.step is Step.COLLECTED for c in self.chunks.values()):
             return
         try:
-            mtime = (self.run_dir / CHECKPOINT).stat().st_mtime
+            mtime = (self.run_dir / CHECKPOINT).stat().st_mtime_ns
         except FileNotFoundError:
             return
-        ready = [n for n, t in self.sent.items() if mtime > t + 0.05]
-        if not ready:
+        if mtime == self._cp_seen:
             return
+        self._cp_seen = mtime
         cp = load_checkpoint(self.run_dir)
-        if cp is None:
+        if cp is None or cp.reconcile:  # a rewritten results file: its O is worked out when the run opens
             return
         outstanding = {t.offset for t in cp.outstanding}
-        for n in ready:
-            c = self.chunks[n]
+        for n, c in list(self.chunks.items()):
+            if c.step is not Step.COLLECTED:
+                continue
             mine = [int(k) for k, _t, _a in c.keys if self.key_chunk.get(int(k)) == n]
-            if any(k in outstanding for k in mine):
+            if any(k >= cp.frontier or k in outstanding for k in mine):
                 continue
             c.step = Step.DONE
             self.journal.append({"event": "done", "chunk": n})
-            del self.sent[n]
             self.pending.pop(n, None)
             for k in mine:
                 self.key_chunk.pop(k, None)
@@ -592,7 +591,8 @@ class Driver:
                                          connector=aiohttp.TCPConnector(ssl=not cfg.insecure)) as session:
             self.session = session
             self.client = BatchClient(session, self.base, self.headers)
-            for c in open_chunks(self.chunks):  # a resume: the journal's chunks, adopted before anything new
+            self.settle()  # a resume: collected chunks whose records are all in (a finished run's, say) are done
+            for c in open_chunks(self.chunks):  # the journal's other chunks, adopted before anything new
                 self._spawn(self.drive(c, adopting=True))
             loops = [asyncio.create_task(x) for x in (self.heartbeat(), self.ticker())]
             reading = asyncio.create_task(self.read_loop())
@@ -600,10 +600,6 @@ class Driver:
             await asyncio.wait([reading, stopped], return_when=asyncio.FIRST_COMPLETED)
             if self.draining:
                 self.out.send(encode_json(FrameKind.BYE, {"done": self.done}))
-            elif reading.done() and not self.held:  # the input's end with nothing held: the run is finished,
-                for c in self.chunks.values():  # every task has its record, so every collected chunk is done
-                    if c.step is Step.COLLECTED:
-                        self.journal.append({"event": "done", "chunk": c.chunk})
             for t in [*loops, *self.live, reading, stopped]:
                 t.cancel()
             await asyncio.gather(*loops, *self.live, reading, stopped, return_exceptions=True)
