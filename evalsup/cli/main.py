@@ -344,7 +344,8 @@ def cancel(run_dir: Path, tasks: Path | None, base_url: tuple[str, ...], api_key
 
     The run resumes long enough to cancel each batch it created, wait for the provider to end it, and write
     the records of the requests it answered; the rest stay outstanding (exit 75): rerunning the run's
-    command sends them again. Exit codes as `evalsup run`'s.
+    command sends them again. The run must be stopped (Ctrl-C or SIGTERM leave its batches running): a run
+    still going holds the directory (exit 73). Exit codes as `evalsup run`'s.
     """
     import os
 

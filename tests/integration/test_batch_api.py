@@ -41,14 +41,19 @@ def test_mock_shapes_are_the_sdks(bmock: MockThread) -> None:
                     for i in range(4))
     f = c.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     assert isinstance(f, FileObject) and f.bytes == len(data)
-    FileObject.model_validate(c.files.retrieve(f.id).model_dump(), strict=True)
+    # the mock's own JSON, not the SDK's lenient parse of it: every field the types name, of their types
+    raw_file = c.files.with_raw_response.retrieve(f.id).http_response.json()
+    assert set(raw_file) == set(FileObject.model_fields)
+    FileObject.model_validate(raw_file, strict=True)
     b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
                          metadata={"k": "v"})
     seen = {b.status}
     while b.status not in ("completed", "failed", "expired", "cancelled"):
         b = c.batches.retrieve(b.id)
         seen.add(b.status)
-    Batch.model_validate(b.model_dump(), strict=True)
+    raw = c.batches.with_raw_response.retrieve(b.id).http_response.json()
+    assert set(raw) == set(Batch.model_fields)
+    Batch.model_validate(raw, strict=True)
     assert {"validating", "completed"} <= seen and b.request_counts is not None
     assert (b.request_counts.completed, b.request_counts.failed) == (3, 1)
     out = [orjson.loads(x) for x in c.files.content(b.output_file_id or "").content.splitlines()]
