@@ -29,7 +29,7 @@ import aiohttp
 import orjson
 
 from evalsup.batch.client import BatchClient, ProviderError
-from evalsup.batch.journal import Journal
+from evalsup.batch.journal import Journal, fsync_dir
 from evalsup.batch.plan import (
     Act,
     Chunker,
@@ -243,42 +243,51 @@ class Driver:
                 wait = min(TRANSIENT_WAIT_S[1], wait * 2)
 
     async def drive(self, c: ChunkInfo, adopting: bool) -> None:
+        """One chunk from its intent to its records, each step recorded as it returns."""
         client = self.client
         assert client is not None
         n = c.chunk
         path = self.journal.files / c.file
-        if c.step is Step.PLANNED:
-            if self.cancel:
-                return
-            data = path.read_bytes()
-            _crash_at("before_upload")
-            f = None
-            if adopting:  # an upload whose record a crash took: the provider has it under the same name
-                f = adopt_file(await self._try("listing files", client.files), c.file, len(data))
-            if f is None:
-                f = await self._try(f"the upload of chunk {n}", lambda: client.upload(c.file, data))
-            _crash_at("after_upload")
-            c.file_id, c.step = str(f["id"]), Step.UPLOADED
-            self.journal.append({"event": "uploaded", "chunk": n, "file_id": c.file_id})
-        if c.step is Step.UPLOADED:
-            b = None
-            if adopting:  # a batch whose record a crash took: its metadata names the run and the chunk
-                b = await self._find_batch(c)
-            if b is None:
+        if c.step is Step.COLLECTED and not all((self.journal.files / x).is_file() for x in (c.output, c.errors)
+                                                if x):
+            c.step = Step.CREATED  # a download the crash took with it: fetch it again
+        while True:
+            if c.step is Step.PLANNED:
                 if self.cancel:
                     return
-                fid = c.file_id
-                assert fid is not None
-                b = await self._try(f"creating the batch of chunk {n}", lambda: client.create(
-                    fid, c.endpoint, self.window, batch_metadata(self.journal.run_id, n)))
-            _crash_at("after_create")
-            c.batch_id, c.step = str(b["id"]), Step.CREATED
-            self.journal.append({"event": "created", "chunk": n, "batch_id": c.batch_id, "file_id": c.file_id})
-            self._note_state(c, b)
-        if c.step is Step.CREATED:
-            await self._poll(c)
-        if c.step is Step.COLLECTED:
-            await self._collect(c)
+                data = path.read_bytes()
+                _crash_at("before_upload")
+                f = None
+                if adopting:  # an upload whose record a crash took: the provider has it under the same name
+                    f = adopt_file(await self._try("listing files", client.files), c.file, len(data))
+                if f is None:
+                    f = await self._try(f"the upload of chunk {n}", lambda data=data: client.upload(c.file, data))
+                _crash_at("after_upload")
+                c.file_id, c.step = str(f["id"]), Step.UPLOADED
+                self.journal.append({"event": "uploaded", "chunk": n, "file_id": c.file_id})
+            elif c.step is Step.UPLOADED:
+                b = None
+                if adopting:  # a batch whose record a crash took: its metadata names the run and the chunk
+                    b = await self._find_batch(c)
+                if b is None:
+                    if self.cancel:
+                        return
+                    fid = c.file_id
+                    assert fid is not None
+                    b = await self._try(f"creating the batch of chunk {n}", lambda fid=fid: client.create(
+                        fid, c.endpoint, self.window, batch_metadata(self.journal.run_id, n)))
+                _crash_at("after_create")
+                c.batch_id, c.step = str(b["id"]), Step.CREATED
+                self.journal.append({"event": "created", "chunk": n, "batch_id": c.batch_id, "file_id": c.file_id})
+                self._note_state(c, b)
+            elif c.step is Step.CREATED:
+                await self._poll(c)  # to COLLECTED, or back to UPLOADED (the provider's queue was full)
+                adopting = False
+            elif c.step is Step.COLLECTED:
+                await self._collect(c)
+                return
+            else:
+                return
 
     async def _find_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
         client = self.client
@@ -327,10 +336,18 @@ class Driver:
                 await asyncio.sleep(backoff.next(False))
                 continue
             changed = self._note_state(c, b)
-            act = on_status(str(b.get("status")))
+            errs = (b.get("errors") or {}).get("data") or []
+            first = errs[0] if errs and isinstance(errs[0], dict) else {}
+            act = on_status(str(b.get("status")), first.get("code"))
+            if act is Act.RECREATE:  # the account's queue is full: the same file, a new batch, later
+                wait = self.poll[1]
+                print(f"evalsup batch: batch {bid} (chunk {c.chunk}) refused for the provider's queue "
+                      f"({first.get('code')}); creating it again in {wait:g}s", file=sys.stderr, flush=True)
+                c.step = Step.UPLOADED
+                self.journal.append({"event": "uploaded", "chunk": c.chunk, "file_id": c.file_id})
+                await asyncio.sleep(wait)
+                return
             if act is Act.STOP:
-                errs = ((b.get("errors") or {}).get("data") or [{}])
-                first = errs[0] if errs else {}
                 line = f" (line {first['line']})" if first.get("line") else ""
                 reason = f"{first.get('code') or 'failed'}: {first.get('message') or 'no reason given'}{line}"
                 c.step, c.reason = Step.FAILED, reason
@@ -358,6 +375,7 @@ class Driver:
             with open(part, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(part, self.journal.files / name)
+            fsync_dir(self.journal.files)
             names[kind] = name
         c.output, c.errors, c.step = names["output"], names["errors"], Step.COLLECTED
         self.journal.append({"event": "collected", "chunk": c.chunk, **names})

@@ -68,9 +68,9 @@ class Journal:
         self.run_dir = run_dir
         self.files = run_dir / BATCH_FILES
         self.files.mkdir(exist_ok=True)
-        self._truncate_torn()
         self.f = open(run_dir / BATCHES, "ab")  # noqa: SIM115  (held for the driver's life, with its lock)
         fcntl.flock(self.f.fileno(), fcntl.LOCK_EX)  # a predecessor driver still going: wait for its end
+        self._truncate_torn()  # a line a kill cut short (under the lock: no writer is mid-line)
         fsync_dir(run_dir)
         run_id = run_id_of(run_dir)
         if run_id is None:

@@ -35,6 +35,7 @@ class Act(enum.Enum):
     WAIT = "wait"  # still working: poll again after the backoff
     COLLECT = "collect"  # ended with files to read (completed, expired, cancelled): download, then record
     STOP = "stop"  # failed validation as a whole: the run stops with the provider's reason
+    RECREATE = "recreate"  # failed for the provider's queue (enqueued tokens), not the file: create it again later
 
 
 class Verdict(enum.Enum):
@@ -50,11 +51,16 @@ ENDED = frozenset({"completed", "expired", "cancelled"})
 NOT_RUN = frozenset({"batch_expired", "batch_cancelled", "batch_missing"})  # the provider never ran it
 
 
-def on_status(status: str) -> Act:
+# a batch failed for these is refused for the account's queue (OpenAI's enqueued-token limit), not its file
+QUEUE_FULL = frozenset({"token_limit_exceeded", "rate_limit_exceeded"})
+
+
+def on_status(status: str, failure_code: str | None = None) -> Act:
+    """The act on the provider's ``status`` (``failure_code``: the first of a failed batch's errors)."""
     if status in ENDED:
         return Act.COLLECT
     if status == "failed":
-        return Act.STOP
+        return Act.RECREATE if failure_code in QUEUE_FULL else Act.STOP
     return Act.WAIT
 
 

@@ -15,7 +15,7 @@ faults, ``mock`` objects and answers are exactly those of an online request; ans
 the error file, as OpenAI's do. The output is written in an order of its own (seeded), not the input's.
 Knobs (``MockConfig``): ``batch_step_ms`` (each state's stay), ``batch_finalize_ms`` (a slow finalize),
 ``batch_retrieve_500`` (the next N ``GET /v1/batches/{id}`` answer 500), ``batch_expire``,
-``batch_fail_validation``.
+``batch_fail_validation``, ``batch_queue_full`` (the next N fail with ``token_limit_exceeded``).
 """
 
 from __future__ import annotations
@@ -63,12 +63,13 @@ class BatchStore:
     retrieve_500: int = 0  # used up from the knob as they are answered
     expire: int = 0
     fail_validation: int = 0
-    seen: tuple[int, int, int] = (0, 0, 0)  # the knobs' values last read (a new value arms them again)
+    queue_full: int = 0
+    seen: tuple[int, int, int, int] = (0, 0, 0, 0)  # the knobs' values last read (a new value arms them again)
 
     def arm(self, cfg: Any) -> None:
-        now = (cfg.batch_retrieve_500, cfg.batch_expire, cfg.batch_fail_validation)
+        now = (cfg.batch_retrieve_500, cfg.batch_expire, cfg.batch_fail_validation, cfg.batch_queue_full)
         if now != self.seen:
-            self.retrieve_500, self.expire, self.fail_validation = now
+            self.retrieve_500, self.expire, self.fail_validation, self.queue_full = now
             self.seen = now
 
 
@@ -179,8 +180,13 @@ async def create_batch(call: Call) -> web.StreamResponse:
     obj = _batch_obj(bid, body, 0)
     entry = BatchEntry(obj, auth, f"http://127.0.0.1:{request.url.port}")
     store.batches[bid] = entry
-    fail = store.fail_validation > 0
-    store.fail_validation -= int(fail)
+    fail: str | None = None
+    if store.fail_validation > 0:
+        store.fail_validation -= 1
+        fail = "invalid_request"
+    elif store.queue_full > 0:
+        store.queue_full -= 1
+        fail = "token_limit_exceeded"
     expire = store.expire > 0
     store.expire -= int(expire)
     entry.runner = asyncio.create_task(_run(request.app, store, entry, entry_file.data, fail, expire))
@@ -280,7 +286,7 @@ def _not_run(cid: str, code: str, message: str) -> dict[str, Any]:
             "error": {"code": code, "message": message}}
 
 
-async def _run(app: web.Application, store: BatchStore, entry: BatchEntry, data: bytes, fail: bool,
+async def _run(app: web.Application, store: BatchStore, entry: BatchEntry, data: bytes, fail: str | None,
                expire: bool) -> None:
     """The batch's life on the provider, from validating to its end."""
     obj = entry.obj
@@ -296,9 +302,12 @@ async def _run(app: web.Application, store: BatchStore, entry: BatchEntry, data:
         return entry.cancel.is_set()
 
     lines, errors = _validate(data, obj["endpoint"])
-    if fail and not errors:
-        errors = [{"code": "invalid_request", "message": "The batch input file failed validation (mock).",
-                   "param": None, "line": None}]
+    if fail == "invalid_request" and not errors:
+        errors = [{"code": fail, "message": "The batch input file failed validation (mock).", "param": None,
+                   "line": None}]
+    elif fail and not errors:
+        errors = [{"code": fail, "message": "Enqueued token limit reached for mock-model (mock).", "param": None,
+                   "line": None}]
     obj["request_counts"]["total"] = len(lines)
     cancelled = await wait(stay())
     if errors and not cancelled:

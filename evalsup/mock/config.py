@@ -36,6 +36,7 @@ class MockConfig:
     batch_retrieve_500: int = 0  # the next N GET /v1/batches/{id} answer 500
     batch_expire: int = 0  # the next N batches created expire after answering half of their lines
     batch_fail_validation: int = 0  # the next N batches created fail validation as a whole
+    batch_queue_full: int = 0  # the next N batches created fail for the queue (token_limit_exceeded)
 
 
 _FLOAT_FIELDS = frozenset(
@@ -65,7 +66,8 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             raise ValueError(f"unknown config field {name!r}")
         if name in _FLOAT_FIELDS:
             changes[name] = _as_float(name, value)
-        elif name in ("capacity", "queue", "batch_retrieve_500", "batch_expire", "batch_fail_validation"):
+        elif name in ("capacity", "queue", "batch_retrieve_500", "batch_expire", "batch_fail_validation",
+                      "batch_queue_full"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0")
             changes[name] = value

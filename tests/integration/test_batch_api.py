@@ -96,8 +96,9 @@ def test_expired_chunk_and_its_follow_up(tmp_path: Path, bmock: MockThread) -> N
     assert [b["status"] for b in batches_of(bmock)] == ["completed", "expired"]
 
 
-def test_error_file_merged_through_5xx_and_a_slow_finalize(tmp_path: Path, bmock: MockThread) -> None:
-    bmock.configure(batch_retrieve_500=3, batch_finalize_ms=300)  # polled through, waited out
+def test_error_file_merged_through_5xx_a_full_queue_and_a_slow_finalize(tmp_path: Path, bmock: MockThread) -> None:
+    # polled through, created again, waited out
+    bmock.configure(batch_retrieve_500=3, batch_queue_full=1, batch_finalize_ms=300)
     objs = [{"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
              **({"mock": {"status": 400}} if i % 5 == 0 else {})} for i in range(20)]
     tasks = lines(tmp_path / "t.jsonl", objs)
@@ -108,6 +109,7 @@ def test_error_file_merged_through_5xx_and_a_slow_finalize(tmp_path: Path, bmock
     assert bad == {f"t{i}" for i in range(0, 20, 5)}
     assert recs["t0"]["response"]["status_code"] == 400 and recs["t0"]["error"]["evalsup_code"] == "http_400"
     assert recs["t0"]["metrics"]["attempts"] == 1  # a 400 is not retried
+    assert [b["status"] for b in batches_of(bmock)] == ["completed", "failed"]  # the queue-full one, then again
 
 
 def test_validation_failure_stops_in_one_line(tmp_path: Path, bmock: MockThread) -> None:

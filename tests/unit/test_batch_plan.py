@@ -52,7 +52,8 @@ def test_each_provider_state_has_its_act() -> None:
     assert {s: on_status(s) for s in ("validating", "in_progress", "finalizing", "cancelling")} == dict.fromkeys(
         ("validating", "in_progress", "finalizing", "cancelling"), Act.WAIT)
     assert on_status("completed") is on_status("expired") is on_status("cancelled") is Act.COLLECT
-    assert on_status("failed") is Act.STOP
+    assert on_status("failed") is on_status("failed", "invalid_json_line") is Act.STOP
+    assert on_status("failed", "token_limit_exceeded") is Act.RECREATE  # the queue, not the file: again later
 
 
 def test_each_line_has_its_fate() -> None:
