@@ -159,7 +159,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         workers, autoscale = 1, False
         # the driver holds up to two chunks' tasks (one filling while one runs)
         window = window or min(200_000, 2 * kw["batch_max_requests"])
-    per_worker = kw["max_tasks_per_worker"]
+    per_worker = None if wc.batch is not None else kw["max_tasks_per_worker"]  # a driver is not recycled by count
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
         tasks_path=tasks, run_dir=run_dir,
