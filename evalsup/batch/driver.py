@@ -128,6 +128,7 @@ class Driver:
         # chunk -> answers whose task is not (yet) handed over: the answer, or where it is in the chunk's files
         self.pending: dict[int, dict[int, Answer | tuple[str, int]]] = {}
         self._cp_seen = -1  # the checkpoint's mtime last read by ``settle``
+        self._where: dict[int, dict[str, int]] = {}  # chunk -> where each request is in its input file
         self.chunkers: dict[str, Chunker] = {}
         self.live: set[asyncio.Task[None]] = set()
         self.client: BatchClient | None = None
@@ -462,17 +463,24 @@ class Driver:
         self._record(a, k, attempts, batch, time.time() - c.planned_at)
 
     def _request_line(self, c: ChunkInfo, tid: str) -> bytes | None:
-        """The request of ``tid`` as the chunk's input file holds it (for a follow-up or an online attempt)."""
-        lines = getattr(c, "_lines", None)
-        if lines is None:
-            lines = {}
-            with open(self.journal.files / c.file, "rb") as f:
+        """The request of ``tid`` as the chunk's input file holds it (for a follow-up or an online attempt):
+        found through an index of where each request is (kept for the chunk's life in this process)."""
+        index = self._where.get(c.chunk)
+        path = self.journal.files / c.file
+        if index is None:
+            index = self._where[c.chunk] = {}
+            with open(path, "rb") as f:
+                pos = 0
                 for raw in f:
                     if raw.strip():
-                        lines[str(orjson.loads(raw)["custom_id"])] = raw.rstrip(b"\n")
-            c._lines = lines  # type: ignore[attr-defined]  # kept while the chunk is collected
-        got = lines.get(tid)
-        return got if isinstance(got, bytes) else None
+                        index[str(orjson.loads(raw)["custom_id"])] = pos
+                    pos += len(raw)
+        at = index.get(tid)
+        if at is None:
+            return None
+        with open(path, "rb") as f:
+            f.seek(at)
+            return f.readline().rstrip(b"\n")
 
     async def _online(self, req: dict[str, Any], before: Answer) -> Answer:
         """--batch-fallback online: the request sent once as an online request (its answer, or the batch's)."""
@@ -544,6 +552,7 @@ class Driver:
             c.step = Step.DONE
             self.journal.append({"event": "done", "chunk": n})
             self.pending.pop(n, None)
+            self._where.pop(n, None)
             for k in mine:
                 self.key_chunk.pop(k, None)
 
