@@ -22,6 +22,13 @@ def mock() -> Iterator[MockThread]:
 
 
 @pytest.fixture
+def bmock() -> Iterator[MockThread]:
+    """A mock whose batches move on every 20 ms (--batch-api tests)."""
+    with MockThread(MockConfig(seed=3, batch_step_ms=20)) as m:
+        yield m
+
+
+@pytest.fixture
 def start(tmp_path: Path) -> Iterator[Callable[..., Run]]:
     """start(*evalsup_args, env=None, argv=None, stdin=None, tty=None) -> Run (see ``Run``); whatever still runs
     at teardown is killed by PID."""

@@ -397,3 +397,26 @@ def finished_run(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
 def fail_once(ids: set[int], status: int = 400) -> Callable[[int], dict[str, Any] | None]:
     """The mock answers these tasks' first attempt with `status` (and succeeds after)."""
     return lambda i: {"mock": {"status": status, "times": 1}} if i in ids else None
+
+
+# ------------------------------------------------------------------------ --batch-api runs (issue 31)
+
+# small chunks and fast polling, so a batch run against the mock takes about as long as an online one
+BATCH_FAST = ("--batch-api", "--batch-max-requests", "40", "--batch-poll-interval", "0.05", "--batch-poll-max",
+              "0.2", "-q")
+BATCH_KEY = {"OPENAI_API_KEY": "sk-test"}
+
+
+def batches_of(mock: MockThread) -> list[dict[str, Any]]:
+    """Every batch the mock holds, listed with the openai SDK (small pages: it follows ``after``)."""
+    import openai
+
+    c = openai.OpenAI(base_url=mock.url, api_key="sk-test")
+    return [b.model_dump() for b in c.batches.list(limit=7)]
+
+
+def assert_no_chunk_twice(mock: MockThread) -> None:
+    """No chunk of a run was created as a batch twice (the metadata names it)."""
+    made = Counter((b["metadata"] or {}).get("evalsup_chunk") for b in batches_of(mock))
+    assert made and max(made.values()) == 1, f"a chunk was created twice: {made}"
+

@@ -411,6 +411,58 @@ def status(run_dir: Path, as_json: bool) -> None:
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("--tasks", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              help="The run's task file (default: RUN_DIR's own copy, or RUN_DIR without its .run suffix).")
+@click.option("--base-url", multiple=True, metavar="URL",
+              help="The endpoint (default: $OPENAI_BASE_URL, else the run's last endpoint from run.json).")
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
+              help="Environment variable that holds the API key.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the final line.")
+def cancel(run_dir: Path, tasks: Path | None, base_url: tuple[str, ...], api_key_env: str, quiet: bool) -> None:
+    """Cancel the batches of a --batch-api run at the provider, record what they finished, and stop.
+
+    The run resumes long enough to cancel each batch it created, wait for the provider to end it, and write
+    the records of the requests it answered; the rest stay outstanding (exit 75): rerunning the run's
+    command sends them again. The run must be stopped (Ctrl-C or SIGTERM leave its batches running): a run
+    still going holds the directory (exit 73). Exit codes as `evalsup run`'s.
+    """
+    import os
+
+    from evalsup.batch.journal import run_id_of
+    from evalsup.rundir.layout import INPUT_COPY
+    from evalsup.rundir.run_json import read_run_json, resume_config
+    from evalsup.supervisor import early_signals as earlysignals
+
+    earlysignals.hold()
+    if run_id_of(run_dir) is None:
+        _fail(f"{run_dir}: not a --batch-api run (no batches.jsonl): nothing to cancel")
+    if tasks is None:
+        stem = run_dir.with_suffix("") if run_dir.suffix == ".run" else None  # TASKS.run <- TASKS.jsonl[.gz|.zst]
+        guesses = [run_dir / INPUT_COPY] + ([stem.with_name(stem.name + x) for x in (".jsonl", ".jsonl.gz",
+                                                                                   ".jsonl.zst")] if stem else [])
+        tasks = next((g for g in guesses if g.is_file()), None)
+    if tasks is None:
+        _fail(f"{run_dir}: cannot tell the run's task file; give it with --tasks")
+    assert tasks is not None
+    urls: list[str] = list(base_url)
+    if not urls and not os.environ.get("OPENAI_BASE_URL"):
+        rec = read_run_json(run_dir) or {}
+        urls = [str(u) for u in rec.get("endpoints") or []]
+    given: dict[str, Any] = {"out": run_dir, "batch_api": True, "batch_cancel": True, "api_key_env": api_key_env,
+                             "quiet": quiet, "check": False}
+    if urls:
+        given["base_url"] = urls
+    try:
+        cfg, _ = resume_config(tasks, given)
+    except ConfigError as e:
+        _fail(str(e))
+    from evalsup.supervisor.run import run as run_job
+
+    sys.exit(run_job(cfg))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write the page (default: RUN_DIR/report.html).")
 @click.option("--group-by", "group_by", default=None, metavar="metadata.KEY",

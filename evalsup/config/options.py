@@ -199,6 +199,27 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Seconds to wait for an endpoint that went down before stopping (resumably)."),
     Option("check", ("--check/--no-check",), "bool", True, show_default=True,
            help="Check the endpoint, key and model with one tiny request before the run."),
+    Option("batch_api", ("--batch-api",), "flag", False,
+           help="Send the tasks through the endpoint's Files and Batches API (OpenAI's Batch API: half the price, "
+                "answers within 24 h) instead of one request each: chunks uploaded, batches created, polled and "
+                "collected into results.jsonl, exactly once across crashes. A rerun adopts the batches already "
+                "created. Recorded: a resume without the flag stays a batch run."),
+    Option("batch_max_requests", ("--batch-max-requests",), "int", 50_000, lo=1, hi=1_000_000, show_default=True,
+           help="--batch-api: the most requests one batch holds (OpenAI's limit: 50,000)."),
+    Option("batch_max_bytes", ("--batch-max-bytes",), "int", 200 * 1024 * 1024, lo=1024, show_default=True,
+           help="--batch-api: the largest input file one batch has, in bytes (OpenAI's limit: 200 MB)."),
+    Option("batch_poll_interval", ("--batch-poll-interval",), "float", 5.0, show_default=True,
+           help="--batch-api: seconds before the first look at a batch; without news the wait grows 1.5x a look "
+                "up to --batch-poll-max."),
+    Option("batch_poll_max", ("--batch-poll-max",), "float", 60.0, show_default=True,
+           help="--batch-api: the longest wait between two looks at a batch."),
+    Option("batch_fallback", ("--batch-fallback",), "choice", "batch", choices=("batch", "online", "fail"),
+           show_default=True,
+           help="--batch-api: what becomes of a request the batch did not answer (expired, cancelled) or answered "
+                "with a retryable error (429, 5xx), within --max-attempts: batch (a follow-up batch), online (one "
+                "online request), fail (recorded as failed with the provider's code and message)."),
+    Option("batch_cancel", ("--batch-cancel",), "flag", False, hidden=True, api=False,
+           help="--batch-api: cancel the run's batches, record what they finished, stop (evalsup cancel RUN)."),
     Option("memory_limit_mb", ("--memory-limit",), "float",
            help="Memory budget in MiB for the whole job (default: the container's cgroup limit)."),
     Option("memory_high_mb", ("--memory-high",), "float",

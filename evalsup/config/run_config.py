@@ -197,13 +197,26 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
             load_prices(prices_file, kw["self_hosted"])  # a bad price file: one line, before anything starts
         except PriceError as e:
             raise ConfigError(str(e)) from None
-    per_worker = kw["max_tasks_per_worker"]
+    run_dir = run_dir_of(tasks, kw["out"], shard)
+    window = kw["window"]
+    if kw["batch_api"] or kw["batch_cancel"]:  # one batch driver in the workers' place (issue 31)
+        if kw["batch_poll_interval"] <= 0 or kw["batch_poll_max"] < kw["batch_poll_interval"]:
+            raise ConfigError("--batch-poll-interval must be above 0 and at most --batch-poll-max")
+        wc = dataclasses.replace(wc, batch={
+            "run_dir": str(run_dir), "max_requests": kw["batch_max_requests"],
+            "max_bytes": kw["batch_max_bytes"], "poll_s": kw["batch_poll_interval"],
+            "poll_max_s": kw["batch_poll_max"], "fallback": kw["batch_fallback"], "cancel": kw["batch_cancel"],
+            "completion_window": "24h"})
+        workers, autoscale = 1, False
+        # the driver holds up to two chunks' tasks (one filling while one runs)
+        window = window or min(200_000, 2 * kw["batch_max_requests"])
+    per_worker = None if wc.batch is not None else kw["max_tasks_per_worker"]  # a driver is not recycled by count
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
-        tasks_path=tasks, run_dir=run_dir_of(tasks, kw["out"], shard),
+        tasks_path=tasks, run_dir=run_dir,
         worker=wc, workers=workers, shard=shard, autoscale=autoscale and workers > 1,
         concurrency=max(kw["max_concurrency"] if adaptive else kw["concurrency"], workers), adaptive=adaptive,
-        window=kw["window"], max_line_mb=kw["max_line_mb"],
+        window=window, max_line_mb=kw["max_line_mb"],
         on_invalid=kw["on_invalid"], fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
         stall_after_s=kw["stall_after"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],

@@ -199,6 +199,8 @@ class WorkerConfig:
     cache_model_id: str | None = None
     cache_salt: str = ""
     cache_length: bool = False
+    # the Batch API (issue 31): set, the supervisor starts evalsup.batch's driver in the workers' place
+    batch: dict[str, Any] | None = None
 
     @property
     def endpoints(self) -> tuple[str, ...]:

@@ -36,11 +36,18 @@ class MockConfig:
     require_query: str | None = None  # "name=value&...": a /v1 or Azure request without each of them gets 404
     tokenize: bool = True  # serve POST /tokenize (vLLM's and SGLang's shape; issue 30); False: 404, as OpenAI
     judge: bool = False  # grade requests from evalsup's judge template by a known rule (evalsup.mock.judge)
+    # the Batch API (issue 31, evalsup.mock.batches)
+    batch_step_ms: float = 50.0  # how long a batch stays validating, and finalizing
+    batch_finalize_ms: float = 0.0  # a slow finalize: this much more in finalizing
+    batch_retrieve_500: int = 0  # the next N GET /v1/batches/{id} answer 500
+    batch_expire: int = 0  # the next N batches created expire after answering half of their lines
+    batch_fail_validation: int = 0  # the next N batches created fail validation as a whole
+    batch_queue_full: int = 0  # the next N batches created fail for the queue (token_limit_exceeded)
 
 
 _FLOAT_FIELDS = frozenset(
     {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed",
-     "cut_stream", "slow", "slow_ms"}
+     "cut_stream", "slow", "slow_ms", "batch_step_ms", "batch_finalize_ms"}
 )
 _PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream", "slow"})
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(MockConfig))
@@ -65,7 +72,8 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             raise ValueError(f"unknown config field {name!r}")
         if name in _FLOAT_FIELDS:
             changes[name] = _as_float(name, value)
-        elif name in ("capacity", "queue"):
+        elif name in ("capacity", "queue", "batch_retrieve_500", "batch_expire", "batch_fail_validation",
+                      "batch_queue_full"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0")
             changes[name] = value

@@ -1,8 +1,8 @@
 """An OpenAI-compatible mock endpoint with fault injection, for tests and benchmarks: the app and how it runs.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses,
-GET /v1/models[/{id}], Azure OpenAI's POST /openai/deployments/{name}/chat/completions (and /completions,
-/embeddings),
+GET /v1/models[/{id}], the Files and Batches APIs (batches.py), Azure OpenAI's POST
+/openai/deployments/{name}/chat/completions (and /completions, /embeddings),
 plus admin endpoints GET /_mock/stats, POST /_mock/reset, GET|POST /_mock/config.
 
 Answers are a pure function of (seed, request content); faults come from a seeded RNG owned by the server
@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from evalsup.mock.batches import add_routes as add_batch_routes
 from evalsup.mock.call import v1
 from evalsup.mock.completions import chat_completions, completions
 from evalsup.mock.config import MockConfig
@@ -71,6 +72,7 @@ def create_app(cfg: MockConfig) -> web.Application:
     r.add_post("/v1/responses", v1(responses))
     r.add_get("/v1/models", v1(models), allow_head=False)
     r.add_get("/v1/models/{model}", v1(model), allow_head=False)
+    add_batch_routes(app, v1)  # the Files and Batches APIs (issue 31)
     r.add_route("*", "/v1/{tail:.*}", v1(unknown))
     # Azure OpenAI's form: the deployment (the model) in the path, the routes right under it (issue 34)
     azure = "/openai/deployments/{deployment}"

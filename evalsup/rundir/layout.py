@@ -51,6 +51,8 @@ REPLACED = "replaced.jsonl"
 REPORT = "report.html"
 SCORED = "results.scored.jsonl"
 SCORES = "scores.json"
+BATCHES = "batches.jsonl"  # the Batch API's intent journal (evalsup.batch.journal, issue 31)
+BATCH_FILES = "batches"  # the chunks' input, output and error files
 LOCK = LOCK_NAME  # defined by lock.py, which creates it
 # Defined where the package table needs them (config may not import rundir), used from here:
 # RUN_DIR_SUFFIX, the default run directory's ending (TASKS.jsonl -> TASKS.run, config.run_config.default_run_dir);

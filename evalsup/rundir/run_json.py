@@ -56,6 +56,7 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_normalize": w.score_normalize,
         "response_schema": w.response_schema,  # the schema itself: a resume compares what is validated
         "max_reasks": w.max_reasks,
+        "batch_api": w.batch is not None,  # a resume of a batch run stays one: its batches are adopted
     }
     if w.judge_base_url is not None:
         # --scorer judge (only then): its key's variable by name, never the key; the template's file, and its
@@ -127,6 +128,7 @@ FLAGGED: dict[str, _Flag] = {
     "judge_api_key_env": _Flag("judge_api_key_env", (str, type(None))),
     "judge_template": _Flag("judge_template", (str, type(None))),
     "judge_max_tokens": _Flag("judge_max_tokens", (int, type(None))),
+    "batch_api": _Flag("batch_api", (bool,)),
 }
 SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
 _FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)",

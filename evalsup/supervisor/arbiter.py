@@ -1022,9 +1022,10 @@ class Supervisor:
         """FATAL: a worker cannot go on. Before READY its settings are wrong (the stop comes with its exit); once
         running, a request could not be sent at all (issue 34): a setting is wrong, not the endpoint, so the run
         stops at once (exit 2), its tasks outstanding for the rerun, and nothing waits for the endpoint."""
-        w.fatal = str(decode_json(payload).get("message"))
-        if w.state is not State.STARTING:
-            self.stop(w.fatal, ex.BAD_INPUT, StopMode.NOW)
+        got = decode_json(payload)
+        w.fatal = str(got.get("message"))
+        if w.state is not State.STARTING:  # the batch driver names its own code (75: `evalsup cancel`)
+            self.stop(w.fatal, int(got.get("code") or ex.BAD_INPUT), StopMode.NOW)
 
     def _on_leaks(self, w: WorkerHandle, payload: memoryview) -> None:
         self.log(write_leaks(self.cfg.run_dir, w.pid, str(decode_json(payload).get("text", ""))))

@@ -154,9 +154,11 @@ class WorkerHandle:
         child_in, to_child = os.pipe()
         from_child, child_out = os.pipe()
         widen_pipe(child_out)
+        # a --batch-api run's one "worker" is the batch driver: the same frames, the provider's Batch API
+        module = "evalsup.batch" if config.get("batch") else "evalsup.worker"
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "evalsup.worker", stdin=child_in, stdout=child_out, pass_fds=fds)
+                sys.executable, "-m", module, stdin=child_in, stdout=child_out, pass_fds=fds)
         finally:
             os.close(child_in)
             os.close(child_out)

@@ -14,12 +14,14 @@ import enum
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from evalsup.batch.journal import chunks_of
 from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
 from evalsup.config.caps import budget_text
@@ -75,6 +77,8 @@ class RunStatus:
     # with a cap (issue 30): caps, spent, reserved, projected at the last checkpoint (supervisor.budget)
     budget: dict[str, Any] | None = None
     exit_reason: str | None = None  # "budget" when a cap stopped the run
+    # a --batch-api run (issue 31): each chunk's batch as its journal last saw it (batches.jsonl)
+    batches: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,7 +232,7 @@ def _total(cp: Checkpoint, done: int, outstanding: int) -> tuple[int | None, boo
 
 def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     now = time.time() if now is None else now
-    st = RunStatus(str(run_dir), RunState.NOT_STARTED, settings=settings_of(run_dir))
+    st = RunStatus(str(run_dir), RunState.NOT_STARTED, settings=settings_of(run_dir), batches=batch_rows(run_dir))
     try:
         cp = load_checkpoint(run_dir)
     except JournalError as e:
@@ -352,7 +356,30 @@ def format_run(st: RunStatus) -> str:
         lines.append("  restarts    " + ", ".join(f"{k} {v}" for k, v in st.restarts.items()))
     if st.settings:
         lines.append("  settings    " + ", ".join(f"{k}={v}" for k, v in st.settings.items() if v is not None))
+    shown = st.batches
+    if len(shown) > BATCH_ROWS:  # many chunks: the count by state, then the open ones and the newest
+        by = Counter(str(b["status"] or b["step"]) for b in st.batches)
+        lines.append(f"  {'batches':<11} {len(st.batches):,}: " + ", ".join(f"{v:,} {k}" for k, v in by.most_common()))
+        open_rows = [b for b in st.batches if b["step"] not in ("done", "failed")][-BATCH_ROWS:]
+        shown = open_rows or st.batches[-BATCH_ROWS:]
+    for i, b in enumerate(shown):
+        c = b["counts"] or {}
+        when = "".join(f", {w} {_clock(float(b[w + '_at']))}" for w in ("created", "expires") if b[w + "_at"])
+        label = "batches" if i == 0 and shown is st.batches else ""
+        lines.append(f"  {label:<11} chunk {b['chunk']} {b['batch_id'] or '(not created)'}: "
+                     f"{b['status'] or b['step']} ({c.get('completed', 0)} completed, {c.get('failed', 0)} failed "
+                     f"of {c.get('total') or b['tasks']}{when})" + (f": {b['reason']}" if b["reason"] else ""))
     return "\n".join(lines)
+
+
+BATCH_ROWS = 10  # chunks shown one a line; more are counted by state
+
+
+def batch_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Each chunk of a --batch-api run: its batch id, the provider's state and counts, created and expires."""
+    return [{"chunk": c.chunk, "batch_id": c.batch_id, "step": c.step.value, "status": c.status,
+             "counts": c.counts, "tasks": len(c.keys), "created_at": c.created_at, "expires_at": c.expires_at,
+             "reason": c.reason} for c in chunks_of(run_dir).values()]
 
 
 # ----- the parent of shard run directories (`--shard`: TASKS.run/shard-K-of-N/) -----

@@ -23,8 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"config", "tasks"},
     "worker": {"common", "ipc", "tasks", "scoring", "cache"},
     "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir", "cache"},
-    "tools": {"common", "tasks", "scoring", "config", "rundir", "worker"},
-    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray", "cache"},
+    "batch": {"common", "ipc", "tasks", "scoring", "config", "rundir", "worker"},
+    "tools": {"common", "tasks", "scoring", "config", "rundir", "worker", "batch"},
+    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray", "cache", "batch"},
     "api": {"common", "tasks", "config", "rundir", "cli"},
     "ray": {"common", "config", "rundir", "tools", "api"},
 }

@@ -1,0 +1,3 @@
+from evalsup.batch.driver import main
+
+main()

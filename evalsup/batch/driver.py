@@ -1,0 +1,676 @@
+"""The batch driver: the process a ``--batch-api`` run starts in the place of its workers (``python -m
+evalsup.batch``). It speaks the workers' frames (CONFIG, TASK, DRAIN, RELEASE in; READY, RESULT, RETURNED,
+HEARTBEAT, FATAL, BYE out), so the supervisor, its ledger, the journal, checkpoints, scorers, summary, status,
+merge and shards hold unchanged: the supervisor stays the only writer of results.jsonl (design invariant 3).
+
+A task handed to it joins the next chunk (``plan.Chunker``); a closed chunk's input file is written to the
+run directory and its intent recorded (``journal``, fsynced) before the upload; then the upload, the create
+(with ``metadata`` naming the run and the chunk), each recorded as it returns; polling with backoff
+(``plan.PollBackoff``); the output and error files downloaded to the run directory, recorded; then each line
+becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume
+adopts what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of
+paying again. A chunk is marked done once the checkpoint settles every task of it (``settle``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from evalsup.batch.client import BatchClient, ProviderError
+from evalsup.batch.journal import Journal, fsync_dir
+from evalsup.batch.plan import (
+    Act,
+    Chunker,
+    ChunkInfo,
+    Pending,
+    PollBackoff,
+    Step,
+    Verdict,
+    adopt_batch,
+    adopt_file,
+    batch_metadata,
+    file_name,
+    next_chunk,
+    on_line,
+    on_status,
+    open_chunks,
+)
+from evalsup.batch.records import Answer, build, not_run, parse_line
+from evalsup.common.process import quiet_gc
+from evalsup.config import exitcodes as ex
+from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame, split_meta
+from evalsup.ipc.frames import FrameParser
+from evalsup.ipc.messages import WorkerConfig
+from evalsup.ipc.ring import POS
+from evalsup.rundir.checkpoint import load_checkpoint
+from evalsup.rundir.layout import CHECKPOINT
+from evalsup.scoring.scorers import ScorerOptions
+from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
+from evalsup.tasks.requests import RequestDefaults, credentials, public_url, to_request
+from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, open_pipes
+from evalsup.worker.scoring import Scoring
+
+CRASH_ENV = "EVALSUP_BATCH_CRASH_AT"  # testing hook: kill -9 the run at this step (see ``_crash_at``)
+TRANSIENT_WAIT_S = (0.2, 30.0)  # a provider call that failed transiently is tried again, backing off
+
+
+@dataclass
+class Held:
+    """A task the supervisor handed over: its id, metadata, attempts used and the chunk it is in."""
+
+    tid: str
+    metadata: dict[str, Any]
+    attempts: int = 0
+    chunk: int | None = None
+
+
+class Stop(Exception):
+    """The run must stop: ``code`` is its exit code (FATAL carries it to the supervisor)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _crash_at(step: str) -> None:
+    """Testing hook: with EVALSUP_BATCH_CRASH_AT=step, SIGKILL the supervisor and this process here (a kill -9
+    of the whole run at that moment)."""
+    if os.environ.get(CRASH_ENV) == step:
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Driver:
+    def __init__(self, cfg: WorkerConfig, reader: asyncio.StreamReader, out: FrameWriter, journal: Journal) -> None:
+        assert cfg.batch is not None
+        b = cfg.batch
+        self.cfg = cfg
+        self.reader = reader
+        self.out = out
+        self.outbox = Outbox(out, cfg.ring_fd, cfg.ring_size)
+        self.journal = journal
+        self.run_dir = Path(b["run_dir"])
+        self.max_requests = int(b["max_requests"])
+        self.max_bytes = int(b["max_bytes"])
+        self.window = str(b.get("completion_window", "24h"))
+        self.fallback = str(b.get("fallback", "batch"))
+        self.cancel = bool(b.get("cancel", False))
+        self.linger_s = float(b.get("linger_s", 0.3))
+        self.poll = (float(b["poll_s"]), float(b["poll_max_s"]))
+        self.defaults = RequestDefaults(cfg.model, cfg.max_tokens, cfg.temperature, False)
+        base, _ = credentials(cfg.endpoints[0])
+        self.base = base
+        self.endpoint_info = {"index": 0, "url": public_url(cfg.endpoints[0])}
+        key = api_key(cfg.api_key_env, cfg.api_key_file)
+        self.headers = request_headers(cfg.endpoints[0], build_headers(cfg.headers), key,
+                                       key_source(cfg.api_key_env, cfg.api_key_file))
+        self.scoring: Scoring | None = None
+        if cfg.scorers:
+            opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
+            self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
+        self.pid = os.getpid()
+        self.held: dict[int, Held] = {}
+        self.chunks: dict[int, ChunkInfo] = journal.chunks()
+        self.next_n = next_chunk(self.chunks)
+        self.key_chunk: dict[int, int] = {}  # the open chunk each task of it belongs to (a resume's tasks)
+        # chunk -> answers whose task is not (yet) handed over: the answer, or where it is in the chunk's files
+        self.pending: dict[int, dict[int, Answer | tuple[str, int]]] = {}
+        self._cp_seen = -1  # the checkpoint's mtime last read by ``settle``
+        self._where: dict[int, dict[str, int]] = {}  # chunk -> where each request is in its input file
+        self.chunkers: dict[str, Chunker] = {}
+        self.live: set[asyncio.Task[None]] = set()
+        self.client: BatchClient | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.done = 0
+        self.draining = False
+        self.stopped = asyncio.Event()
+        self.last_task = time.monotonic()  # when the last TASK came (`evalsup cancel` waits for the redo)
+        self.key_att: dict[int, int] = {}  # the attempts each of them had used (from its chunk's intent)
+        self.sending = 0  # RESULTs being built: the pipe is flushed when none is left
+        for c in open_chunks(self.chunks):  # oldest first: a follow-up chunk's claim on a task wins
+            for k, _tid, att in c.keys:
+                self.key_chunk[int(k)] = c.chunk
+                self.key_att[int(k)] = int(att)
+
+    # ----- tasks in -----
+
+    def on_task(self, meta: Any, line: bytes | memoryview) -> None:
+        self.last_task = time.monotonic()
+        k = int(meta["k"])
+        obj = orjson.loads(line)
+        tid = str(obj.get("custom_id", obj.get("id")))
+        url, body, metadata = to_request(obj, self.defaults)
+        n = self.key_chunk.get(k)
+        if n is not None:  # a task of a chunk already under way (a resume): its answer comes from that chunk
+            self.held[k] = Held(tid, metadata, self.key_att.get(k, 0), n)
+            got = self.pending.get(n, {}).pop(k, None)
+            if got is not None:
+                self._spawn(self._answer(n, k, got if isinstance(got, Answer) else self._reread(*got)))
+            return
+        self.held[k] = Held(tid, metadata)
+        if self.cancel:
+            return  # `evalsup cancel`: nothing new is sent; the task stays outstanding for a rerun
+        body.pop("stream", None)  # a batch answers whole
+        body.pop("stream_options", None)
+        req = orjson.dumps({"custom_id": tid, "method": "POST", "url": url, "body": body})
+        self._gather(Pending(k, tid, req, 0), url)
+
+    def _gather(self, p: Pending, url: str) -> None:
+        chunker = self.chunkers.get(url)
+        if chunker is None:
+            chunker = self.chunkers[url] = Chunker(self.max_requests, self.max_bytes, self.linger_s)
+        if chunker.oversized(p):
+            self._record(not_run(p.tid, "batch_request_too_large", f"the request is larger than a batch file "
+                                 f"may be ({self.max_bytes} bytes)"), p.key, p.attempts, {}, 0.0)
+            return
+        closed = chunker.add(p, time.monotonic())
+        if closed:
+            self._plan(closed, url)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for url, chunker in self.chunkers.items():
+            closed = chunker.due(now)
+            if closed:
+                self._plan(closed, url)
+
+    # ----- a chunk's life -----
+
+    def _plan(self, tasks: list[Pending], url: str) -> None:
+        """Write the chunk's input file, record the intent (fsynced): only then does anything go out."""
+        n = self.next_n
+        self.next_n += 1
+        data = b"\n".join(p.line for p in tasks) + b"\n"
+        sha = hashlib.sha256(data).hexdigest()
+        name = file_name(self.journal.run_id, n, sha)
+        self.journal.write_file(name, data)
+        keys = [[p.key, p.tid, p.attempts] for p in tasks]
+        t = time.time()
+        self.journal.append({"event": "intent", "chunk": n, "sha256": sha, "file": name, "endpoint": url,
+                             "count": len(tasks), "bytes": len(data), "t": t, "keys": keys})
+        c = ChunkInfo(n, Step.PLANNED, sha, name, keys, url, t)
+        self.chunks[n] = c
+        for p in tasks:
+            self.key_chunk[p.key] = n
+            h = self.held.get(p.key)
+            if h is not None:
+                h.chunk, h.attempts = n, p.attempts
+        self._spawn(self.drive(c, adopting=False))
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.create_task(coro)
+        self.live.add(t)
+        t.add_done_callback(self._finished)
+
+    def _finished(self, t: asyncio.Task[None]) -> None:
+        self.live.discard(t)
+        if t.cancelled():
+            return
+        e = t.exception()
+        if isinstance(e, Stop):
+            self.fatal(str(e), e.code)
+        elif e is not None:
+            self.fatal(f"batch driver: {type(e).__name__}: {e}", ex.RESUMABLE)
+
+    def fatal(self, message: str, code: int) -> None:
+        self.out.send(encode_json(FrameKind.FATAL, {"message": message, "code": code}))
+        self.out.flush()
+        self.stopped.set()
+
+    async def _try(self, what: str, call: Any) -> Any:
+        """A provider call, tried again on a transient failure (connection, 429, 5xx) with backoff; a refusal
+        stops the run with the provider's reason."""
+        wait = TRANSIENT_WAIT_S[0]
+        while True:
+            try:
+                return await call()
+            except ProviderError as e:
+                if not e.transient:
+                    raise Stop(f"the provider refused {what}: {e}", ex.BAD_INPUT) from None
+                print(f"evalsup batch: {what}: {e}; trying again in {wait:g}s", file=sys.stderr, flush=True)
+                await asyncio.sleep(wait)
+                wait = min(TRANSIENT_WAIT_S[1], wait * 2)
+
+    async def drive(self, c: ChunkInfo, adopting: bool) -> None:
+        """One chunk from its intent to its records, each step recorded as it returns."""
+        client = self.client
+        assert client is not None
+        n = c.chunk
+        path = self.journal.files / c.file
+        if c.step is Step.COLLECTED and not all((self.journal.files / x).is_file() for x in (c.output, c.errors)
+                                                if x):
+            c.step = Step.CREATED  # a download the crash took with it: fetch it again
+        while True:
+            if c.step is Step.PLANNED:
+                if self.cancel:
+                    return
+                data = path.read_bytes()
+                _crash_at("before_upload")
+                f = None
+                if adopting:  # an upload whose record a crash took: the provider has it under the same name
+                    f = adopt_file(await self._try("listing files", client.files), c.file, len(data))
+                if f is None:
+                    f = await self._try(f"the upload of chunk {n}", lambda data=data: client.upload(c.file, data))
+                _crash_at("after_upload")
+                c.file_id, c.step = str(f["id"]), Step.UPLOADED
+                self.journal.append({"event": "uploaded", "chunk": n, "file_id": c.file_id})
+            elif c.step is Step.UPLOADED:
+                b = None
+                if adopting:  # a batch whose record a crash took: its metadata names the run and the chunk
+                    b = await self._find_batch(c)
+                if b is None:
+                    if self.cancel:
+                        return
+                    fid = c.file_id
+                    assert fid is not None
+                    b = await self._try(f"creating the batch of chunk {n}", lambda fid=fid: client.create(
+                        fid, c.endpoint, self.window, batch_metadata(self.journal.run_id, n)))
+                _crash_at("after_create")
+                c.batch_id, c.step = str(b["id"]), Step.CREATED
+                self.journal.append({"event": "created", "chunk": n, "batch_id": c.batch_id, "file_id": c.file_id})
+                self._note_state(c, b)
+            elif c.step is Step.CREATED:
+                await self._poll(c)  # to COLLECTED, or back to UPLOADED (the provider's queue was full)
+                adopting = False
+            elif c.step is Step.COLLECTED:
+                await self._collect(c)
+                return
+            else:
+                return
+
+    async def _find_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
+        client = self.client
+        assert client is not None
+        seen: list[dict[str, Any]] = []
+
+        async def listing() -> None:
+            seen.clear()
+            async for b in client.batches():
+                seen.append(b)
+                if int(b.get("created_at") or 0) < c.planned_at - 600:  # older than the chunk: stop reading
+                    return
+
+        await self._try("listing batches", listing)
+        return adopt_batch(seen, self.journal.run_id, c.chunk)
+
+    def _note_state(self, c: ChunkInfo, b: dict[str, Any]) -> bool:
+        """Record the provider's state when it changed (status shows it); True when it did."""
+        counts = b.get("request_counts") or {}
+        if b.get("status") == c.status and counts == c.counts:
+            return False
+        c.status, c.counts = str(b.get("status")), dict(counts)
+        c.created_at, c.expires_at = b.get("created_at"), b.get("expires_at")
+        self.journal.append({"event": "state", "chunk": c.chunk, "batch_id": c.batch_id, "status": c.status,
+                             "counts": c.counts, "created_at": c.created_at, "expires_at": c.expires_at})
+        return True
+
+    async def _poll(self, c: ChunkInfo) -> None:
+        client = self.client
+        assert client is not None and c.batch_id is not None
+        bid = c.batch_id
+        backoff = PollBackoff(*self.poll)
+        cancel_sent = False
+        while True:
+            if self.cancel and not cancel_sent and c.status not in ("completed", "expired", "cancelled", "failed"):
+                with contextlib.suppress(ProviderError):
+                    await client.cancel(bid)
+                cancel_sent = True
+            try:
+                b = await client.retrieve(bid)
+            except ProviderError as e:
+                if not e.transient:
+                    raise Stop(f"the provider refused to say how batch {bid} (chunk {c.chunk}) goes: {e}",
+                               ex.BAD_INPUT) from None
+                print(f"evalsup batch: retrieving {bid}: {e}; polling on", file=sys.stderr, flush=True)
+                await asyncio.sleep(backoff.next(False))
+                continue
+            changed = self._note_state(c, b)
+            errs = (b.get("errors") or {}).get("data") or []
+            first = errs[0] if errs and isinstance(errs[0], dict) else {}
+            act = on_status(str(b.get("status")), first.get("code"))
+            if act is Act.RECREATE:  # the account's queue is full: the same file, a new batch, later
+                wait = self.poll[1]
+                print(f"evalsup batch: batch {bid} (chunk {c.chunk}) refused for the provider's queue "
+                      f"({first.get('code')}); creating it again in {wait:g}s", file=sys.stderr, flush=True)
+                c.step = Step.UPLOADED
+                self.journal.append({"event": "uploaded", "chunk": c.chunk, "file_id": c.file_id})
+                await asyncio.sleep(wait)
+                return
+            if act is Act.STOP:
+                line = f" (line {first['line']})" if first.get("line") else ""
+                reason = f"{first.get('code') or 'failed'}: {first.get('message') or 'no reason given'}{line}"
+                c.step, c.reason = Step.FAILED, reason
+                self.journal.append({"event": "failed", "chunk": c.chunk, "reason": reason})
+                for k, _tid, _a in c.keys:  # a rerun sends its tasks in a new chunk
+                    if self.key_chunk.get(int(k)) == c.chunk:
+                        del self.key_chunk[int(k)]
+                raise Stop(f"batch {bid} (chunk {c.chunk}) failed validation: {reason}", ex.BAD_INPUT)
+            if act is Act.COLLECT:
+                await self._download(c, b)
+                return
+            await asyncio.sleep(backoff.next(changed))
+
+    async def _download(self, c: ChunkInfo, b: dict[str, Any]) -> None:
+        client = self.client
+        assert client is not None
+        names: dict[str, str | None] = {"output": None, "errors": None}
+        for kind, fid in (("output", b.get("output_file_id")), ("errors", b.get("error_file_id"))):
+            if not fid:
+                continue
+            name = f"chunk{c.chunk:05d}.{kind}.jsonl"
+            part = self.journal.files / (name + ".partial")
+            await self._try(f"downloading {fid}", lambda fid=fid, part=part: client.download(str(fid), part))
+            _crash_at("while_downloading")
+            with open(part, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(part, self.journal.files / name)
+            fsync_dir(self.journal.files)
+            names[kind] = name
+        c.output, c.errors, c.step = names["output"], names["errors"], Step.COLLECTED
+        self.journal.append({"event": "collected", "chunk": c.chunk, **names})
+
+    async def _collect(self, c: ChunkInfo) -> None:
+        """Every line of the chunk's files to its task, streamed: a record, a follow-up chunk or an online
+        request. An answer whose task is not handed over (a resume) is remembered by where it is in its file."""
+        n = c.chunk
+        ids = {str(tid): int(k) for k, tid, _a in c.keys}
+        seen: set[str] = set()
+        waiting = self.pending.setdefault(n, {})
+        half = len(ids) // 2 or -1
+
+        async def one(k: int, a: Answer | tuple[str, int]) -> None:
+            if len(seen) == half:
+                self.out.flush()
+                if os.environ.get(CRASH_ENV) == "mid_collect":
+                    await asyncio.sleep(0.5)  # let the supervisor write what went out
+                    _crash_at("mid_collect")
+            if self.key_chunk.get(k) != n:
+                return  # moved on to a later chunk already (a resume)
+            h = self.held.get(k)
+            if h is not None and h.chunk == n:
+                await self._answer(n, k, a if isinstance(a, Answer) else self._reread(*a))
+            else:
+                waiting[k] = a  # its task comes (a resume), or is already recorded
+            if self.out.must_drain():
+                await self.out.drain()
+            elif len(seen) % 512 == 0:
+                await asyncio.sleep(0)  # heartbeats and frames go on while a large file is read
+
+        for name in (c.output, c.errors):
+            if name is None:
+                continue
+            with open(self.journal.files / name, "rb") as f:
+                pos = 0
+                for raw in f:
+                    at, pos = pos, pos + len(raw)
+                    if not raw.strip():
+                        continue
+                    a = parse_line(orjson.loads(raw))
+                    k = ids.get(a.tid)
+                    if k is None or a.tid in seen:
+                        continue  # not a request of this chunk, or said twice: the first answer counts
+                    seen.add(a.tid)
+                    h = self.held.get(k)
+                    await one(k, a if h is not None and h.chunk == n else (name, at))
+        for tid, k in ids.items():  # in neither file: the provider never ran it
+            if tid not in seen:
+                seen.add(tid)
+                await one(k, not_run(tid, "batch_missing", "the provider's files have no line for it"))
+        self.out.flush()
+
+    def _reread(self, name: str, at: int) -> Answer:
+        with open(self.journal.files / name, "rb") as f:
+            f.seek(at)
+            return parse_line(orjson.loads(f.readline()))
+
+    async def _answer(self, n: int, k: int, a: Answer) -> None:
+        h = self.held.get(k)
+        if h is None:
+            return
+        attempts = h.attempts + 1
+        c = self.chunks[n]
+        verdict = on_line(a.status, a.code, attempts, self.cfg.max_attempts, self.fallback)
+        if self.cancel and verdict is not Verdict.RECORD:  # `evalsup cancel`: left outstanding for a rerun
+            h.chunk = None
+            self.key_chunk.pop(k, None)
+            return
+        if verdict is Verdict.RETRY:
+            line = self._request_line(c, a.tid)
+            if line is not None:
+                h.chunk, h.attempts = None, attempts
+                del self.key_chunk[k]
+                self._gather(Pending(k, a.tid, line, attempts), c.endpoint)
+                return
+        batch: dict[str, Any] = {"id": c.batch_id, "chunk": n}
+        if verdict is Verdict.ONLINE:
+            line = self._request_line(c, a.tid)
+            if line is not None:  # one more attempt, online; the record keeps the batch that did not answer
+                a = await self._online(orjson.loads(line), a)
+                attempts += 1
+                batch["fallback"] = "online"
+        self._record(a, k, attempts, batch, time.time() - c.planned_at)
+
+    def _request_line(self, c: ChunkInfo, tid: str) -> bytes | None:
+        """The request of ``tid`` as the chunk's input file holds it (for a follow-up or an online attempt):
+        found through an index of where each request is (kept for the chunk's life in this process)."""
+        index = self._where.get(c.chunk)
+        path = self.journal.files / c.file
+        if index is None:
+            index = self._where[c.chunk] = {}
+            with open(path, "rb") as f:
+                pos = 0
+                for raw in f:
+                    if raw.strip():
+                        index[str(orjson.loads(raw)["custom_id"])] = pos
+                    pos += len(raw)
+        at = index.get(tid)
+        if at is None:
+            return None
+        with open(path, "rb") as f:
+            f.seek(at)
+            return f.readline().rstrip(b"\n")
+
+    async def _online(self, req: dict[str, Any], before: Answer) -> Answer:
+        """--batch-fallback online: the request sent once as an online request (its answer, or the batch's)."""
+        assert self.session is not None
+        from evalsup.tasks.requests import join_url
+
+        try:
+            async with self.session.post(join_url(self.base, req["url"]), data=orjson.dumps(req["body"]),
+                                         headers=self.headers) as r:
+                raw = await r.read()
+                body = orjson.loads(raw)
+                code = body.get("error", {}).get("code") if isinstance(body, dict) and r.status != 200 else None
+                return Answer(before.tid, r.status, body, r.headers.get("x-request-id"), None, code, "")
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+            return Answer(before.tid, None, None, None, before.line_id, "online_failed", f"{type(e).__name__}: {e}")
+
+    def _record(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float) -> None:
+        h = self.held.pop(k, None)
+        if h is None:
+            return
+        if self.scoring is None:  # at once: nothing to wait for
+            self._emit(a, k, attempts, batch, waited_s, h, None)
+        else:
+            self._spawn(self._scored(a, k, attempts, batch, waited_s, h))
+
+    async def _scored(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float,
+                      h: Held) -> None:
+        assert self.scoring is not None
+        self.sending += 1
+        try:
+            scored = await self.scoring.score({"id": h.tid, **h.metadata}, a.body) if a.status == 200 else None
+            self._emit(a, k, attempts, batch, waited_s, h, scored)
+        finally:
+            self.sending -= 1
+        if not self.sending:
+            self.out.flush()
+
+    def _emit(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float, h: Held,
+              scored: Any) -> None:
+        out_line, info = build(a, k, attempts, self.pid, self.endpoint_info, batch, h.metadata, scored, waited_s)
+        self.done += 1
+        self.outbox.result(out_line, info, 256, True)
+
+    # ----- done marks -----
+
+    def settle(self) -> None:
+        """Mark done each collected chunk whose tasks are all settled in the latest checkpoint: before its
+        frontier and not outstanding, which means their records are in results.jsonl (design notes, "Exactly-once
+        resume"). A resume need not look at a done chunk again. Read once a checkpoint is new."""
+        if not any(c.step is Step.COLLECTED for c in self.chunks.values()):
+            return
+        try:
+            mtime = (self.run_dir / CHECKPOINT).stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime == self._cp_seen:
+            return
+        self._cp_seen = mtime
+        cp = load_checkpoint(self.run_dir)
+        if cp is None or cp.reconcile:  # a rewritten results file: its O is worked out when the run opens
+            return
+        outstanding = {t.offset for t in cp.outstanding}
+        for n, c in list(self.chunks.items()):
+            if c.step is not Step.COLLECTED:
+                continue
+            mine = [int(k) for k, _t, _a in c.keys if self.key_chunk.get(int(k)) == n]
+            if any(k >= cp.frontier or k in outstanding for k in mine):
+                continue
+            c.step = Step.DONE
+            self.journal.append({"event": "done", "chunk": n})
+            self.pending.pop(n, None)
+            self._where.pop(n, None)
+            for k in mine:
+                self.key_chunk.pop(k, None)
+
+    # ----- the process -----
+
+    def on_frame(self, kind: FrameKind, payload: memoryview) -> None:
+        if kind is FrameKind.TASK:
+            meta, line = split_meta(payload)
+            self.on_task(meta, line)
+        elif kind is FrameKind.RELEASE:
+            self.outbox.release(POS.unpack(payload)[0])
+        elif kind is FrameKind.DRAIN:  # SIGTERM or a recycle: the batches run on at the provider; a rerun
+            keys = list(self.held)  # (or the replacement) adopts them
+            self.held.clear()
+            for chunker in self.chunkers.values():
+                chunker.take()
+            if keys:
+                self.outbox.returned(keys)
+            self.draining = True
+            self.stopped.set()
+
+    async def read_loop(self) -> None:
+        frames: list[tuple[FrameKind, memoryview]] = []
+        parser = FrameParser(lambda kind, payload: frames.append((kind, payload)))
+        while True:
+            data = await self.reader.read(1 << 20)
+            if not data:
+                return
+            parser.feed(data)
+            for kind, payload in frames:
+                self.on_frame(kind, payload)
+            frames.clear()
+
+    async def heartbeat(self) -> None:
+        while True:
+            self.out.send(encode_json(FrameKind.HEARTBEAT, {
+                "inflight": len(self.held), "queued": 0, "done": self.done, "t": time.time(), "parked": 0,
+                "retries": 0, "wire": 0, "limit": 0, "eps": None}))
+            await self.out.drain()
+            await asyncio.sleep(self.cfg.heartbeat_s)
+
+    async def ticker(self) -> None:
+        last_settle = 0.0
+        while True:
+            await asyncio.sleep(0.05)
+            self.tick()
+            now = time.monotonic()
+            if now - last_settle >= 0.5:
+                last_settle = now
+                self.settle()
+            if (self.cancel and not self.live and now - self.last_task >= 1.0
+                    and not any(c.step is Step.CREATED for c in self.chunks.values())):
+                left = len(self.held)
+                self.fatal(f"cancelled: the run's batches are cancelled and what they finished is recorded; "
+                           f"{left} task(s) left for a rerun", ex.RESUMABLE)
+                return
+
+    async def run(self) -> None:
+        cfg = self.cfg
+        timeout = aiohttp.ClientTimeout(total=cfg.total_timeout_s, sock_connect=cfg.connect_timeout_s,
+                                        sock_read=cfg.read_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout,
+                                         connector=aiohttp.TCPConnector(ssl=not cfg.insecure)) as session:
+            self.session = session
+            self.client = BatchClient(session, self.base, self.headers)
+            self.settle()  # a resume: collected chunks whose records are all in (a finished run's, say) are done
+            for c in open_chunks(self.chunks):  # the journal's other chunks, adopted before anything new
+                self._spawn(self.drive(c, adopting=True))
+            loops = [asyncio.create_task(x) for x in (self.heartbeat(), self.ticker())]
+            reading = asyncio.create_task(self.read_loop())
+            stopped = asyncio.create_task(self.stopped.wait())
+            await asyncio.wait([reading, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if self.draining:
+                self.out.send(encode_json(FrameKind.BYE, {"done": self.done}))
+            for t in [*loops, *self.live, reading, stopped]:
+                t.cancel()
+            await asyncio.gather(*loops, *self.live, reading, stopped, return_exceptions=True)
+            await self.out.finish()
+
+
+async def amain() -> int:
+    reader, out = await open_pipes(FLUSH_DELAY_S)
+    frame = await read_frame(reader)
+    if frame is None:
+        return 0
+    kind, payload = frame
+    if kind is not FrameKind.CONFIG:
+        print(f"evalsup batch: expected CONFIG, got {kind.name}", file=sys.stderr)
+        return 2
+    try:
+        cfg = WorkerConfig.from_wire(decode_json(payload))
+        if cfg.batch is None:
+            raise ValueError("a batch driver needs the batch settings")
+        journal = await asyncio.to_thread(Journal, Path(cfg.batch["run_dir"]))  # waits for a predecessor
+        driver = Driver(cfg, reader, out, journal)
+    except Exception as e:
+        out.send(encode_json(FrameKind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
+        await out.finish()
+        return 2
+    quiet_gc()
+    out.send(encode_json(FrameKind.READY, {"pid": driver.pid, "concurrency": 1}))
+    try:
+        await driver.run()
+    finally:
+        journal.close()
+    return 0
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor's to handle, as a worker's
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        code = asyncio.run(amain())
+    except BrokenPipeError:
+        code = 0
+    sys.stdout.flush()
+    os._exit(code)
