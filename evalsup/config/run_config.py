@@ -200,6 +200,14 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     run_dir = run_dir_of(tasks, kw["out"], shard)
     window = kw["window"]
     if kw["batch_api"] or kw["batch_cancel"]:  # one batch driver in the workers' place (issue 31)
+        online_only = [flag for flag, on in (("--hedge", kw["hedge"]), ("--cache", wc.cache_dir is not None),
+                                             ("--scorer judge", "judge" in wc.scorers),
+                                             ("--response-schema", wc.response_schema is not None)) if on]
+        if online_only:  # each acts on a request as it is answered, which a provider's batch does not let it do
+            judge = "judge" in online_only[0]
+            after = " (grade a batch run afterwards: evalsup score RUN --scorer judge)" if judge else ""
+            raise ConfigError(f"{online_only[0]} works on requests sent one by one and cannot go with "
+                              f"--batch-api{after}")
         if kw["batch_poll_interval"] <= 0 or kw["batch_poll_max"] < kw["batch_poll_interval"]:
             raise ConfigError("--batch-poll-interval must be above 0 and at most --batch-poll-max")
         wc = dataclasses.replace(wc, batch={

@@ -5,7 +5,8 @@ shard. A shard's task runs `evalsup run TASKS --shard K/N --out OUT/shard-K-of-N
 whichever node Ray chose (evalsup.common.child: it gets SIGTERM if its Ray worker dies, SIGINT if the task is
 cancelled, and drains and checkpoints either way), and carries out evalsup.ray.plan's verdict on its exit:
 
-* done (0) or bad input (2): the task returns that outcome;
+* done (0), bad input (2), or a cost or token cap reached (75, exit_reason budget: a retry would stop again at
+  once): the task returns that outcome;
 * the shard's directory still held (73: the child of a previous attempt is draining): wait up to HELD_WAIT_S;
 * anything else (75, killed, 1): it raises ShardUnfinished, which Ray retries (``retry_exceptions``), as it
   retries a task whose worker process or node died (``max_retries`` = --ray-retries). A retry is a resume.
@@ -66,13 +67,13 @@ def shard_attempt(tasks: str, out: str, argv: list[str], k: int, n: int) -> dict
     deadline = time.monotonic() + HELD_WAIT_S
     while True:
         code, summary, lines = run_child(cmd, False, logs, False)
-        verdict = exit_of(code)
+        verdict = exit_of(code, (summary or {}).get("exit_reason"))
         if verdict is not Exit.HELD or time.monotonic() > deadline:
             break
         time.sleep(1.0)
     message = last_message(lines)
-    if verdict in (Exit.DONE, Exit.BAD):
-        return {"shard": k, "code": code, "message": message, "summary": summary}
+    if verdict in (Exit.DONE, Exit.BAD, Exit.BUDGET):
+        return {"shard": k, "code": code, "message": message, "summary": summary, "verdict": verdict.value}
     raise ShardUnfinished(k, code, message)
 
 
@@ -180,8 +181,11 @@ def run_on_ray(tasks: Path, given: dict[str, Any], *, address: str, n: int, retr
                     unfinished[k] = str(cause) if isinstance(cause, ShardUnfinished) else str(e).splitlines()[0]
                     say(f"ray: {shard_dir_name(k, n)} did not finish after {retries} retries: {unfinished[k]}")
                     continue
-                if exit_of(int(outcome["code"])) is Exit.BAD:
+                if outcome["verdict"] == Exit.BAD.value:
                     bad = (k, str(outcome["message"]))
+                elif outcome["verdict"] == Exit.BUDGET.value:  # final for this run: rerun with a higher cap
+                    unfinished[k] = f"stopped at its cap: {outcome['message']}"
+                    say(f"ray: {shard_dir_name(k, n)} {unfinished[k]}")
             if not quiet and time.monotonic() - last >= interval:
                 last = time.monotonic()
                 say(_progress(out, n, _attempts(out, n)))
@@ -198,7 +202,9 @@ def run_on_ray(tasks: Path, given: dict[str, Any], *, address: str, n: int, retr
         say(f"ray: stopped; the shards checkpointed: rerun the same command to resume ({out})")
         return RESUMABLE
     if unfinished:
-        say(f"ray: {len(unfinished)} of {n} shards unfinished: rerun the same command to resume ({out})")
+        capped = any(m.startswith("stopped at its cap") for m in unfinished.values())
+        how = "rerun with a higher cap to resume" if capped else "rerun the same command to resume"
+        say(f"ray: {len(unfinished)} of {n} shards unfinished: {how} ({out})")
         return RESUMABLE
     if not quiet:
         say(_progress(out, n, _attempts(out, n)))

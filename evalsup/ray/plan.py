@@ -13,7 +13,9 @@ them out.
   (Cost caps, where a run has them, are split by ``--shard`` itself.)
 * **A shard's exit.** 0 done; 2 bad input or settings: the whole stops with the shard's line (a retry meets it
   again); 73 the shard's directory is still held (the process of a previous attempt draining after its Ray worker
-  died): wait and start again; anything else (75, killed, 1) is unfinished: Ray retries it, and the retry resumes.
+  died): wait and start again; 75 with ``exit_reason`` ``budget`` (a cost or token cap reached) is final for this
+  run: a retry would stop again at once, so the whole ends 75 and a rerun with a higher cap resumes; anything else
+  (75, killed, 1) is unfinished: Ray retries it, and the retry resumes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from evalsup.config.exitcodes import BAD_INPUT, LOCKED, OK
+from evalsup.config.exitcodes import BAD_INPUT, LOCKED, OK, RESUMABLE
 
 # Options the driver acts on itself and never passes to a shard. --fresh above all: a retried shard given
 # --fresh would move its own progress aside.
@@ -47,10 +49,14 @@ class Exit(enum.Enum):
     DONE = "done"  # every task of the shard has its record
     BAD = "bad"  # bad input or settings: stop the whole, a retry would meet it again
     HELD = "held"  # the shard's directory is held by a previous attempt still draining: wait, then start again
+    BUDGET = "budget"  # a cap stopped it (resumable with a higher cap): not retried, a retry would stop at once
     UNFINISHED = "unfinished"  # stopped resumably, killed, or failed otherwise: Ray retries it
 
 
-def exit_of(code: int) -> Exit:
+def exit_of(code: int, reason: str | None = None) -> Exit:
+    """What shard's exit ``code`` (and its summary's ``exit_reason``, when it printed one) means."""
+    if code == RESUMABLE and reason == "budget":
+        return Exit.BUDGET
     if code == OK:
         return Exit.DONE
     if code == BAD_INPUT:

@@ -50,6 +50,12 @@ def test_what_a_shards_exit_means(code: int, verdict: Exit) -> None:
     assert exit_of(code) is verdict
 
 
+def test_a_budget_stop_is_final_for_the_run_not_retried() -> None:
+    assert exit_of(75, "budget") is Exit.BUDGET
+    assert exit_of(75, "stopped, resumable") is Exit.UNFINISHED
+    assert exit_of(0, "budget") is Exit.DONE
+
+
 def test_the_retried_exception_survives_pickling_as_ray_ships_it() -> None:
     e = pickle.loads(pickle.dumps(ShardUnfinished(3, 75, "endpoint down")))
     assert (e.shard, e.code, e.message) == (3, 75, "endpoint down")
