@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import os
 import signal
@@ -28,6 +29,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from evalsup.batch.anthropic import AnthropicClient, anthropic_headers
+from evalsup.batch.anthropic_shapes import as_batch, candidates, parse_result
 from evalsup.batch.client import BatchClient, ProviderError
 from evalsup.batch.journal import Journal, fsync_dir
 from evalsup.batch.plan import (
@@ -57,6 +60,7 @@ from evalsup.ipc.ring import POS
 from evalsup.rundir.checkpoint import load_checkpoint
 from evalsup.rundir.layout import CHECKPOINT
 from evalsup.scoring.scorers import ScorerOptions
+from evalsup.tasks.anthropic import MESSAGES_PATH, Untranslatable, custom_id, task_params
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.requests import RequestDefaults, credentials, public_url, to_request
 from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, open_pipes
@@ -114,8 +118,15 @@ class Driver:
         self.base = base
         self.endpoint_info = {"index": 0, "url": public_url(cfg.endpoints[0])}
         key = api_key(cfg.api_key_env, cfg.api_key_file)
-        self.headers = request_headers(cfg.endpoints[0], build_headers(cfg.headers), key,
-                                       key_source(cfg.api_key_env, cfg.api_key_file))
+        self.provider = str(b.get("provider", "openai"))  # "openai" (Files and Batches) or "anthropic" (Messages)
+        self.anthropic = self.provider == "anthropic"
+        if self.anthropic:
+            self.headers = anthropic_headers(build_headers(cfg.headers), key)
+        else:
+            self.headers = request_headers(cfg.endpoints[0], build_headers(cfg.headers), key,
+                                           key_source(cfg.api_key_env, cfg.api_key_file))
+        self.aclient: AnthropicClient | None = None
+        self.adopting = asyncio.Lock()  # one Anthropic adoption at a time: a batch is claimed once
         self.scoring: Scoring | None = None
         if cfg.scorers:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
@@ -162,10 +173,27 @@ class Driver:
         self.held[k] = Held(tid, metadata)
         if self.cancel:
             return  # `evalsup cancel`: nothing new is sent; the task stays outstanding for a rerun
+        if self.anthropic:  # the request translated (the pre-scan refused what cannot be, unless skipped)
+            try:
+                params, _ = task_params(obj, self.defaults)
+            except Untranslatable as e:
+                self._record(not_run(tid, "batch_untranslatable", str(e)), k, 0, {}, 0.0)
+                return
+            req = orjson.dumps({"custom_id": custom_id(tid), "params": params})
+            self._gather(Pending(k, tid, req, 0), MESSAGES_PATH)
+            return
         body.pop("stream", None)  # a batch answers whole
         body.pop("stream_options", None)
         req = orjson.dumps({"custom_id": tid, "method": "POST", "url": url, "body": body})
         self._gather(Pending(k, tid, req, 0), url)
+
+    def _cid(self, tid: str) -> str:
+        """A task's custom_id in the chunk's input file (Anthropic's takes fewer characters)."""
+        return custom_id(tid) if self.anthropic else tid
+
+    def _parse(self, obj: dict[str, Any]) -> Answer:
+        """One line of a chunk's output or error file (``Answer.tid``: its custom_id)."""
+        return parse_result(obj) if self.anthropic else parse_line(obj)
 
     def _gather(self, p: Pending, url: str) -> None:
         chunker = self.chunkers.get(url)
@@ -253,7 +281,9 @@ class Driver:
                                                 if x):
             c.step = Step.CREATED  # a download the crash took with it: fetch it again
         while True:
-            if c.step is Step.PLANNED:
+            if c.step is Step.PLANNED and self.anthropic:
+                c.step = Step.UPLOADED  # no upload: the create call carries the requests (the journal skips it)
+            elif c.step is Step.PLANNED:
                 if self.cancel:
                     return
                 data = path.read_bytes()
@@ -266,6 +296,21 @@ class Driver:
                 _crash_at("after_upload")
                 c.file_id, c.step = str(f["id"]), Step.UPLOADED
                 self.journal.append({"event": "uploaded", "chunk": n, "file_id": c.file_id})
+            elif c.step is Step.UPLOADED and self.anthropic:
+                async with self.adopting:
+                    b = await self._find_message_batch(c) if adopting else None
+                    if b is None:
+                        if self.cancel:
+                            return
+                        assert self.aclient is not None
+                        aclient = self.aclient
+                        data = path.read_bytes()
+                        b = as_batch(await self._try(f"creating the batch of chunk {n}",
+                                                     lambda data=data, ac=aclient: ac.create(data)))
+                    _crash_at("after_create")
+                    c.batch_id, c.step = str(b["id"]), Step.CREATED
+                    self.journal.append({"event": "created", "chunk": n, "batch_id": c.batch_id})
+                self._note_state(c, b)
             elif c.step is Step.UPLOADED:
                 b = None
                 if adopting:  # a batch whose record a crash took: its metadata names the run and the chunk
@@ -305,6 +350,44 @@ class Driver:
         await self._try("listing batches", listing)
         return adopt_batch(seen, self.journal.run_id, c.chunk)
 
+    async def _find_message_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
+        """The Message Batch that is this chunk's, created before a crash took the record of it (it has no
+        metadata: ``anthropic_shapes.candidates``): an ended candidate is the chunk's when its first result's
+        custom_id is one of the chunk's; else the one candidate still running. Two or more running: which is
+        the chunk's is not known until they end, so the run stops resumably (a rerun then reads their
+        results). None: the create never reached the provider (or it made none of this size)."""
+        client = self.aclient
+        assert client is not None
+        seen: list[dict[str, Any]] = []
+
+        async def listing() -> None:
+            seen.clear()
+            async for b in client.batches():
+                seen.append(b)
+                if (as_batch(b)["created_at"] or 0) < c.planned_at - 600:  # older than the chunk: stop reading
+                    return
+
+        await self._try("listing batches", listing)
+        claimed = {x.batch_id for x in self.chunks.values() if x.batch_id}
+        ids = {self._cid(str(tid)) for _k, tid, _a in c.keys}
+        running = []
+        for raw in candidates(seen, len(c.keys), c.planned_at, claimed):
+            b = as_batch(raw)
+            url = b["output_file_id"]
+            if url is None:
+                running.append(b)
+                continue
+            first = await self._try(f"reading the results of {b['id']}",
+                                    lambda url=url: client.first_result(str(url)))
+            if first is not None and str(first.get("custom_id")) in ids:
+                return b
+        if len(running) > 1:
+            raise Stop(f"chunk {c.chunk}: {len(running)} of the account's running Message Batches "
+                       f"({', '.join(str(b['id']) for b in running)}) could be the one created for it before the "
+                       "crash (a Message Batch has no metadata to tell); rerun once they have ended, and evalsup "
+                       "tells it by its results", ex.RESUMABLE)
+        return running[0] if running else None
+
     def _note_state(self, c: ChunkInfo, b: dict[str, Any]) -> bool:
         """Record the provider's state when it changed (status shows it); True when it did."""
         counts = b.get("request_counts") or {}
@@ -325,10 +408,13 @@ class Driver:
         while True:
             if self.cancel and not cancel_sent and c.status not in ("completed", "expired", "cancelled", "failed"):
                 with contextlib.suppress(ProviderError):
-                    await client.cancel(bid)
+                    if self.aclient is not None:
+                        await self.aclient.cancel(bid)
+                    else:
+                        await client.cancel(bid)
                 cancel_sent = True
             try:
-                b = await client.retrieve(bid)
+                b = as_batch(await self.aclient.retrieve(bid)) if self.aclient else await client.retrieve(bid)
             except ProviderError as e:
                 if not e.transient:
                     raise Stop(f"the provider refused to say how batch {bid} (chunk {c.chunk}) goes: {e}",
@@ -371,7 +457,12 @@ class Driver:
                 continue
             name = f"chunk{c.chunk:05d}.{kind}.jsonl"
             part = self.journal.files / (name + ".partial")
-            await self._try(f"downloading {fid}", lambda fid=fid, part=part: client.download(str(fid), part))
+            if self.aclient is not None:
+                aclient = self.aclient
+                await self._try(f"downloading the results of {b.get('id')}",
+                                lambda fid=fid, part=part, ac=aclient: ac.download(str(fid), part))
+            else:
+                await self._try(f"downloading {fid}", lambda fid=fid, part=part: client.download(str(fid), part))
             _crash_at("while_downloading")
             with open(part, "rb+") as f:
                 os.fsync(f.fileno())
@@ -385,7 +476,8 @@ class Driver:
         """Every line of the chunk's files to its task, streamed: a record, a follow-up chunk or an online
         request. An answer whose task is not handed over (a resume) is remembered by where it is in its file."""
         n = c.chunk
-        ids = {str(tid): int(k) for k, tid, _a in c.keys}
+        ids = {self._cid(str(tid)): int(k) for k, tid, _a in c.keys}  # custom_id -> key
+        tids = {self._cid(str(tid)): str(tid) for _k, tid, _a in c.keys}
         seen: set[str] = set()
         waiting = self.pending.setdefault(n, {})
         half = len(ids) // 2 or -1
@@ -417,28 +509,30 @@ class Driver:
                     at, pos = pos, pos + len(raw)
                     if not raw.strip():
                         continue
-                    a = parse_line(orjson.loads(raw))
+                    a = self._parse(orjson.loads(raw))
                     k = ids.get(a.tid)
                     if k is None or a.tid in seen:
                         continue  # not a request of this chunk, or said twice: the first answer counts
                     seen.add(a.tid)
                     h = self.held.get(k)
                     await one(k, a if h is not None and h.chunk == n else (name, at))
-        for tid, k in ids.items():  # in neither file: the provider never ran it
-            if tid not in seen:
-                seen.add(tid)
-                await one(k, not_run(tid, "batch_missing", "the provider's files have no line for it"))
+        for cid, k in ids.items():  # in neither file: the provider never ran it
+            if cid not in seen:
+                seen.add(cid)
+                await one(k, not_run(tids[cid], "batch_missing", "the provider's files have no line for it"))
         self.out.flush()
 
     def _reread(self, name: str, at: int) -> Answer:
         with open(self.journal.files / name, "rb") as f:
             f.seek(at)
-            return parse_line(orjson.loads(f.readline()))
+            return self._parse(orjson.loads(f.readline()))
 
     async def _answer(self, n: int, k: int, a: Answer) -> None:
         h = self.held.get(k)
         if h is None:
             return
+        if a.tid != h.tid:  # a custom_id that is not the task's id (Anthropic's): the record names the task
+            a = dataclasses.replace(a, tid=h.tid)
         attempts = h.attempts + 1
         c = self.chunks[n]
         verdict = on_line(a.status, a.code, attempts, self.cfg.max_attempts, self.fallback)
@@ -465,6 +559,7 @@ class Driver:
     def _request_line(self, c: ChunkInfo, tid: str) -> bytes | None:
         """The request of ``tid`` as the chunk's input file holds it (for a follow-up or an online attempt):
         found through an index of where each request is (kept for the chunk's life in this process)."""
+        tid = self._cid(tid)
         index = self._where.get(c.chunk)
         path = self.journal.files / c.file
         if index is None:
@@ -487,13 +582,17 @@ class Driver:
         assert self.session is not None
         from evalsup.tasks.requests import join_url
 
+        url, body_out = (MESSAGES_PATH, req["params"]) if self.anthropic else (req["url"], req["body"])
+        headers = {**self.headers, "Content-Type": "application/json"}
         try:
-            async with self.session.post(join_url(self.base, req["url"]), data=orjson.dumps(req["body"]),
-                                         headers=self.headers) as r:
+            async with self.session.post(join_url(self.base, url), data=orjson.dumps(body_out),
+                                         headers=headers) as r:
                 raw = await r.read()
                 body = orjson.loads(raw)
-                code = body.get("error", {}).get("code") if isinstance(body, dict) and r.status != 200 else None
-                return Answer(before.tid, r.status, body, r.headers.get("x-request-id"), None, code, "")
+                err = body.get("error") if isinstance(body, dict) and r.status != 200 else None
+                code = (err.get("type") if self.anthropic else err.get("code")) if isinstance(err, dict) else None
+                return Answer(before.tid, r.status, body, r.headers.get("x-request-id") or r.headers.get("request-id"),
+                              None, code, "")
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
             return Answer(before.tid, None, None, None, before.line_id, "online_failed", f"{type(e).__name__}: {e}")
 
@@ -618,6 +717,8 @@ class Driver:
                                          connector=aiohttp.TCPConnector(ssl=not cfg.insecure)) as session:
             self.session = session
             self.client = BatchClient(session, self.base, self.headers)
+            if self.anthropic:
+                self.aclient = AnthropicClient(session, self.base, self.headers)
             self.settle()  # a resume: collected chunks whose records are all in (a finished run's, say) are done
             for c in open_chunks(self.chunks):  # the journal's other chunks, adopted before anything new
                 self._spawn(self.drive(c, adopting=True))

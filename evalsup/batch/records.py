@@ -79,8 +79,9 @@ def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any]
     info: dict[str, Any] = {
         "k": key, "ok": error is None, "lat": 0.0, "att": attempts, "rb": len(line), "ec": error["code"] if error
         else None, "ttft": None, "rt": max(0, attempts - 1),
-        "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
-        "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0,
+        # OpenAI's names, or an Anthropic Message's
+        "pt": usage.get("prompt_tokens", usage.get("input_tokens", 0)) if isinstance(usage, dict) else 0,
+        "ct": usage.get("completion_tokens", usage.get("output_tokens", 0)) if isinstance(usage, dict) else 0,
         "sc": None if scored is None else scored.scores, "ep": 0}
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored

@@ -218,6 +218,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="--batch-api: what becomes of a request the batch did not answer (expired, cancelled) or answered "
                 "with a retryable error (429, 5xx), within --max-attempts: batch (a follow-up batch), online (one "
                 "online request), fail (recorded as failed with the provider's code and message)."),
+    Option("batch_provider", ("--batch-provider",), "choice", "auto", choices=("auto", "openai", "anthropic"),
+           show_default=True,
+           help="--batch-api: whose batch API: openai (Files and Batches: OpenAI, Azure and the many that speak "
+                "it), anthropic (Message Batches: chat tasks translated, the key from $ANTHROPIC_API_KEY unless "
+                "--api-key-env names another, answers kept as Anthropic's Messages), auto (anthropic when "
+                "--base-url is at api.anthropic.com, else openai). Recorded."),
     Option("batch_cancel", ("--batch-cancel",), "flag", False, hidden=True, api=False,
            help="--batch-api: cancel the run's batches, record what they finished, stop (evalsup cancel RUN)."),
     Option("memory_limit_mb", ("--memory-limit",), "float",

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from evalsup.config.caps import CapError, Caps, parse_caps
 from evalsup.config.options import BY_NAME
@@ -210,14 +211,19 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
                               f"--batch-api{after}")
         if kw["batch_poll_interval"] <= 0 or kw["batch_poll_max"] < kw["batch_poll_interval"]:
             raise ConfigError("--batch-poll-interval must be above 0 and at most --batch-poll-max")
+        provider = batch_provider(kw["batch_provider"], wc.endpoints[0])
+        if provider == "anthropic" and kw["api_key_env"] == OPT["api_key_env"] and kw["api_key_file"] is None:
+            wc = dataclasses.replace(wc, api_key_env="ANTHROPIC_API_KEY")  # Anthropic's own variable by default
         wc = dataclasses.replace(wc, batch={
             "run_dir": str(run_dir), "max_requests": kw["batch_max_requests"],
             "max_bytes": kw["batch_max_bytes"], "poll_s": kw["batch_poll_interval"],
             "poll_max_s": kw["batch_poll_max"], "fallback": kw["batch_fallback"], "cancel": kw["batch_cancel"],
-            "completion_window": "24h"})
+            "completion_window": "24h", "provider": provider, "provider_option": kw["batch_provider"]})
         workers, autoscale = 1, False
         # the driver holds up to two chunks' tasks (one filling while one runs)
         window = window or min(200_000, 2 * kw["batch_max_requests"])
+    elif kw["batch_provider"] != OPT["batch_provider"]:
+        raise ConfigError("--batch-provider is for --batch-api runs")
     per_worker = None if wc.batch is not None else kw["max_tasks_per_worker"]  # a driver is not recycled by count
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
@@ -240,6 +246,14 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         judge_template_path=judge_template_path,
         cache_max_bytes=None if kw["cache_max_gb"] is None else int(kw["cache_max_gb"] * (1 << 30)),
     )
+
+
+def batch_provider(option: str, base_url: str) -> str:
+    """--batch-provider resolved: ``auto`` is anthropic for an endpoint at api.anthropic.com, else openai."""
+    if option != "auto":
+        return option
+    host = (urlsplit(base_url).hostname or "").lower()
+    return "anthropic" if host == "api.anthropic.com" else "openai"
 
 
 def response_schema(value: Any) -> dict[str, Any] | None:

@@ -1,7 +1,8 @@
 """An OpenAI-compatible mock endpoint with fault injection, for tests and benchmarks: the app and how it runs.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses,
-GET /v1/models[/{id}], the Files and Batches APIs (batches.py), Azure OpenAI's POST
+GET /v1/models[/{id}], the Files and Batches APIs (batches.py), Anthropic's Message Batches API
+(message_batches.py), Azure OpenAI's POST
 /openai/deployments/{name}/chat/completions (and /completions, /embeddings),
 plus admin endpoints GET /_mock/stats, POST /_mock/reset, GET|POST /_mock/config.
 
@@ -30,6 +31,7 @@ from evalsup.mock.batches import add_routes as add_batch_routes
 from evalsup.mock.call import v1
 from evalsup.mock.completions import chat_completions, completions
 from evalsup.mock.config import MockConfig
+from evalsup.mock.message_batches import add_routes as add_message_batch_routes
 from evalsup.mock.responses import responses
 from evalsup.mock.routes import (
     admin_get_config,
@@ -73,6 +75,7 @@ def create_app(cfg: MockConfig) -> web.Application:
     r.add_get("/v1/models", v1(models), allow_head=False)
     r.add_get("/v1/models/{model}", v1(model), allow_head=False)
     add_batch_routes(app, v1)  # the Files and Batches APIs (issue 31)
+    add_message_batch_routes(app, v1)  # Anthropic's Message Batches API (issue 31 item 4)
     r.add_route("*", "/v1/{tail:.*}", v1(unknown))
     # Azure OpenAI's form: the deployment (the model) in the path, the routes right under it (issue 34)
     azure = "/openai/deployments/{deployment}"

@@ -57,6 +57,8 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "response_schema": w.response_schema,  # the schema itself: a resume compares what is validated
         "max_reasks": w.max_reasks,
         "batch_api": w.batch is not None,  # a resume of a batch run stays one: its batches are adopted
+        # whose batch API, as given (auto: by the base URL): a resume's batches are at the same provider
+        "batch_provider": "auto" if w.batch is None else str(w.batch.get("provider_option", "auto")),
     }
     if w.judge_base_url is not None:
         # --scorer judge (only then): its key's variable by name, never the key; the template's file, and its
@@ -129,6 +131,7 @@ FLAGGED: dict[str, _Flag] = {
     "judge_template": _Flag("judge_template", (str, type(None))),
     "judge_max_tokens": _Flag("judge_max_tokens", (int, type(None))),
     "batch_api": _Flag("batch_api", (bool,)),
+    "batch_provider": _Flag("batch_provider", (str,)),
 }
 SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
 _FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)",

@@ -40,7 +40,8 @@ class ScorerOptions:
 
 def response_text(body: Any) -> str:
     """The answer's text: chat message content, completion text, or a Responses API answer (its ``output_text``,
-    else every ``output_text`` part of every ``message`` item, joined, as the openai SDK's ``output_text``);
+    else every ``output_text`` part of every ``message`` item, joined, as the openai SDK's ``output_text``), or an
+    Anthropic Message's text blocks, joined;
     "" when the body holds none (embeddings, a tool call)."""
     if not isinstance(body, dict):
         return ""
@@ -56,7 +57,11 @@ def response_text(body: Any) -> str:
         return str(body["output_text"])
     parts = [p["text"] for item in _dicts(body.get("output")) if item.get("type") == "message"
              for p in _dicts(item.get("content")) if p.get("type") == "output_text" and isinstance(p.get("text"), str)]
-    return "".join(parts)
+    if parts:
+        return "".join(parts)
+    # an Anthropic Message (a --batch-api run to Anthropic keeps it as it came): its text blocks joined
+    return "".join(p["text"] for p in _dicts(body.get("content"))
+                   if p.get("type") == "text" and isinstance(p.get("text"), str))
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:

@@ -74,6 +74,7 @@ from evalsup.supervisor.stall import OnWire, StallWatch, on_wire
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.view import RunView
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
+from evalsup.tasks.anthropic import task_params
 from evalsup.tasks.fingerprint import fingerprint, grew_at_line_end, same_input
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.prescan import prescan
@@ -211,8 +212,14 @@ class Supervisor:
     def _estimator(self, tally: Tally) -> Callable[[dict[str, Any], int], None]:
         """The pre-scan's eye for the estimate at the start (issue 30): each of this shard's lines counted."""
         shard, lookup, defaults = self.cfg.shard, self.prices.lookup, self.defaults
+        batch = self.cfg.worker.batch
+        anthropic = batch is not None and batch.get("provider") == "anthropic"
+        w = self.cfg.worker
+        sent = RequestDefaults(w.model, w.max_tokens, w.temperature)  # what the batch driver fills in
 
         def each(obj: dict[str, Any], index: int) -> None:
+            if anthropic:  # --batch-provider anthropic: a request with no Anthropic form is refused now, by line
+                task_params(obj, sent)  # raises Untranslatable (a ValueError): the pre-scan names the line
             if shard is None or index % shard[1] == shard[0]:
                 f = figures(obj, defaults)
                 price = lookup(f.model)

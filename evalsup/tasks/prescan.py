@@ -42,7 +42,8 @@ def prescan(path: Path, max_line_bytes: int, ids: IdSet, *, start: tuple[int, in
             each: Callable[[dict[str, Any], int], None] | None = None) -> Scan:
     """Read ``path`` from ``start`` (offset, line number, index) to its end, adding each good line's id to
     ``ids`` (not to its log). Stops at the first bad line unless ``keep_going`` (``--on-invalid skip``: counted).
-    ``each(task, index)`` sees every good line parsed (the estimate at a run's start, issue 30)."""
+    ``each(task, index)`` sees every good line parsed (the estimate at a run's start, issue 30); a ValueError
+    it raises makes the line a bad one, named as the reader names its own (``file:LINE: what``)."""
     tasks = invalid = 0
     first: TaskError | None = None
     ids.reserve(len(ids) + _lines_ahead(path, start[0]))
@@ -60,9 +61,16 @@ def prescan(path: Path, max_line_bytes: int, ids: IdSet, *, start: tuple[int, in
                 break
             if got is None:
                 break
-            tasks += 1
             if each is not None:
-                each(reader.last_obj, got[2])
+                try:
+                    each(reader.last_obj, got[2])
+                except ValueError as e:  # the caller refuses the line (a request with no form at the provider)
+                    invalid += 1
+                    first = first or TaskError(str(path), reader.line_no, got[0].offset, str(e))
+                    if keep_going:
+                        continue
+                    break
+            tasks += 1
         return Scan(tasks, invalid, first, start[0], reader.offset, reader.line_no)
 
 

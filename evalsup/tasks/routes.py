@@ -65,6 +65,9 @@ RESPONSES = Route("/v1/responses", "output", samples=True, streams=True, sse="re
 
 ROUTES: tuple[Route, ...] = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)  # route_of tries them in this order
 BY_PATH: dict[str, Route] = {r.path: r for r in ROUTES}
+# an answer that no task route gives but a --batch-api run to Anthropic keeps as it came (a Message): its text
+# blocks joined (a thinking or tool_use block is not the answer)
+ANTHROPIC_MESSAGE_TEXT: tuple[TextPath, ...] = (("content", Each("text"), "text"),)
 DEFAULT = CHAT  # a simple task ({"id", "messages"|"prompt"}) and a batch line without "url"
 
 
@@ -99,13 +102,12 @@ def _at(value: Any, path: TextPath) -> str | None:
 
 def answer_text(body: Any) -> str | None:
     """The answer's text in a response body of any route (each route's ``text`` rows tried in table order, the
-    first found wins): chat's message content, a completion's text, a Responses answer; None when it holds none
-    (embeddings, a tool call)."""
-    for r in ROUTES:
-        for path in r.text:
-            got = _at(body, path)
-            if got is not None:
-                return got
+    first found wins, then an Anthropic Message's): chat's message content, a completion's text, a Responses
+    answer, a Message's text blocks; None when it holds none (embeddings, a tool call)."""
+    for path in (*(p for r in ROUTES for p in r.text), *ANTHROPIC_MESSAGE_TEXT):
+        got = _at(body, path)
+        if got is not None:
+            return got
     return None
 
 
