@@ -126,7 +126,8 @@ class Driver:
             self.headers = request_headers(cfg.endpoints[0], build_headers(cfg.headers), key,
                                            key_source(cfg.api_key_env, cfg.api_key_file))
         self.aclient: AnthropicClient | None = None
-        self.adopting = asyncio.Lock()  # one Anthropic adoption at a time: a batch is claimed once
+        self.adopting = asyncio.Lock()  # one Anthropic adoption (or create) at a time: a batch is claimed once
+        self.unadopted: set[int] = set()  # resumed Anthropic chunks with no batch id yet (their adoption pending)
         self.scoring: Scoring | None = None
         if cfg.scorers:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
@@ -299,6 +300,7 @@ class Driver:
             elif c.step is Step.UPLOADED and self.anthropic:
                 async with self.adopting:
                     b = await self._find_message_batch(c) if adopting else None
+                    self.unadopted.discard(n)
                     if b is None:
                         if self.cancel:
                             return
@@ -353,9 +355,10 @@ class Driver:
     async def _find_message_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
         """The Message Batch that is this chunk's, created before a crash took the record of it (it has no
         metadata: ``anthropic_shapes.candidates``): an ended candidate is the chunk's when its first result's
-        custom_id is one of the chunk's; else the one candidate still running. Two or more running: which is
-        the chunk's is not known until they end, so the run stops resumably (a rerun then reads their
-        results). None: the create never reached the provider (or it made none of this size)."""
+        custom_id is one of the chunk's; a running one only when it is the one candidate and this chunk the one
+        resumed chunk of its size still without a batch. Otherwise which is whose is not known until they
+        end, so the run stops resumably (a rerun reads their results then), never creating a second batch on a
+        guess. None: the create never reached the provider (or made no batch of this size)."""
         client = self.aclient
         assert client is not None
         seen: list[dict[str, Any]] = []
@@ -381,12 +384,14 @@ class Driver:
                                     lambda url=url: client.first_result(str(url)))
             if first is not None and str(first.get("custom_id")) in ids:
                 return b
-        if len(running) > 1:
-            raise Stop(f"chunk {c.chunk}: {len(running)} of the account's running Message Batches "
-                       f"({', '.join(str(b['id']) for b in running)}) could be the one created for it before the "
-                       "crash (a Message Batch has no metadata to tell); rerun once they have ended, and evalsup "
-                       "tells it by its results", ex.RESUMABLE)
-        return running[0] if running else None
+        if not running:
+            return None
+        rivals = [n for n in self.unadopted if n != c.chunk and len(self.chunks[n].keys) == len(c.keys)]
+        if len(running) == 1 and not rivals:
+            return running[0]
+        raise Stop(f"chunk {c.chunk}: the running Message Batch(es) {', '.join(str(b['id']) for b in running)} may "
+                   "be the one created for it before the crash, or for another chunk of its size (a Message Batch "
+                   "has no metadata to tell); rerun once they have ended: their results tell", ex.RESUMABLE)
 
     def _note_state(self, c: ChunkInfo, b: dict[str, Any]) -> bool:
         """Record the provider's state when it changed (status shows it); True when it did."""
@@ -721,6 +726,8 @@ class Driver:
                 self.aclient = AnthropicClient(session, self.base, self.headers)
             self.settle()  # a resume: collected chunks whose records are all in (a finished run's, say) are done
             for c in open_chunks(self.chunks):  # the journal's other chunks, adopted before anything new
+                if self.anthropic and c.step in (Step.PLANNED, Step.UPLOADED):
+                    self.unadopted.add(c.chunk)
                 self._spawn(self.drive(c, adopting=True))
             loops = [asyncio.create_task(x) for x in (self.heartbeat(), self.ticker())]
             reading = asyncio.create_task(self.read_loop())

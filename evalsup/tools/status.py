@@ -366,9 +366,14 @@ def format_run(st: RunStatus) -> str:
         c = b["counts"] or {}
         when = "".join(f", {w} {_clock(float(b[w + '_at']))}" for w in ("created", "expires") if b[w + "_at"])
         label = "batches" if i == 0 and shown is st.batches else ""
+        if "succeeded" in c:  # an Anthropic Message Batch's counts, in its words
+            got = ", ".join(f"{c.get(k, 0)} {k}" for k in ("succeeded", "errored", "expired", "canceled")
+                            if c.get(k) or k in ("succeeded", "errored"))
+        else:
+            got = f"{c.get('completed', 0)} completed, {c.get('failed', 0)} failed"
         lines.append(f"  {label:<11} chunk {b['chunk']} {b['batch_id'] or '(not created)'}: "
-                     f"{b['status'] or b['step']} ({c.get('completed', 0)} completed, {c.get('failed', 0)} failed "
-                     f"of {c.get('total') or b['tasks']}{when})" + (f": {b['reason']}" if b["reason"] else ""))
+                     f"{b['status'] or b['step']} ({got} of {c.get('total') or b['tasks']}{when})"
+                     + (f": {b['reason']}" if b["reason"] else ""))
     return "\n".join(lines)
 
 
