@@ -18,7 +18,8 @@ OpenAI's error lines; canceled and expired were never run (``batch_cancelled``, 
 ``candidates``: which of the account's batches may be a chunk's own, for a resume whose record of the create
 a crash took. A Message Batch has no metadata: a candidate is one no chunk of the journal claims, created no
 earlier than the chunk's intent (less ``SKEW_S`` of clock difference), that holds as many requests as the chunk.
-The driver then reads an ended candidate's first result: its custom_id must be one of the chunk's.
+The driver then reads an ended candidate's first result: its custom_id must be one of the chunk's; a running
+one is taken only as ``choose_running`` says.
 """
 
 from __future__ import annotations
@@ -111,3 +112,21 @@ def candidates(batches: Iterable[dict[str, Any]], count: int, planned_at: float,
                 and total(b) == count):
             out.append(b)
     return out
+
+
+class Ambiguous(Exception):
+    """Which running batch is a chunk's cannot be told yet (their results will tell, once they end)."""
+
+
+def choose_running(running: list[dict[str, Any]], earlier_waiting: int) -> dict[str, Any] | None:
+    """The running candidate that is the chunk's, or None (its create never reached the provider). The driver
+    creates Message Batches one at a time, each recorded before the next begins, and in chunk order; so a kill
+    leaves at most one batch unrecorded, the lowest-numbered unrecorded chunk's, which a resume adopts first.
+    One candidate, and no lower chunk of the same size still waiting to adopt: it is this chunk's. Two or more
+    candidates (another client of the account made one too), or a lower chunk of its size waiting:
+    ``Ambiguous``: the run stops resumably rather than guess."""
+    if not running:
+        return None
+    if len(running) == 1 and not earlier_waiting:
+        return running[0]
+    raise Ambiguous(", ".join(str(b.get("id")) for b in running))

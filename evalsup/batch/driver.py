@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 
 from evalsup.batch.anthropic import AnthropicClient, anthropic_headers
-from evalsup.batch.anthropic_shapes import as_batch, candidates, parse_result
+from evalsup.batch.anthropic_shapes import Ambiguous, as_batch, candidates, choose_running, parse_result
 from evalsup.batch.client import BatchClient, ProviderError
 from evalsup.batch.journal import Journal, fsync_dir
 from evalsup.batch.plan import (
@@ -298,17 +298,13 @@ class Driver:
                 c.file_id, c.step = str(f["id"]), Step.UPLOADED
                 self.journal.append({"event": "uploaded", "chunk": n, "file_id": c.file_id})
             elif c.step is Step.UPLOADED and self.anthropic:
-                async with self.adopting:
+                async with self.adopting:  # creates one at a time, each recorded before the next (adoption)
                     b = await self._find_message_batch(c) if adopting else None
                     self.unadopted.discard(n)
                     if b is None:
                         if self.cancel:
                             return
-                        assert self.aclient is not None
-                        aclient = self.aclient
-                        data = path.read_bytes()
-                        b = as_batch(await self._try(f"creating the batch of chunk {n}",
-                                                     lambda data=data, ac=aclient: ac.create(data)))
+                        b = await self._create_message_batch(c, path.read_bytes())
                     _crash_at("after_create")
                     c.batch_id, c.step = str(b["id"]), Step.CREATED
                     self.journal.append({"event": "created", "chunk": n, "batch_id": c.batch_id})
@@ -352,13 +348,34 @@ class Driver:
         await self._try("listing batches", listing)
         return adopt_batch(seen, self.journal.run_id, c.chunk)
 
+    async def _create_message_batch(self, c: ChunkInfo, data: bytes) -> dict[str, Any]:
+        """The chunk's Message Batch created; a create that failed transiently (no answer, 429, 5xx) is tried
+        again with backoff, but first the account's batches are searched for it: the provider may have made
+        it before the answer was lost (a retry must not pay twice)."""
+        client = self.aclient
+        assert client is not None
+        wait = TRANSIENT_WAIT_S[0]
+        while True:
+            try:
+                return as_batch(await client.create(data))
+            except ProviderError as e:
+                if not e.transient:
+                    raise Stop(f"the provider refused creating the batch of chunk {c.chunk}: {e}",
+                               ex.BAD_INPUT) from None
+                print(f"evalsup batch: creating the batch of chunk {c.chunk}: {e}; trying again in {wait:g}s",
+                      file=sys.stderr, flush=True)
+            await asyncio.sleep(wait)
+            wait = min(TRANSIENT_WAIT_S[1], wait * 2)
+            found = await self._find_message_batch(c)
+            if found is not None:
+                return found
+
     async def _find_message_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
         """The Message Batch that is this chunk's, created before a crash took the record of it (it has no
         metadata: ``anthropic_shapes.candidates``): an ended candidate is the chunk's when its first result's
-        custom_id is one of the chunk's; a running one only when it is the one candidate and this chunk the one
-        resumed chunk of its size still without a batch. Otherwise which is whose is not known until they
-        end, so the run stops resumably (a rerun reads their results then), never creating a second batch on a
-        guess. None: the create never reached the provider (or made no batch of this size)."""
+        custom_id is one of the chunk's; a running one as ``choose_running`` says (else the run stops
+        resumably, and a rerun reads their results once they end: never a second batch on a guess). None: the
+        create never reached the provider (or made no batch of this size)."""
         client = self.aclient
         assert client is not None
         seen: list[dict[str, Any]] = []
@@ -384,14 +401,13 @@ class Driver:
                                     lambda url=url: client.first_result(str(url)))
             if first is not None and str(first.get("custom_id")) in ids:
                 return b
-        if not running:
-            return None
-        rivals = [n for n in self.unadopted if n != c.chunk and len(self.chunks[n].keys) == len(c.keys)]
-        if len(running) == 1 and not rivals:
-            return running[0]
-        raise Stop(f"chunk {c.chunk}: the running Message Batch(es) {', '.join(str(b['id']) for b in running)} may "
-                   "be the one created for it before the crash, or for another chunk of its size (a Message Batch "
-                   "has no metadata to tell); rerun once they have ended: their results tell", ex.RESUMABLE)
+        earlier = [n for n in self.unadopted if n < c.chunk and len(self.chunks[n].keys) == len(c.keys)]
+        try:
+            return choose_running(running, len(earlier))
+        except Ambiguous as e:
+            raise Stop(f"chunk {c.chunk}: the running Message Batch(es) {e} may be the one created for it before "
+                       "the crash, or another's (a Message Batch has no metadata to tell); rerun once they have "
+                       "ended: their results tell", ex.RESUMABLE) from None
 
     def _note_state(self, c: ChunkInfo, b: dict[str, Any]) -> bool:
         """Record the provider's state when it changed (status shows it); True when it did."""

@@ -87,8 +87,10 @@ def test_whole_path_answers_kept_as_messages(tmp_path: Path, bmock: MockThread) 
                                          {"role": "user", "content": f"q{i}"}],
              **({"mock": {"status": 400}} if i == 3 else {})} for i in range(50)]
     tasks = lines(tmp_path / "t.jsonl", objs)
+    bmock.configure(batch_queue_full=1, batch_retrieve_500=2)  # a create refused (429) then polls failing
     r = run_cli(*run_args(bmock, tasks, *FAST), env=ENV)
     assert r.returncode == 0, r.stderr
+    assert "rate limit" in r.stderr and "trying again" in r.stderr
     run_dir = tmp_path / "t.run"
     recs = {x["custom_id"]: x for x in assert_exactly_once(run_dir, ids_of(50))}
     ok = recs["t0"]
@@ -116,10 +118,13 @@ def test_kill_between_create_and_record_then_rerun_creates_no_second_batch(tmp_p
     assert r.returncode == -9, (r.returncode, r.stderr)
     journal = (tmp_path / "t.run" / "batches.jsonl").read_bytes()
     assert b'"event":"created"' not in journal and len(message_batches(bmock)) == 1  # created, not recorded
+    first = message_batches(bmock)[0]["id"]
     r = run_cli(*args, env=ENV)
     assert r.returncode == 0, r.stderr
     assert_exactly_once(tmp_path / "t.run", ids_of(n))
     assert len(message_batches(bmock)) == math.ceil(n / 40)  # the first one adopted, not created again
+    journal = (tmp_path / "t.run" / "batches.jsonl").read_bytes()
+    assert b'"chunk":1,"batch_id":"' + first.encode() + b'"' in journal
     assert_no_request_twice(bmock)
 
 

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from evalsup.batch.anthropic import anthropic_headers
-from evalsup.batch.anthropic_shapes import as_batch, candidates, parse_result, status_of, unix
+from evalsup.batch.anthropic_shapes import (
+    Ambiguous,
+    as_batch,
+    candidates,
+    choose_running,
+    parse_result,
+    status_of,
+    unix,
+)
 from evalsup.batch.plan import Act, Verdict, on_line, on_status
 from evalsup.batch.records import build
 from evalsup.config.run_config import ConfigError, batch_provider, build_config
@@ -138,6 +146,16 @@ def test_candidates_for_a_chunk_whose_create_was_not_recorded() -> None:
             b("small", "2026-01-01T00:00:05Z", 39), b("old", "2025-12-31T23:58:00Z", 40),
             b("mine", "2026-01-01T00:00:06Z", 40)]
     assert [x["id"] for x in candidates(seen, 40, t + 30, {"mine"})] == ["new", "skew"]  # within SKEW_S
+
+
+def test_a_running_candidate_is_taken_only_when_unambiguous() -> None:
+    one, two = {"id": "msgbatch_1"}, {"id": "msgbatch_2"}
+    assert choose_running([], 0) is None  # the create never reached the provider: create it
+    assert choose_running([one], 0) is one
+    with pytest.raises(Ambiguous, match="msgbatch_1, msgbatch_2"):
+        choose_running([one, two], 0)  # another client of the account made one of the same size meanwhile
+    with pytest.raises(Ambiguous):
+        choose_running([one], 1)  # a lower chunk of the same size is still to adopt: it may be its
 
 
 def test_provider_choice_headers_and_key_variable(tmp_path: Any) -> None:
