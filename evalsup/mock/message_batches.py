@@ -1,6 +1,7 @@
 """Anthropic's Message Batches API, as the mock serves it (issue 31 item 4).
 
-``POST /v1/messages/batches`` (``{"requests": [{custom_id, params}]}``), ``GET /v1/messages/batches``
+``POST /v1/messages/batches`` (``{"requests": [{custom_id, params}]}``), ``POST /v1/messages`` (online: a
+--batch-fallback online attempt), ``GET /v1/messages/batches``
 (newest first, ``after_id``/``before_id``/``limit`` pages), ``GET /v1/messages/batches/{id}``, ``POST
 /v1/messages/batches/{id}/cancel``, ``GET /v1/messages/batches/{id}/results`` (the batch's ``results_url``).
 The shapes are the anthropic SDK's ``MessageBatch``, ``MessageBatchIndividualResponse`` and ``Message``
@@ -248,9 +249,11 @@ def as_message(chat: dict[str, Any]) -> dict[str, Any]:
                       "output_tokens": int(usage.get("completion_tokens") or 0)}}
 
 
-async def _answer(session: aiohttp.ClientSession, entry: MessageBatch, req: dict[str, Any]) -> dict[str, Any]:
-    async with session.post(entry.origin + "/v1/chat/completions", data=orjson.dumps(chat_body(req["params"])),
-                            headers={"Authorization": f"Bearer {entry.key}", "x-api-key": entry.key,
+async def _message(session: aiohttp.ClientSession, origin: str, key: str,
+                   params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One Messages request answered by the mock's own chat completions: (status, a Message or an error)."""
+    async with session.post(origin + "/v1/chat/completions", data=orjson.dumps(chat_body(params)),
+                            headers={"Authorization": f"Bearer {key}", "x-api-key": key,
                                      "Content-Type": "application/json"}) as r:
         raw = await r.read()
     try:
@@ -258,13 +261,38 @@ async def _answer(session: aiohttp.ClientSession, entry: MessageBatch, req: dict
     except orjson.JSONDecodeError:
         body = None
     if r.status == 200 and isinstance(body, dict) and body.get("choices"):
-        return {"custom_id": req["custom_id"], "result": {"type": "succeeded", "message": as_message(body)}}
+        return 200, as_message(body)
     status = r.status if r.status != 200 else 500
     err = body.get("error") if isinstance(body, dict) else None
     message = str(err.get("message")) if isinstance(err, dict) and err.get("message") else f"Mock error {status}."
-    return {"custom_id": req["custom_id"], "result": {"type": "errored", "error": {
-        "type": "error", "error": {"type": error_type(status), "message": message},
-        "request_id": r.headers.get("x-request-id")}}}
+    return status, {"type": "error", "error": {"type": error_type(status), "message": message},
+                    "request_id": r.headers.get("x-request-id")}
+
+
+async def _answer(session: aiohttp.ClientSession, entry: MessageBatch, req: dict[str, Any]) -> dict[str, Any]:
+    status, got = await _message(session, entry.origin, entry.key, req["params"])
+    if status == 200:
+        return {"custom_id": req["custom_id"], "result": {"type": "succeeded", "message": got}}
+    return {"custom_id": req["custom_id"], "result": {"type": "errored", "error": got}}
+
+
+async def messages(call: Call) -> web.StreamResponse:
+    """``POST /v1/messages``, online (a --batch-fallback online attempt): the same answer a batch gives."""
+    request = call.request
+    refused = _refused(request)
+    if refused is not None:
+        return refused
+    try:
+        params = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return a_error(400, "The request body is not valid JSON.")
+    problem = _valid({"requests": [{"custom_id": "online", "params": params}]})
+    if problem is not None:
+        return a_error(400, problem.removeprefix("requests.0.params."))
+    key = request.headers.get("x-api-key") or request.headers.get("Authorization", "").removeprefix("Bearer ")
+    async with aiohttp.ClientSession() as session:
+        status, got = await _message(session, f"http://127.0.0.1:{request.url.port}", key, params)
+    return json_response(got, status=status, headers={"request-id": new_id("req_")})
 
 
 async def _run(app: web.Application, entry: MessageBatch, reqs: list[dict[str, Any]], expire: bool) -> None:
@@ -311,6 +339,7 @@ def add_routes(app: web.Application, v1: Any) -> None:
     """The Message Batches routes (before the /v1 catch-all; after the OpenAI batches', whose store it shares)."""
     app[MESSAGE_BATCHES] = {}
     r = app.router
+    r.add_post("/v1/messages", v1(messages))
     r.add_post("/v1/messages/batches", v1(create))
     r.add_get("/v1/messages/batches", v1(list_batches), allow_head=False)
     r.add_get("/v1/messages/batches/{batch_id}", v1(get_batch), allow_head=False)

@@ -167,3 +167,15 @@ def test_a_request_with_no_anthropic_form_is_refused_before_any_request(tmp_path
     r = run_cli(*run_args(bmock, write_tasks(tmp_path / "u.jsonl", 3), *no_max), env=ENV)
     assert r.returncode == 2 and "u.jsonl:1:" in r.stderr and "max_tokens" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and message_batches(bmock) == []
+
+
+def test_fallback_online_sends_post_v1_messages(tmp_path: Path, bmock: MockThread) -> None:
+    objs = [{"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
+             **({"mock": {"status": 500, "times": 1}} if i < 2 else {})} for i in range(6)]
+    tasks = lines(tmp_path / "t.jsonl", objs)
+    r = run_cli(*run_args(bmock, tasks, *FAST, "--batch-fallback", "online"), env=ENV)
+    assert r.returncode == 0, r.stderr
+    recs = {x["custom_id"]: x for x in assert_exactly_once(tmp_path / "t.run", ids_of(6))}
+    assert all(x["error"] is None and x["response"]["body"]["type"] == "message" for x in recs.values())
+    assert {i for i, x in recs.items() if x["metrics"]["batch"].get("fallback") == "online"} == {"t0", "t1"}
+    assert len(message_batches(bmock)) == 1  # no follow-up batch
