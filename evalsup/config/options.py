@@ -277,7 +277,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "to 'expected')."),
     Option("group_by", ("--group-by",), "str", metavar="metadata.KEY",
            help="Scores per group too: the value of this key of each task's metadata (e.g. metadata.subject), in "
-                "the summary, summary.json, the report and Prometheus (at most 10,000 groups, then '(other)')."),
+                "the summary, summary.json, the report and Prometheus (at most 10,000 groups, then '(other)'). "
+                "Recorded in run.json: a resume without it groups as before; another value on a resume is taken "
+                "(it changes no request), 'off' stops grouping."),
     Option("response_schema", ("--response-schema",), "file", metavar="SCHEMA.json",
            help="Validate each answer's text as JSON against this JSON schema (a task's own response_format "
                 "json_schema is used without it); an invalid answer is asked again with the error (--max-reasks), "

@@ -131,7 +131,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         rates = parse_rate_limits(kw["max_requests_per_s"], kw["max_tokens_per_min"], urls)
     except RateLimitError as e:
         raise ConfigError(str(e)) from None
-    group_by = kw["group_by"]
+    group_by = None if kw["group_by"] == "off" else kw["group_by"]  # off: a resume stops grouping (run_json.FREE)
     if group_by is not None:
         from evalsup.tasks.group_key import GroupByError, parse_group_by
 
