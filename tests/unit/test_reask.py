@@ -119,7 +119,7 @@ def test_the_mock_counts_the_reasks_of_a_conversation() -> None:
 
 def test_the_python_api_takes_a_dict_or_a_pydantic_model() -> None:
     pydantic = pytest.importorskip("pydantic")
-    from evalsup.api.run import schema_dict
+    from evalsup.api.options import schema_dict
 
     class Pick(pydantic.BaseModel):  # type: ignore[name-defined,misc]
         answer: str
