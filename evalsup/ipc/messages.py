@@ -181,6 +181,7 @@ class WorkerConfig:
     # --response-schema (its JSON schema, loaded and checked before the start) and --max-reasks
     response_schema: dict[str, Any] | None = None
     max_reasks: int = 2
+    validate_schema: bool = True  # --no-validate-schema: a task's own response_format schema is not validated
     # --hedge (issue 28): a request this many times the worker's p95 old gets a second copy in the run's tail
     hedge: bool = False
     hedge_factor: float = 2.0

@@ -61,6 +61,7 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_normalize": w.score_normalize,
         "response_schema": w.response_schema,  # the schema itself: a resume compares what is validated
         "max_reasks": w.max_reasks,
+        "validate_schema": w.validate_schema,  # off: a task's own schema is not validated (no schema_invalid)
         "batch_api": w.batch is not None,  # a resume of a batch run stays one: its batches are adopted
         "group_by": w.group_by,  # FREE: how the summary groups the records; another value on a resume is taken
     }
@@ -129,6 +130,7 @@ FLAGGED: dict[str, _Flag] = {
     "score_normalize": _Flag("normalize", (bool,)),
     "response_schema": _Flag("response_schema", (dict, type(None))),
     "max_reasks": _Flag("max_reasks", (int,)),
+    "validate_schema": _Flag("validate_schema", (bool,)),
     "judge_base_url": _Flag("judge_base_url", (str, type(None))),
     "judge_model": _Flag("judge_model", (str, type(None))),
     "judge_api_key_env": _Flag("judge_api_key_env", (str, type(None))),

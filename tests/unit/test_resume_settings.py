@@ -17,7 +17,7 @@ URL = "http://127.0.0.1:9/v1"
 RECORDED = {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True, "endpoint_path": "/v1",
             "scorers": ["exact_match"], "score_strip": False, "score_ignore_case": True, "score_pattern": "(a)",
             "score_normalize": True, "response_schema": {"type": "object"}, "max_reasks": 1, "batch_api": False,
-            "group_by": "metadata.subject"}
+            "group_by": "metadata.subject", "validate_schema": True}
 
 
 def _run_json(run_dir: Path, settings: dict[str, Any]) -> Path:
@@ -50,7 +50,7 @@ def test_a_fresh_run_takes_todays_defaults(tmp_path: Path) -> None:
                                      "endpoint_path": "/v1", "scorers": [], "score_strip": True,
                                      "score_ignore_case": False, "score_pattern": None,
                                      "score_normalize": False, "response_schema": None, "max_reasks": 2,
-                                     "batch_api": False, "group_by": None}
+                                     "batch_api": False, "group_by": None, "validate_schema": True}
 
 
 def test_a_resume_takes_every_request_flag_left_out_from_run_json(tmp_path: Path) -> None:
@@ -111,7 +111,8 @@ def test_fresh_out_and_shards_read_their_own_run_directory(tmp_path: Path, monke
 def test_an_older_run_json_takes_todays_default_for_a_key_it_lacks(tmp_path: Path) -> None:
     old = {k: v for k, v in RECORDED.items() if k not in ("score_strip", "score_ignore_case", "score_pattern",
                                                              "score_normalize", "response_schema",
-                                                             "max_reasks", "batch_api", "endpoint_path", "group_by")}
+                                                             "max_reasks", "batch_api", "endpoint_path", "group_by",
+                                                             "validate_schema")}
     run_dir = _run_json(tmp_path / "t.run", old)
     assert recorded_options(run_dir, {}) == {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True,
                                              "scorers": ("exact_match",)}
