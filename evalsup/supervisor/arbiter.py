@@ -835,7 +835,8 @@ class Supervisor:
         ref = w.held.get(x.key) if w is not None else None
         urls = self.endpoints.urls
         return {"id": ref.id if ref is not None else None, "endpoint": urls[x.endpoint] if 0 <= x.endpoint < len(urls)
-                else None, "age_s": round(x.age_s, 1), "attempt": x.attempt, "bytes": x.got}
+                else None, "age_s": round(x.age_s, 1), "attempt": x.attempt, "bytes": x.got} | (
+                    {"hedge": True} if x.hedge else {})  # the second copy of a hedged task (one id on the wire twice)
 
     def _stall_tick(self, now: float) -> None:
         """``StallWatch`` decides whether the run has stalled on its oldest requests; STALL goes to their workers."""
@@ -846,7 +847,8 @@ class Supervisor:
         self.events("stall", quiet_s=round(got.quiet_s, 1), requests=named)
         self.log(f"stalled: no result for {got.quiet_s:.0f}s (--stall-after {got.age_s:g}s); abandoning and retrying "
                  f"what has been on the wire that long (timeout_stall): " + "; ".join(
-                     f"{n['id']!r} at {n['endpoint']}, {n['age_s']:.0f}s, attempt {n['attempt']}, {n['bytes']:,} bytes"
+                     f"{n['id']!r}{' (hedge)' if n.get('hedge') else ''} at {n['endpoint']}, {n['age_s']:.0f}s, "
+                     f"attempt {n['attempt']}, {n['bytes']:,} bytes"
                      for n in named))
         by_id = {w.id: w for w in self.workers}
         for wid in got.workers:
@@ -969,7 +971,7 @@ class Supervisor:
                 self.credit.set()
         self.stall.result(time.monotonic())
         if self.metrics is not None:
-            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
+            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]), meta.get("hg"))
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1

@@ -343,7 +343,8 @@ def format_run(st: RunStatus) -> str:
                 if e.get("state") == EndpointState.UP else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
         lines.append(f"  endpoint    {e.get('url')}: {what}")
     for i, o in enumerate(st.oldest or ()):  # what holds up the end of the run (issue 28)
-        lines.append(f"  {'oldest' if i == 0 else '':<11} {o.get('id')!r} at {o.get('endpoint')}: "
+        copy = " (hedge)" if o.get("hedge") else ""  # a hedged task's second copy: the same id, on the wire twice
+        lines.append(f"  {'oldest' if i == 0 else '':<11} {o.get('id')!r}{copy} at {o.get('endpoint')}: "
                      f"{fmt_duration(float(o.get('age_s') or 0))} on the wire, attempt {o.get('attempt')}, "
                      f"{int(o.get('bytes') or 0):,} bytes received")
     pid = f" (pid {st.pid})" if st.state is RunState.RUNNING else ""
