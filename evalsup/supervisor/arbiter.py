@@ -231,12 +231,17 @@ class Supervisor:
                                  + (f" (nor {len(unpriced) - 1} other(s))" if len(unpriced) > 1 else "")
                                  + "; give its price with --prices FILE, or --self-hosted for your own endpoint "
                                  "(no request was sent)", ex.BAD_INPUT)
+        # the judge's tokens (--scorer judge) count toward the caps when its model has a price (issue 30)
+        judge_price = self.prices.lookup(cfg.worker.judge_model) if cfg.worker.judge_model else None
+        if cfg.caps.any and cfg.worker.judge_model and judge_price is None:
+            self.log(f"budget: the judge's model {cfg.worker.judge_model!r} has no price: its tokens are not counted "
+                     "by the caps (give its price with --prices FILE)", "warning")
         spent: Amount | None = None
         unpriced_results = 0
         if cfg.caps.any and (cfg.run_dir / RESULTS).exists():  # a resume (or a run dir of records already)
             try:
                 u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
-                                            cfg.worker.model)
+                                            cfg.worker.model, judge_price)
             except JournalError as e:  # a damaged results.jsonl: refused as _open refuses it (evalsup repair)
                 raise RunRefused(str(e), e.code) from None
             except OSError as e:
@@ -461,6 +466,8 @@ class Supervisor:
         out = self.stats.counters()
         if self.budget is not None:
             out["budget"] = self.budget.to_json(self._left())
+        if self.cache is not None:  # --cache: this session's hits and misses (evalsup status)
+            out["cache"] = {"hits": self.stats.cache_hits, "misses": self.stats.cache_misses}
         return out
 
     def _left(self) -> int | None:
@@ -964,12 +971,16 @@ class Supervisor:
             paid = meta.get("ca") != "h"  # an answer from the cache cost nothing: its reservation is given back
             self.budget.settle(ref.offset, int(meta.get("pt") or 0) if paid else 0,
                                int(meta.get("ct") or 0) if paid else 0)
+            if "jpt" in meta or "jct" in meta:  # the judge's tokens (--scorer judge): spent when the judge has a price
+                jprice = self.prices.lookup(self.cfg.worker.judge_model)
+                if jprice is not None:
+                    self.budget.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), jprice)
             if self._budget_wait:
                 self._budget_wait = False  # look again: what settled may leave room
                 self.credit.set()
         self.stall.result(time.monotonic())
         if self.metrics is not None:
-            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
+            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]), meta.get("ca"))
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
@@ -1218,7 +1229,8 @@ class Supervisor:
                        adaptive=cfg.adaptive, run_dir=cfg.run_dir, finished=self.finished,
                        stop_message=self.stop_message,
                        cache=self.cache.summary() if self.cache is not None else None,
-                       budget=None if self.budget is None else self.budget.to_json(self._left()))
+                       budget=None if self.budget is None else self.budget.to_json(self._left()),
+                       price_of=self.prices.lookup)
 
     def snapshot(self) -> dict[str, Any]:
         """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""

@@ -61,6 +61,9 @@ class Metrics:
                                 ["what"], registry=r)
         self.budget_tokens = Gauge("evalsup_budget_tokens", "Tokens (with a cap) by what (spent, reserved, "
                                    "projected, cap) and kind (prompt, completion, total)", ["what", "kind"], registry=r)
+        # --cache (issue 30): answers from the cache, and requests sent with it on (a miss each)
+        self.cache_hits = Counter("evalsup_cache_hits", "Tasks answered from the cache (--cache)", registry=r)
+        self.cache_misses = Counter("evalsup_cache_misses", "Requests sent with the cache on (--cache)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
         for cause in ("crashed", "hung"):
@@ -71,8 +74,14 @@ class Metrics:
     def serve(self, host: str, port: int) -> Any:
         return start_http_server(port, addr=host, registry=self.registry)
 
-    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int) -> None:
+    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int, cache: str | None = None) -> None:
+        """One result; ``cache``: the meta's ``ca`` ("h" answered from the cache, "m" sent with it on)."""
         self.tasks.labels("succeeded" if ok else "failed").inc()
+        if cache == "h":
+            self.cache_hits.inc()
+            return  # no request: no latency, no retries
+        if cache == "m":
+            self.cache_misses.inc()
         self.latency.observe(latency)
         if ttft is not None:
             self.ttft.observe(ttft)

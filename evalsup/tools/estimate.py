@@ -4,8 +4,11 @@ One streamed pass over the task file (``TaskReader``: each line checked as the r
 ids, which the run's pre-scan refuses; memory stays flat however long the file is: 28 MiB peak for 10 thousand
 lines and for a million): requests, prompt tokens and completion tokens as a low / expected / high band, and the
 cost from the price table (config.prices), by model and in all (the maths: tasks.tokens.Tally). The band's lengths
-seen come from the run directory's answers (``seen_lengths``); a cache of answers may feed ``Tally.seen`` the same
-way.
+seen come from the run directory's answers (``seen_lengths``) and, with ``--cache DIR``, from the cache: a request
+whose key (cache.key, as the run's workers make it) the cache already holds costs nothing and is counted apart
+(``cache.hits``), and the completion tokens of those kept answers join the lengths seen (each model's misses are
+banded again with them at the end: ``_Lookups.reband``, from their (choices, max tokens) shapes, so the pass stays
+one and flat). The keys are looked up in batches of ``FLUSH_LINES`` (one indexed SELECT each, cache.known).
 
 Prompt tokens come from the endpoint's own tokenizer when it serves one (vLLM and SGLang: ``POST /tokenize``
 at the server's root with ``{"model", "messages"}`` or ``{"model", "prompt"}``, answering ``{"count"}`` or
@@ -20,25 +23,28 @@ low end is the shortest seen and the expected the mean seen, and the band covers
 from __future__ import annotations
 
 import http.client
+import math
 import ssl
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from evalsup.config.prices import PriceTable
+from evalsup.cache.key import KeyMaker
+from evalsup.cache.known import KnownAnswers
+from evalsup.config.prices import Price, PriceTable
 from evalsup.rundir.checkpoint import JournalError
 from evalsup.rundir.layout import RESULTS
-from evalsup.rundir.usage import usage_of_results
+from evalsup.rundir.usage import Usage, usage_of_results
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskReader
 from evalsup.tasks.requests import RequestDefaults, credentials, to_request
 from evalsup.tasks.routes import CHAT, COMPLETIONS
-from evalsup.tasks.tokens import Tally, figures, one_line
+from evalsup.tasks.tokens import MAX_MODELS, OTHER, Band, Figures, Tally, figures, one_line
 
 TOKENIZE_PATH = "/tokenize"
 TIMEOUT_S = 10.0
@@ -139,20 +145,115 @@ def _tokenize_body(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+SHAPES = 256  # distinct (choices, max completion) pairs a model keeps for re-banding; past it, its band stays
+FLUSH_LINES = 500  # lines looked up in the cache at once
+FLUSH_BYTES = 4 << 20  # ... or fewer, when their tokenizer bodies would hold more than this
+
+
+@dataclass
+class _Seen:
+    """Completion tokens a choice among answers: the shortest, their sum and count."""
+
+    low: float = math.inf
+    total: float = 0.0
+    n: int = 0
+
+    def add(self, per_choice: float, count: int = 1) -> None:
+        self.low = min(self.low, per_choice)
+        self.total += per_choice * count
+        self.n += count
+
+    @property
+    def pair(self) -> tuple[float, float] | None:
+        return (self.low, self.total / self.n) if self.n else None
+
+
+@dataclass
+class _Lookups:
+    """The cache's part of an estimate (--cache DIR): the keys of the requests, the hits by model, the lengths
+    the hits' answers had, and each model's misses by shape (to band them again with those lengths)."""
+
+    known: KnownAnswers
+    keys: KeyMaker
+    hits: int = 0
+    by_model: dict[str, int] = field(default_factory=dict)
+    seen: _Seen = field(default_factory=_Seen)
+    shapes: dict[str, dict[tuple[int, int], int] | None] = field(default_factory=dict)
+
+    def shape(self, name: str, choices: int, high: int) -> None:
+        got = self.shapes.setdefault(name, {})
+        if got is None:
+            return
+        if (choices, high) not in got and len(got) >= SHAPES:
+            self.shapes[name] = None  # too many to keep: this model's band stays as first made
+            return
+        got[(choices, high)] = got.get((choices, high), 0) + 1
+
+    def reband(self, tally: Tally, seen: tuple[float, float]) -> None:
+        """Each model's completion band again with ``seen`` (shortest, mean) as the low end and the expected."""
+        lo, mean = seen
+        for name, t in tally.models.items():
+            shapes = self.shapes.get(name)
+            if not shapes:
+                continue
+            low = sum(n * min(lo * c, h) for (c, h), n in shapes.items())
+            expected = sum(n * min(mean * c, h) for (c, h), n in shapes.items())
+            t.completion = Band(low, expected, t.completion.high)
+
+
 def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base_url: str | None = None,
              headers: dict[str, str] | None = None, tokenize_max: int = 2000, run_dir: Path | None = None,
-             shard: tuple[int, int] | None = None, max_line_bytes: int = 16 << 20) -> dict[str, Any]:
+             shard: tuple[int, int] | None = None, max_line_bytes: int = 16 << 20, cache_dir: Path | None = None,
+             cache_model_id: str | None = None, cache_salt: str = "") -> dict[str, Any]:
     """The estimate of ``tasks`` (see the module's doc) as a dict: ``Tally.summary`` plus how it was made.
-    Raises EstimateError (a bad line: ``file:LINE: why``, as the run would refuse it)."""
+    With ``cache_dir`` (--cache DIR, its key settings as the run's) the requests whose answer the cache holds
+    are free: counted apart (``cache.hits``), not in the requests, tokens and cost; their answers' lengths join
+    the band's lengths seen. Raises EstimateError (a bad line: ``file:LINE: why``, as the run would refuse it)."""
     from evalsup.tasks.reader import TaskError
 
-    try:
-        done, seen = seen_lengths(run_dir)
-    except JournalError as e:  # a damaged results.jsonl (evalsup repair)
-        raise EstimateError(str(e)) from None
-    tally = Tally(seen=seen)
+    u = Usage()
+    if run_dir is not None:
+        try:
+            u = usage_of_results(run_dir / RESULTS, lambda _m: None)
+        except JournalError as e:  # a damaged results.jsonl (evalsup repair)
+            raise EstimateError(str(e)) from None
+    done = u.records
+    tally = Tally(seen=u.seen)
     tok = Tokenizer(base_url, headers or {}) if base_url else None
+    look = None if cache_dir is None else _Lookups(
+        KnownAnswers(cache_dir), KeyMaker(cache_model_id, (base_url,) if base_url else (), cache_salt))
     counted = approx_sum = 0  # the tokenizer's counts and the ≈ figures of the same requests: their ratio scales
+    # (figures, price, the body /tokenize would count, the cache key): a batch of lines, looked up at once
+    pending: list[tuple[Figures, Price | None, dict[str, Any] | None, bytes | None]] = []
+    held = 0
+
+    def flush() -> None:
+        nonlocal counted, approx_sum, held
+        kept = {} if look is None else look.known.completion_tokens([k for *_, k in pending if k is not None])
+        for f, price, tb, key in pending:
+            if look is not None and key is not None and key in kept:  # answered from the cache: free
+                look.hits += 1
+                name = f.model or "(no model)"
+                if name in look.by_model or len(look.by_model) < MAX_MODELS:
+                    look.by_model[name] = look.by_model.get(name, 0) + 1
+                if f.choices:
+                    look.seen.add(kept[key] / f.choices)
+                continue
+            exact: int | None = None
+            if tok is not None and not tok.absent and tally.exact < tokenize_max and tb is not None:
+                exact = tok.count(tb)
+                if exact is not None:
+                    counted += exact
+                    approx_sum += f.approx_prompt
+            scaled = None if exact is not None or not counted else round(f.approx_prompt * counted / approx_sum)
+            model_max = price.max_output if price else None
+            tally.add(f, model_max, exact if exact is not None else scaled, counted=exact is not None)
+            if look is not None:
+                name = f.model or "(no model)"
+                look.shape(name if name in tally.models else OTHER, f.choices, f.max_completion(model_max))
+        pending.clear()
+        held = 0
+
     try:
         with TaskReader(tasks, max_line_bytes, ids=_NoIds(16)) as reader:
             while True:
@@ -164,18 +265,19 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
                     continue
                 obj = reader.last_obj
                 f = figures(obj, defaults)
-                price = prices.lookup(f.model)
-                exact: int | None = None
-                if tok is not None and not tok.absent and tally.exact < tokenize_max:
+                tb = key = None
+                wants_tb = tok is not None and not tok.absent and tally.exact + len(pending) < tokenize_max
+                if wants_tb or look is not None:
                     path, body, _ = to_request(obj, defaults)
-                    tb = _tokenize_body(path, body)
-                    exact = tok.count(tb) if tb is not None else None
-                    if exact is not None:
-                        counted += exact
-                        approx_sum += f.approx_prompt
-                scaled = None if exact is not None or not counted else round(f.approx_prompt * counted / approx_sum)
-                tally.add(f, price.max_output if price else None, exact if exact is not None else scaled,
-                          counted=exact is not None)
+                    if wants_tb:
+                        tb = _tokenize_body(path, body)
+                        held += len(got[1])
+                    if look is not None:
+                        key = look.keys.key(path, body, str(obj.get("custom_id", obj.get("id"))))
+                pending.append((f, prices.lookup(f.model), tb, key))
+                if len(pending) >= FLUSH_LINES or held >= FLUSH_BYTES:
+                    flush()
+            flush()
     except TaskError as e:
         raise EstimateError(str(e)) from None
     except OSError as e:
@@ -183,17 +285,37 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
     finally:
         if tok is not None:
             tok.close()
+        if look is not None:
+            look.known.close()
+    from_cache = ""
+    if look is not None and look.seen.n:  # the cache's lengths join the run directory's in the band
+        both = _Seen(min(u.low, look.seen.low), u.sum_per_choice + look.seen.total, u.answers + look.seen.n) \
+            if u.answers else look.seen
+        seen = both.pair
+        assert seen is not None
+        look.reband(tally, seen)
+        tally.seen = seen
+        from_cache = "cache" if not u.answers else "run directory and cache"
+    total = tally.requests + (look.hits if look is not None else 0)
     left = 1.0
-    if done and tally.requests:
-        left = max(0.0, (tally.requests - done) / tally.requests)
+    if done and tally.requests:  # the tasks done are taken from those the cache does not answer first
+        left = max(0.0, (tally.requests - max(0, done - (look.hits if look else 0))) / tally.requests)
     out = tally.scaled(left).summary(prices.lookup) if left < 1.0 else tally.summary(prices.lookup)
+    if from_cache:
+        out["completion_from"] = f"seen ({from_cache})"
     out.update({
-        "tasks": str(tasks), "total_requests": tally.requests, "done": done, "prices": prices.describe(),
+        "tasks": str(tasks), "total_requests": total, "done": done, "prices": prices.describe(),
         "tokenizer": "none" if tok is None else ("absent (404): ≈ chars/4" if tok.absent and not counted else
                                                  f"{tok.path} ({tally.exact:,} counted"
                                                  + (", the rest scaled by their ratio)" if tally.exact < tally.requests
                                                     else ")")),
     })
+    if look is not None:
+        out["cache"] = {"path": str(look.known.path), "hits": look.hits, "hits_by_model": look.by_model,
+                        **({"completion_seen": {"low": round(look.seen.low, 1),
+                                                "mean": round(look.seen.total / look.seen.n, 1)}}
+                           if look.seen.n else {}),
+                        **({"note": look.known.problem} if look.known.problem else {})}
     if tally.exact and tally.exact < tally.requests:
         out["prompt_tokens_counted"] = f"endpoint for {tally.exact:,}, the rest scaled"
     return out
@@ -217,6 +339,14 @@ def estimate_text(s: dict[str, Any]) -> str:
         head += f" ({s['done']:,} of {s['total_requests']:,} done already: the figures are for the rest)"
     lines.append(head)
     lines.append("  " + one_line(s))
+    c = s.get("cache")
+    if c is not None:  # --cache DIR: the requests it would answer cost nothing and are not in the figures above
+        seen = c.get("completion_seen")
+        lines.append(f"  cache {c['path']}: {c['hits']:,} of {s['total_requests']:,} requests would be answered "
+                     "from it (free, not counted above)"
+                     + (f"; its answers' completion tokens a choice: shortest {seen['low']:,.0f}, mean "
+                        f"{seen['mean']:,.0f} (the band's low and expected)" if seen else "")
+                     + (f" ({c['note']})" if c.get("note") else ""))
     for name, m in s["models"].items():
         p, c = m["prompt_tokens"], m["completion_tokens"]
         cost = m["cost_usd"]
