@@ -7,8 +7,8 @@ cost from the price table (config.prices), by model and in all (the maths: tasks
 seen come from the run directory's answers (``seen_lengths``) and, with ``--cache DIR``, from the cache: a request
 whose key (cache.key, as the run's workers make it) the cache already holds costs nothing and is counted apart
 (``cache.hits``), and the completion tokens of those kept answers join the lengths seen (each model's misses are
-banded again with them at the end: ``_Lookups.reband``, from their (choices, max tokens) shapes, so the pass stays
-one and flat). The keys are looked up in batches of ``FLUSH_LINES`` (one indexed SELECT each, cache.known).
+banded again with them at the end, from their (choices, max tokens) shapes, so the pass stays
+one and flat). The keys are looked up in batches (one indexed SELECT each: cache.known.CachedTally).
 
 Prompt tokens come from the endpoint's own tokenizer when it serves one (vLLM and SGLang: ``POST /tokenize``
 at the server's root with ``{"model", "messages"}`` or ``{"model", "prompt"}``, answering ``{"count"}`` or
@@ -23,19 +23,18 @@ low end is the shortest seen and the expected the mean seen, and the band covers
 from __future__ import annotations
 
 import http.client
-import math
 import ssl
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from evalsup.cache.key import KeyMaker
-from evalsup.cache.known import KnownAnswers
-from evalsup.config.prices import Price, PriceTable
+from evalsup.cache.known import CachedTally, KnownAnswers, Pending, request_key
+from evalsup.config.prices import PriceTable
 from evalsup.rundir.checkpoint import JournalError
 from evalsup.rundir.layout import RESULTS
 from evalsup.rundir.usage import Usage, usage_of_results
@@ -44,7 +43,7 @@ from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskReader
 from evalsup.tasks.requests import RequestDefaults, credentials, to_request
 from evalsup.tasks.routes import CHAT, COMPLETIONS
-from evalsup.tasks.tokens import MAX_MODELS, OTHER, Band, Figures, Tally, figures, one_line
+from evalsup.tasks.tokens import Figures, Tally, figures, one_line
 
 TOKENIZE_PATH = "/tokenize"
 TIMEOUT_S = 10.0
@@ -145,60 +144,7 @@ def _tokenize_body(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-SHAPES = 256  # distinct (choices, max completion) pairs a model keeps for re-banding; past it, its band stays
-FLUSH_LINES = 500  # lines looked up in the cache at once
-FLUSH_BYTES = 4 << 20  # ... or fewer, when their tokenizer bodies would hold more than this
-
-
-@dataclass
-class _Seen:
-    """Completion tokens a choice among answers: the shortest, their sum and count."""
-
-    low: float = math.inf
-    total: float = 0.0
-    n: int = 0
-
-    def add(self, per_choice: float, count: int = 1) -> None:
-        self.low = min(self.low, per_choice)
-        self.total += per_choice * count
-        self.n += count
-
-    @property
-    def pair(self) -> tuple[float, float] | None:
-        return (self.low, self.total / self.n) if self.n else None
-
-
-@dataclass
-class _Lookups:
-    """The cache's part of an estimate (--cache DIR): the keys of the requests, the hits by model, the lengths
-    the hits' answers had, and each model's misses by shape (to band them again with those lengths)."""
-
-    known: KnownAnswers
-    keys: KeyMaker
-    hits: int = 0
-    by_model: dict[str, int] = field(default_factory=dict)
-    seen: _Seen = field(default_factory=_Seen)
-    shapes: dict[str, dict[tuple[int, int], int] | None] = field(default_factory=dict)
-
-    def shape(self, name: str, choices: int, high: int) -> None:
-        got = self.shapes.setdefault(name, {})
-        if got is None:
-            return
-        if (choices, high) not in got and len(got) >= SHAPES:
-            self.shapes[name] = None  # too many to keep: this model's band stays as first made
-            return
-        got[(choices, high)] = got.get((choices, high), 0) + 1
-
-    def reband(self, tally: Tally, seen: tuple[float, float]) -> None:
-        """Each model's completion band again with ``seen`` (shortest, mean) as the low end and the expected."""
-        lo, mean = seen
-        for name, t in tally.models.items():
-            shapes = self.shapes.get(name)
-            if not shapes:
-                continue
-            low = sum(n * min(lo * c, h) for (c, h), n in shapes.items())
-            expected = sum(n * min(mean * c, h) for (c, h), n in shapes.items())
-            t.completion = Band(low, expected, t.completion.high)
+FLUSH_BYTES = 4 << 20  # the tokenizer's bodies a batch of cache look-ups may hold; past it, looked up at once
 
 
 def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base_url: str | None = None,
@@ -220,40 +166,24 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
     done = u.records
     tally = Tally(seen=u.seen)
     tok = Tokenizer(base_url, headers or {}) if base_url else None
-    look = None if cache_dir is None else _Lookups(
-        KnownAnswers(cache_dir), KeyMaker(cache_model_id, (base_url,) if base_url else (), cache_salt))
     counted = approx_sum = 0  # the tokenizer's counts and the ≈ figures of the same requests: their ratio scales
-    # (figures, price, the body /tokenize would count, the cache key): a batch of lines, looked up at once
-    pending: list[tuple[Figures, Price | None, dict[str, Any] | None, bytes | None]] = []
-    held = 0
 
-    def flush() -> None:
-        nonlocal counted, approx_sum, held
-        kept = {} if look is None else look.known.completion_tokens([k for *_, k in pending if k is not None])
-        for f, price, tb, key in pending:
-            if look is not None and key is not None and key in kept:  # answered from the cache: free
-                look.hits += 1
-                name = f.model or "(no model)"
-                if name in look.by_model or len(look.by_model) < MAX_MODELS:
-                    look.by_model[name] = look.by_model.get(name, 0) + 1
-                if f.choices:
-                    look.seen.add(kept[key] / f.choices)
-                continue
-            exact: int | None = None
-            if tok is not None and not tok.absent and tally.exact < tokenize_max and tb is not None:
-                exact = tok.count(tb)
-                if exact is not None:
-                    counted += exact
-                    approx_sum += f.approx_prompt
-            scaled = None if exact is not None or not counted else round(f.approx_prompt * counted / approx_sum)
-            model_max = price.max_output if price else None
-            tally.add(f, model_max, exact if exact is not None else scaled, counted=exact is not None)
-            if look is not None:
-                name = f.model or "(no model)"
-                look.shape(name if name in tally.models else OTHER, f.choices, f.max_completion(model_max))
-        pending.clear()
-        held = 0
+    def count(f: Figures, model_max: int | None, tb: dict[str, Any] | None) -> None:
+        nonlocal counted, approx_sum
+        exact: int | None = None
+        if tok is not None and not tok.absent and tally.exact < tokenize_max and tb is not None:
+            exact = tok.count(tb)
+            if exact is not None:
+                counted += exact
+                approx_sum += f.approx_prompt
+        scaled = None if exact is not None or not counted else round(f.approx_prompt * counted / approx_sum)
+        tally.add(f, model_max, exact if exact is not None else scaled, counted=exact is not None)
 
+    look = None if cache_dir is None else CachedTally(KnownAnswers(cache_dir), tally,
+                                                      lambda p: count(p.f, p.model_max, p.extra),
+                                                      (u.answers, u.low, u.sum_per_choice))
+    keys = KeyMaker(cache_model_id, (base_url,) if base_url else (), cache_salt)
+    held = 0  # bytes of the tokenizer's bodies waiting for their batch's look-up
     try:
         with TaskReader(tasks, max_line_bytes, ids=_NoIds(16)) as reader:
             while True:
@@ -265,19 +195,22 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
                     continue
                 obj = reader.last_obj
                 f = figures(obj, defaults)
-                tb = key = None
-                wants_tb = tok is not None and not tok.absent and tally.exact + len(pending) < tokenize_max
-                if wants_tb or look is not None:
-                    path, body, _ = to_request(obj, defaults)
-                    if wants_tb:
-                        tb = _tokenize_body(path, body)
-                        held += len(got[1])
-                    if look is not None:
-                        key = look.keys.key(path, body, str(obj.get("custom_id", obj.get("id"))))
-                pending.append((f, prices.lookup(f.model), tb, key))
-                if len(pending) >= FLUSH_LINES or held >= FLUSH_BYTES:
-                    flush()
-            flush()
+                price = prices.lookup(f.model)
+                model_max = price.max_output if price else None
+                pending = len(look.pending) if look is not None else 0
+                wants_tb = tok is not None and not tok.absent and tally.exact + pending < tokenize_max
+                if look is None:
+                    count(f, model_max, _tokenize_body(*to_request(obj, defaults)[:2]) if wants_tb else None)
+                    continue
+                key, path, body = request_key(keys, obj, defaults)
+                tb = _tokenize_body(path, body) if wants_tb else None
+                held += len(got[1]) if tb is not None else 0
+                look.offer(Pending(f, model_max, key, tb))
+                if held >= FLUSH_BYTES:
+                    look.flush()
+                if not look.pending:
+                    held = 0
+            from_cache = look.finish() if look is not None else None
     except TaskError as e:
         raise EstimateError(str(e)) from None
     except OSError as e:
@@ -287,35 +220,22 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
             tok.close()
         if look is not None:
             look.known.close()
-    from_cache = ""
-    if look is not None and look.seen.n:  # the cache's lengths join the run directory's in the band
-        both = _Seen(min(u.low, look.seen.low), u.sum_per_choice + look.seen.total, u.answers + look.seen.n) \
-            if u.answers else look.seen
-        seen = both.pair
-        assert seen is not None
-        look.reband(tally, seen)
-        tally.seen = seen
-        from_cache = "cache" if not u.answers else "run directory and cache"
-    total = tally.requests + (look.hits if look is not None else 0)
+    hits = look.hits if look is not None else 0
     left = 1.0
     if done and tally.requests:  # the tasks done are taken from those the cache does not answer first
-        left = max(0.0, (tally.requests - max(0, done - (look.hits if look else 0))) / tally.requests)
+        left = max(0.0, (tally.requests - max(0, done - hits)) / tally.requests)
     out = tally.scaled(left).summary(prices.lookup) if left < 1.0 else tally.summary(prices.lookup)
     if from_cache:
         out["completion_from"] = f"seen ({from_cache})"
     out.update({
-        "tasks": str(tasks), "total_requests": total, "done": done, "prices": prices.describe(),
+        "tasks": str(tasks), "total_requests": tally.requests + hits, "done": done, "prices": prices.describe(),
         "tokenizer": "none" if tok is None else ("absent (404): ≈ chars/4" if tok.absent and not counted else
                                                  f"{tok.path} ({tally.exact:,} counted"
                                                  + (", the rest scaled by their ratio)" if tally.exact < tally.requests
                                                     else ")")),
     })
     if look is not None:
-        out["cache"] = {"path": str(look.known.path), "hits": look.hits, "hits_by_model": look.by_model,
-                        **({"completion_seen": {"low": round(look.seen.low, 1),
-                                                "mean": round(look.seen.total / look.seen.n, 1)}}
-                           if look.seen.n else {}),
-                        **({"note": look.known.problem} if look.known.problem else {})}
+        out["cache"] = look.to_json()
     if tally.exact and tally.exact < tally.requests:
         out["prompt_tokens_counted"] = f"endpoint for {tally.exact:,}, the rest scaled"
     return out
