@@ -280,9 +280,9 @@ class Supervisor:
         if (tally.requests or hits) and not cfg.quiet:
             what = "the lines not yet read" if resumed else "this run"
             cached = "" if hits is None else f"; {hits:,} answered from the cache (free, not counted)"
-            figures_ = one_line(tally.summary(self.prices.lookup)) if tally.requests else \
+            said = one_line(tally.summary(self.prices.lookup)) if tally.requests else \
                 f"all {hits:,} requests answered from the cache: no request, no cost"
-            self.log(f"estimate for {what}: {figures_}{cached if tally.requests else ''} [prices: "
+            self.log(f"estimate for {what}: {said}{cached if tally.requests else ''} [prices: "
                      f"{self.prices.describe()}; evalsup estimate for the endpoint's own token counts]")
         if cfg.caps.any:
             self.budget = Budget(cfg.caps, spent, unpriced_results)
