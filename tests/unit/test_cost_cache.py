@@ -179,3 +179,20 @@ def test_a_resume_reads_the_judges_tokens_back_when_the_judge_has_a_price(tmp_pa
     judged = usage_of_results(results, lookup, judge_price=P)
     assert (judged.prompt_tokens, judged.completion_tokens, judged.judge_prompt_tokens) == (110, 25, 100)
     assert judged.cost == pytest.approx(P.cost(110, 25))
+
+
+def test_the_keys_fast_path_gives_the_bytes_of_the_normalised_form() -> None:
+    import random
+
+    from evalsup.cache.key import VERSION, normalised
+
+    rng = random.Random(3)
+    keys = KeyMaker()
+    for _ in range(300):
+        body: dict[str, Any] = {"model": rng.choice(["m", "llama-3.0"]), "temperature": rng.choice([0, 0.0, 0.5, 1.0]),
+                                "max_tokens": rng.choice([10, 10.0, 1e15]), "top_p": rng.random(),
+                                "messages": [{"role": "user", "content": rng.choice(["a", "v1.0 b", "2.05"])}]}
+        want = orjson.dumps({"v": VERSION, "path": "/v1/chat/completions", "model": body["model"],
+                             "body": normalised({k: v for k, v in body.items() if k != "model"}),
+                             **({"sample": "t"} if body["temperature"] else {})}, option=orjson.OPT_SORT_KEYS)
+        assert keys.canonical("/v1/chat/completions", body, "t") == want
