@@ -27,6 +27,8 @@ from evalsup.supervisor.summary import cache_summary, money_saved
 from evalsup.tasks.requests import RequestDefaults
 from evalsup.tasks.tokens import Tally, figures
 from evalsup.tools.estimate import estimate
+from evalsup.tools.report.data import RunData
+from evalsup.tools.report.page import _figures
 from evalsup.tools.status import RunState, RunStatus, format_run, format_shards
 
 P = Price(input=1.0, output=2.0)  # USD per million tokens
@@ -65,7 +67,7 @@ def test_cache_summary_and_its_line() -> None:
 
 # ----- 2. the cache where a person looks -----
 
-def test_progress_line_status_and_prometheus_show_the_hits() -> None:
+def test_progress_line_status_prometheus_and_report_show_the_hits() -> None:
     s = {"state": "running", "done": 10, "total": 20, "rate": 5.0, "eta_s": 2.0, "inflight": 1, "queued": 0,
          "failed": 0, "retries": 0, "workers_mb": [40.0], "cache": {"hits": 7, "misses": 3}}
     assert "cache 7 hits" in fmt_snapshot_plain(s)
@@ -79,6 +81,9 @@ def test_progress_line_status_and_prometheus_show_the_hits() -> None:
     assert m.registry.get_sample_value("evalsup_cache_hits_total") == 1
     assert m.registry.get_sample_value("evalsup_cache_misses_total") == 1
     assert m.registry.get_sample_value("evalsup_request_latency_seconds_count") == 2  # a hit sent nothing
+    page = _figures(RunData(summary={"cache": {"hits": 3, "misses": 1, "saved_usd": 0.5,
+                                               "tokens_saved": {"prompt": 1, "completion": 2}}}))
+    assert "<b>cache</b>3 answered from it, 1 sent" in page and "$0.50 saved" in page  # the report's figures
 
 
 # ----- 3. the estimate with the cache -----
