@@ -1007,9 +1007,11 @@ class Supervisor:
             if self._budget_wait:
                 self._budget_wait = False  # look again: what settled may leave room
                 self.credit.set()
+        if self.metrics is not None and "ca" in meta:  # --cache: hits and misses (Prometheus)
+            self.metrics.on_cache(meta["ca"])
         self.stall.result(time.monotonic())
         if self.metrics is not None:
-            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]), meta.get("ca"))
+            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1

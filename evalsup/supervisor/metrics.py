@@ -74,14 +74,8 @@ class Metrics:
     def serve(self, host: str, port: int) -> Any:
         return start_http_server(port, addr=host, registry=self.registry)
 
-    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int, cache: str | None = None) -> None:
-        """One result; ``cache``: the meta's ``ca`` ("h" answered from the cache, "m" sent with it on)."""
+    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int) -> None:
         self.tasks.labels("succeeded" if ok else "failed").inc()
-        if cache == "h":
-            self.cache_hits.inc()
-            return  # no request: no latency, no retries
-        if cache == "m":
-            self.cache_misses.inc()
         self.latency.observe(latency)
         if ttft is not None:
             self.ttft.observe(ttft)
@@ -101,6 +95,13 @@ class Metrics:
                 self.score_count.labels(scorer, group).set(n)
             for scorer, n in st.errors.items():
                 self.score_errors.labels(scorer, group).set(n)
+
+    def on_cache(self, cache: str | None) -> None:
+        """A result with the cache on: its RESULT's ``ca`` ("h" answered from the cache, "m" sent)."""
+        if cache == "h":
+            self.cache_hits.inc()
+        elif cache == "m":
+            self.cache_misses.inc()
 
     def update_budget(self, b: dict[str, Any]) -> None:
         """The budget's gauges from ``Budget.to_json``."""

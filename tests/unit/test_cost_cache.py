@@ -75,12 +75,10 @@ def test_progress_line_status_prometheus_and_report_show_the_hits() -> None:
     st = RunStatus("/r", RunState.RUNNING, done=10, ok=10, checkpoint_age_s=1.0, cache={"hits": 7, "misses": 3})
     assert "cache       7 hits, 3 misses this session" in format_run(st)
     m = Metrics()
-    m.on_result(True, 0.0, None, 0, "h")
-    m.on_result(True, 0.2, None, 0, "m")
-    m.on_result(True, 0.2, None, 0)
-    assert m.registry.get_sample_value("evalsup_cache_hits_total") == 1
+    for ca in ("h", "h", "m", None):
+        m.on_cache(ca)
+    assert m.registry.get_sample_value("evalsup_cache_hits_total") == 2
     assert m.registry.get_sample_value("evalsup_cache_misses_total") == 1
-    assert m.registry.get_sample_value("evalsup_request_latency_seconds_count") == 2  # a hit sent nothing
     page = _figures(RunData(summary={"cache": {"hits": 3, "misses": 1, "saved_usd": 0.5,
                                                "tokens_saved": {"prompt": 1, "completion": 2}}}))
     assert "<b>cache</b>3 answered from it, 1 sent" in page and "$0.50 saved" in page  # the report's figures
