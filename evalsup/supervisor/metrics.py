@@ -65,6 +65,9 @@ class Metrics:
                                 ["what"], registry=r)
         self.budget_tokens = Gauge("evalsup_budget_tokens", "Tokens (with a cap) by what (spent, reserved, "
                                    "projected, cap) and kind (prompt, completion, total)", ["what", "kind"], registry=r)
+        # --cache (issue 30): answers from the cache, and requests sent with it on (a miss each)
+        self.cache_hits = Counter("evalsup_cache_hits", "Tasks answered from the cache (--cache)", registry=r)
+        self.cache_misses = Counter("evalsup_cache_misses", "Requests sent with the cache on (--cache)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
         for cause in ("crashed", "hung"):
@@ -101,6 +104,13 @@ class Metrics:
                 self.score_count.labels(scorer, group).set(n)
             for scorer, n in st.errors.items():
                 self.score_errors.labels(scorer, group).set(n)
+
+    def on_cache(self, cache: str | None) -> None:
+        """A result with the cache on: its RESULT's ``ca`` ("h" answered from the cache, "m" sent)."""
+        if cache == "h":
+            self.cache_hits.inc()
+        elif cache == "m":
+            self.cache_misses.inc()
 
     def update_budget(self, b: dict[str, Any]) -> None:
         """The budget's gauges from ``Budget.to_json``."""
