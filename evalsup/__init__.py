@@ -15,11 +15,12 @@ __all__ = ["BadInput", "BadSettings", "EndpointUnavailable", "EvalsupError", "Ju
 
 if TYPE_CHECKING:
     from evalsup.api.exceptions import BadInput, BadSettings, EndpointUnavailable, EvalsupError, RunStopped
+    from evalsup.api.options import Judge
     from evalsup.api.results import Record, read_results, to_pandas
-    from evalsup.api.run import Judge, RunResult, run
+    from evalsup.api.run import RunResult, run
 
 _WHERE = {"run": "api.run", "RunResult": "api.run", "read_results": "api.results", "to_pandas": "api.results",
-          "Record": "api.results", "Judge": "api.run",
+          "Record": "api.results", "Judge": "api.options",
           "BadInput": "api.exceptions", "BadSettings": "api.exceptions", "EndpointUnavailable": "api.exceptions",
           "EvalsupError": "api.exceptions",
           "RunStopped": "api.exceptions"}

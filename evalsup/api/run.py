@@ -21,54 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from evalsup.api.exceptions import BadInput, BadSettings, RunStopped, error_for_exit
+from evalsup.api.options import schema_inline, with_judge, write_schema
 from evalsup.api.results import Record, read_results, to_pandas
 from evalsup.common.child import last_message, run_child
 from evalsup.config.options import API_OPTIONS, BY_NAME, DEFAULTS, argv_of, python_type
 from evalsup.rundir.layout import INPUT_COPY
-
-
-@dataclass(frozen=True)
-class Judge:
-    """The model-graded scorer's settings for ``evalsup.run(..., judge=Judge(...))``: the same as the
-    ``judge_*`` keywords (``--judge-*`` options), and ``"judge"`` is added to the scorers. ``api_key_env`` names
-    the variable that holds the judge's key (never the key itself)."""
-
-    base_url: str
-    model: str | None = None
-    api_key_env: str | None = None
-    template: str | os.PathLike[str] | None = None
-    concurrency: int | None = None
-    max_tokens: int | None = None
-    timeout: float | None = None
-
-    def options(self) -> dict[str, Any]:
-        """As ``evalsup.run``'s keywords (those set)."""
-        out: dict[str, Any] = {"judge_base_url": self.base_url, "judge_model": self.model,
-                               "judge_api_key_env": self.api_key_env,
-                               "judge_template": None if self.template is None else os.fspath(self.template),
-                               "judge_concurrency": self.concurrency, "judge_max_tokens": self.max_tokens,
-                               "judge_timeout": self.timeout}
-        return {k: v for k, v in out.items() if v is not None}
-
-
-def _with_judge(options: dict[str, Any]) -> dict[str, Any]:
-    """``judge=Judge(...)`` (or a dict of its fields) as the judge_* keywords, with "judge" among the scorers."""
-    judge = options.pop("judge", None)
-    if judge is None:
-        return options
-    if isinstance(judge, dict):
-        judge = Judge(**judge)
-    if not isinstance(judge, Judge):
-        raise TypeError(f"judge must be evalsup.Judge(...) or a dict of its fields, not {type(judge).__name__}")
-    clash = sorted(k for k in judge.options() if k in options)
-    if clash:
-        raise TypeError(f"run() got both judge= and {', '.join(clash)}")
-    scorers = options.get("scorers") or ()
-    scorers = [scorers] if isinstance(scorers, str) else list(scorers)
-    return {**options, **judge.options(), "scorers": scorers if "judge" in scorers else [*scorers, "judge"]}
 
 
 @dataclass(frozen=True)
@@ -165,26 +123,15 @@ def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: b
     ``model_json_schema()``), besides a file's path.
     Raises BadInput, BadSettings, RunStopped (``.code``, ``.resumable``) or EndpointUnavailable.
     """
-    options = _with_judge(options)  # judge=Judge(...): the judge_* keywords
+    options = with_judge(options)  # judge=Judge(...): the judge_* keywords (evalsup.api.options)
     schema = options.get("response_schema")
-    if schema is None or isinstance(schema, str | os.PathLike):
+    if not schema_inline(schema):
         return _run(tasks, progress, options)
     # the CLI takes a file: the schema is written to one for the run (run.json records the schema itself, so a
     # later call with the same model resumes)
     with tempfile.TemporaryDirectory(prefix="evalsup-schema-") as tmp:
-        path = Path(tmp) / "response_schema.json"
-        path.write_bytes(orjson.dumps(schema_dict(schema)))
-        return _run(tasks, progress, {**options, "response_schema": str(path)})
-
-
-def schema_dict(schema: Any) -> dict[str, Any]:
-    """A JSON schema given to evalsup.run: a dict as it is, a pydantic model class as its model_json_schema()."""
-    if isinstance(schema, dict):
-        return schema
-    to_schema = getattr(schema, "model_json_schema", None)
-    if isinstance(schema, type) and callable(to_schema):
-        return dict(to_schema())
-    raise TypeError(f"response_schema must be a path, a dict or a pydantic model class, not {type(schema).__name__}")
+        path = write_schema(schema, Path(tmp) / "response_schema.json")
+        return _run(tasks, progress, {**options, "response_schema": path})
 
 
 def _run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], progress: bool,

@@ -499,18 +499,24 @@ def report(run_dir: Path, output: Path | None, group_by: str | None) -> None:
               help="Requests whose prompt the endpoint counts; the rest are scaled by the ratio those showed.")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
               help="Environment variable holding the key for /tokenize.")
+@click.option("--cache", "cache_dir", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
+              help="The answer cache the run will use (--cache DIR): requests it already answers are free (counted "
+                   "apart), and its answers' lengths inform the completion band. Read only.")
+@click.option("--cache-model-id", default=None, metavar="NAME", help="As for evalsup run (the cache keys' model).")
+@click.option("--cache-salt", default="", metavar="TEXT", help="As for evalsup run (mixed into every cache key).")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: int | None, prices: Path | None,
              self_hosted: bool, out: Path | None, shard: str | None, tokenize_max: int, api_key_env: str,
-             as_json: bool) -> None:
+             cache_dir: Path | None, cache_model_id: str | None, cache_salt: str, as_json: bool) -> None:
     """What a run of TASKS would send and cost: requests, prompt and completion tokens, and the cost, each as
     low / expected / high, by model. Streamed: flat memory on any size; no request but /tokenize.
 
     \b
     Completion tokens: low 0, expected half of max_tokens, high max_tokens (a request without max_tokens: the
     model's largest answer from the price table, else 4096); with answers already in the run directory, low
-    is the shortest seen and expected the mean seen. A model with no price says so (never counted as free).
-    Exit 2 on a bad line or price file.
+    is the shortest seen and expected the mean seen. With --cache DIR, the requests whose answer the cache
+    holds are free (counted apart) and those answers' lengths count as seen. A model with no price says so
+    (never counted as free). Exit 2 on a bad line or price file.
     """
     from evalsup.config.prices import PriceError, load_prices
     from evalsup.config.run_config import parse_shard, run_dir_of
@@ -529,7 +535,8 @@ def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: i
                                    max_tokens=max_tokens if max_tokens is not None else rec.get("max_tokens"))
         headers = endpoint_headers(base_url, (), api_key_env, None) if base_url else None
         s = do_estimate(tasks, table, defaults, base_url=base_url, headers=headers, tokenize_max=tokenize_max,
-                        run_dir=run_dir, shard=parsed_shard)
+                        run_dir=run_dir, shard=parsed_shard, cache_dir=cache_dir, cache_model_id=cache_model_id,
+                        cache_salt=cache_salt)
     except (PriceError, ConfigError, EstimateError, HeaderError) as e:
         _fail(str(e))
     if as_json:

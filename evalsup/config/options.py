@@ -283,14 +283,22 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "to 'expected')."),
     Option("group_by", ("--group-by",), "str", metavar="metadata.KEY",
            help="Scores per group too: the value of this key of each task's metadata (e.g. metadata.subject), in "
-                "the summary, summary.json, the report and Prometheus (at most 10,000 groups, then '(other)')."),
+                "the summary, summary.json, the report and Prometheus (at most 10,000 groups, then '(other)'). "
+                "Recorded in run.json: a resume without it groups as before; another value on a resume is taken "
+                "(it changes no request), 'off' stops grouping."),
     Option("response_schema", ("--response-schema",), "file", metavar="SCHEMA.json",
            help="Validate each answer's text as JSON against this JSON schema (a task's own response_format "
-                "json_schema is used without it); an invalid answer is asked again with the error (--max-reasks), "
-                "still invalid it is the error schema_invalid (which --retry-failed sends again)."),
+                "json_schema is validated without it, by default); an invalid answer is asked again with the "
+                "error (--max-reasks), still invalid it is the error schema_invalid (which --retry-failed sends "
+                "again)."),
     Option("max_reasks", ("--max-reasks",), "int", 2, lo=0, hi=20, show_default=True,
            help="Times an answer that fails its JSON schema is asked again, the validation error added as a "
-                "user turn after it (chat and Responses API tasks)."),
+                "user turn after it (chat and Responses API tasks). 0: validate, never ask again (an invalid "
+                "answer is schema_invalid at once)."),
+    Option("validate_schema", ("--validate-schema/--no-validate-schema",), "bool", True, show_default=True,
+           help="Validate the answers of tasks that carry their own response_format (or text.format) JSON "
+                "schema. --no-validate-schema: the schema is only sent, the answer recorded as it comes (no "
+                "re-ask, no schema_invalid); it cannot go with --response-schema."),
     Option("cache", ("--cache",), "str", metavar="DIR",
            help="Keep answers in DIR/cache.sqlite and answer a request already answered from it, in this run and "
                 "later ones (no request sent, no rate budget used; the record says metrics.cache \"hit\"). "

@@ -132,7 +132,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         rates = parse_rate_limits(kw["max_requests_per_s"], kw["max_tokens_per_min"], urls)
     except RateLimitError as e:
         raise ConfigError(str(e)) from None
-    group_by = kw["group_by"]
+    group_by = None if kw["group_by"] == "off" else kw["group_by"]  # off: a resume stops grouping (run_json.FREE)
     if group_by is not None:
         from evalsup.tasks.group_key import GroupByError, parse_group_by
 
@@ -154,10 +154,13 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         score_normalize=kw["normalize"],
         adaptive=kw["concurrency"] is None, server_metrics=kw["server_metrics"], headers=tuple(kw["headers"]),
         group_by=group_by, response_schema=response_schema(kw["response_schema"]), max_reasks=kw["max_reasks"],
+        validate_schema=kw["validate_schema"],
         hedge=kw["hedge"], hedge_factor=kw["hedge_factor"],
         cache_dir=cache_dir(kw["cache"]), cache_mode=kw["cache_mode"], cache_model_id=kw["cache_model_id"] or None,
         cache_salt=kw["cache_salt"] or "", cache_length=kw["cache_length"],
     )
+    if not wc.validate_schema and wc.response_schema is not None:
+        raise ConfigError("--no-validate-schema turns off the validation --response-schema asks for: give one of them")
     if not kw["hedge_factor"] > 0:
         raise ConfigError(f"--hedge-factor must be more than 0 (a multiple of the p95 latency), got "
                           f"{kw['hedge_factor']}")

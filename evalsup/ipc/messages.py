@@ -63,7 +63,8 @@ class Heartbeat(TypedDict):
     retries: int
     eps: list[list[int]] | None  # with several endpoints: [its limit, requests on the wire to it] each (issue 21)
     # the oldest requests on the wire (at most ``WIRE_TOP``), oldest first, each an ``OnWire`` row:
-    # [task key, endpoint index, seconds on the wire, attempt, bytes received so far] (issue 28)
+    # [task key, endpoint index, seconds on the wire, attempt, bytes received so far, 1 if a hedge's second copy
+    # else 0] (issue 28; an older worker's rows lack the last)
     old: NotRequired[list[list[float]]]
 
 
@@ -180,6 +181,7 @@ class WorkerConfig:
     # --response-schema (its JSON schema, loaded and checked before the start) and --max-reasks
     response_schema: dict[str, Any] | None = None
     max_reasks: int = 2
+    validate_schema: bool = True  # --no-validate-schema: a task's own response_format schema is not validated
     # --hedge (issue 28): a request this many times the worker's p95 old gets a second copy in the run's tail
     hedge: bool = False
     hedge_factor: float = 2.0

@@ -13,6 +13,11 @@ every request flag left out at run.json's value (saying so in one line), so only
 value is a change. A key an older run.json lacks takes today's default, in that merge and in the guard's
 comparison alike. The endpoint's path is not a flag that can be left out (the endpoint always comes from
 --base-url or $OPENAI_BASE_URL); it is only compared.
+
+A few settings change no request and no record, only how the summary reads them (``FREE``: ``--group-by``):
+they are recorded and, left out, restored like the others, but another value on a resume is no change to
+refuse: it is taken, and run.json keeps it for the next resume (the summary, summary.json and Prometheus group
+the whole run's records by it; ``evalsup report --group-by`` regroups any run afterwards).
 """
 
 from __future__ import annotations
@@ -56,9 +61,11 @@ def request_settings(cfg: RunConfig) -> dict[str, Any]:
         "score_normalize": w.score_normalize,
         "response_schema": w.response_schema,  # the schema itself: a resume compares what is validated
         "max_reasks": w.max_reasks,
+        "validate_schema": w.validate_schema,  # off: a task's own schema is not validated (no schema_invalid)
         "batch_api": w.batch is not None,  # a resume of a batch run stays one: its batches are adopted
         # whose batch API, as given (auto: by the base URL): a resume's batches are at the same provider
         "batch_provider": "auto" if w.batch is None else str(w.batch.get("provider_option", "auto")),
+        "group_by": w.group_by,  # FREE: how the summary groups the records; another value on a resume is taken
     }
     if w.judge_base_url is not None:
         # --scorer judge (only then): its key's variable by name, never the key; the template's file, and its
@@ -125,6 +132,7 @@ FLAGGED: dict[str, _Flag] = {
     "score_normalize": _Flag("normalize", (bool,)),
     "response_schema": _Flag("response_schema", (dict, type(None))),
     "max_reasks": _Flag("max_reasks", (int,)),
+    "validate_schema": _Flag("validate_schema", (bool,)),
     "judge_base_url": _Flag("judge_base_url", (str, type(None))),
     "judge_model": _Flag("judge_model", (str, type(None))),
     "judge_api_key_env": _Flag("judge_api_key_env", (str, type(None))),
@@ -132,7 +140,10 @@ FLAGGED: dict[str, _Flag] = {
     "judge_max_tokens": _Flag("judge_max_tokens", (int, type(None))),
     "batch_api": _Flag("batch_api", (bool,)),
     "batch_provider": _Flag("batch_provider", (str,)),
+    "group_by": _Flag("group_by", (str, type(None))),
 }
+# Recorded and restored, but free to change on a resume: they change no request and no record (the module's doc)
+FREE = frozenset({"group_by"})
 SETTING_DEFAULTS: dict[str, Any] = {k: f.to_setting(DEFAULTS[f.option]) for k, f in FLAGGED.items()}
 _FLAGS = {**{k: BY_NAME[f.option].flag for k, f in FLAGGED.items()}, "endpoint_path": "--base-url (its path)",
           "judge_template_sha256": "--judge-template (its content)"}
@@ -153,11 +164,12 @@ def read_run_json(run_dir: Path) -> dict[str, Any] | None:
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """One line per request setting that differs. A setting ``old`` (an older run.json) lacks counts as today's
-    default; one with no default (the endpoint's path) as unknown, so not a difference."""
+    default; one with no default (the endpoint's path) as unknown, so not a difference. A ``FREE`` setting's
+    change is none."""
     old = {**SETTING_DEFAULTS, **old}
     out = []
     for k in sorted(set(old) | set(new)):
-        if k not in old:
+        if k not in old or k in FREE:
             continue
         if old.get(k) != new.get(k):
             out.append(f"{k} ({_FLAGS.get(k, k)}): {old.get(k)!r} then, {new.get(k)!r} now")
@@ -176,7 +188,8 @@ def guard(run_dir: Path, settings: dict[str, Any], resuming: bool, accept: bool)
         return []
     diff = differences(rec["settings"], settings)
     if not diff:
-        if set(settings) - set(rec["settings"]):  # an older run.json: the settings it lacked, at their defaults
+        # an older run.json: the settings it lacked, at their defaults; a FREE setting's new value, kept
+        if {**rec["settings"], **settings} != rec["settings"]:
             write_atomic(run_dir / RUN_JSON, orjson.dumps(
                 {**rec, "settings": {**rec["settings"], **settings}}, option=orjson.OPT_INDENT_2))
         return []

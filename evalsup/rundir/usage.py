@@ -33,6 +33,8 @@ class Usage:
     answers: int = 0  # records with a usage
     low: float = math.inf  # completion tokens a choice: the shortest seen, and their sum (for the mean)
     sum_per_choice: float = 0.0
+    judge_prompt_tokens: int = 0  # the judge's tokens (with judge_price), in prompt_tokens / completion_tokens too
+    judge_completion_tokens: int = 0
 
     @property
     def seen(self) -> tuple[float, float] | None:
@@ -40,11 +42,17 @@ class Usage:
         return (self.low, self.sum_per_choice / self.answers) if self.answers else None
 
 
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
 def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None],
-                     fallback_model: str | None = None) -> Usage:
+                     fallback_model: str | None = None, judge_price: Priced | None = None) -> Usage:
     """The usage of every complete record of ``path`` (none: an empty Usage). A record's cost is priced by the
     model its answer names, else ``fallback_model`` (the run's --model); an answer from the cache is not spend.
-    Raises RunDirDamaged on a bad line."""
+    With ``judge_price`` (--scorer judge, a judge model with a price) the judge's tokens of each record
+    (``score_detail.judge.usage``) are spent too, as the run's budget counts them. Raises RunDirDamaged on a
+    bad line."""
     u = Usage(unpriced_models=set())
     if not path.is_file():
         return u
@@ -73,6 +81,16 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
                     u.unpriced_models.add(str(model or fallback_model))
             else:
                 u.cost += price.cost(pt, ct)
+        if judge_price is not None:
+            judge = (rec.get("score_detail") or {}).get("judge")
+            ju = judge.get("usage") if isinstance(judge, dict) else None
+            if isinstance(ju, dict):
+                jp, jc = _count(ju.get("prompt_tokens")), _count(ju.get("completion_tokens"))
+                u.judge_prompt_tokens += jp
+                u.judge_completion_tokens += jc
+                u.prompt_tokens += jp
+                u.completion_tokens += jc
+                u.cost += judge_price.cost(jp, jc)
         if rec.get("error") is None:
             choices = body.get("choices")
             per = ct / max(1, len(choices) if isinstance(choices, list) else 1)

@@ -32,11 +32,14 @@ import random
 import signal
 import time
 from collections.abc import Callable, Coroutine, Iterable
+from pathlib import Path
 from typing import Any, cast
 
 import orjson
 
 from evalsup.cache.feed import CacheFeed
+from evalsup.cache.key import KeyMaker
+from evalsup.cache.known import CachedTally, KnownAnswers, Pending, request_key
 from evalsup.common.process import quiet_gc
 from evalsup.common.text import fmt_duration
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
@@ -193,9 +196,18 @@ class Supervisor:
                 ids.load(self.journal.read_ids(cp.ids_len))
         skip = cfg.on_invalid == "skip"
         tally = Tally()
-        scan = await asyncio.to_thread(prescan, cfg.tasks_path, cfg.max_line_bytes, ids, start=start,
-                                       keep_going=skip, should_stop=lambda: self.stopping is not None,
-                                       each=self._estimator(tally))
+        look = self._cache_tally(tally)
+        try:
+            scan = await asyncio.to_thread(prescan, cfg.tasks_path, cfg.max_line_bytes, ids, start=start,
+                                           keep_going=skip, should_stop=lambda: self.stopping is not None,
+                                           each=self._estimator(tally, look))
+            hits = None
+            if look is not None:
+                await asyncio.to_thread(look.finish)
+                hits = look.hits
+        finally:
+            if look is not None:
+                look.known.close()
         verdict = judge(scan, str(cfg.tasks_path), skip)
         if not verdict.go:
             assert verdict.say is not None
@@ -206,15 +218,23 @@ class Supervisor:
             raise RunRefused(verdict.say, ex.BAD_INPUT)
         if verdict.say:
             self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
-        await self._start_budget(tally, cp is not None)
+        await self._start_budget(tally, cp is not None, hits)
         self._scanned = (start, ids)
 
-    def _estimator(self, tally: Tally) -> Callable[[dict[str, Any], int], None]:
-        """The pre-scan's eye for the estimate at the start (issue 30): each of this shard's lines counted."""
-        shard, lookup, defaults = self.cfg.shard, self.prices.lookup, self.defaults
-        batch = self.cfg.worker.batch
-        anthropic = batch is not None and batch.get("provider") == "anthropic"
+    def _cache_tally(self, tally: Tally) -> CachedTally | None:
+        """With a cache that is read (--cache, mode rw or ro): the estimate at the start counts the requests it
+        already answers as free, and their answers' lengths as seen (cache.known)."""
         w = self.cfg.worker
+        if w.cache_dir is None or w.cache_mode not in ("rw", "ro"):
+            return None
+        return CachedTally(KnownAnswers(Path(w.cache_dir)), tally)
+
+    def _estimator(self, tally: Tally, look: CachedTally | None = None) -> Callable[[dict[str, Any], int], None]:
+        """The pre-scan's eye for the estimate at the start (issue 30): each of this shard's lines counted (with
+        a cache, looked up in it first, in batches)."""
+        shard, lookup, defaults, w = self.cfg.shard, self.prices.lookup, self.defaults, self.cfg.worker
+        keys = KeyMaker(w.cache_model_id, tuple(w.endpoints), w.cache_salt)
+        anthropic = w.batch is not None and w.batch.get("provider") == "anthropic"
         sent = RequestDefaults(w.model, w.max_tokens, w.temperature)  # what the batch driver fills in
 
         def each(obj: dict[str, Any], index: int) -> None:
@@ -223,10 +243,14 @@ class Supervisor:
             if shard is None or index % shard[1] == shard[0]:
                 f = figures(obj, defaults)
                 price = lookup(f.model)
-                tally.add(f, price.max_output if price is not None else None)
+                model_max = price.max_output if price is not None else None
+                if look is None:
+                    tally.add(f, model_max)
+                else:
+                    look.offer(Pending(f, model_max, request_key(keys, obj, defaults)[0]))
         return each
 
-    async def _start_budget(self, tally: Tally, resumed: bool) -> None:
+    async def _start_budget(self, tally: Tally, resumed: bool, hits: int | None = None) -> None:
         """The estimate's line (not under --quiet); --max-cost with a model that has no price is refused here,
         before any request; with a cap, the budget starts from what results.jsonl says was spent (right after
         any kill: the results file is the source of truth)."""
@@ -238,24 +262,32 @@ class Supervisor:
                                  + (f" (nor {len(unpriced) - 1} other(s))" if len(unpriced) > 1 else "")
                                  + "; give its price with --prices FILE, or --self-hosted for your own endpoint "
                                  "(no request was sent)", ex.BAD_INPUT)
+        # the judge's tokens (--scorer judge) count toward the caps when its model has a price (issue 30)
+        judge_price = self.prices.lookup(cfg.worker.judge_model) if cfg.worker.judge_model else None
+        if cfg.caps.any and cfg.worker.judge_model and judge_price is None:
+            self.log(f"budget: the judge's model {cfg.worker.judge_model!r} has no price: its tokens are not counted "
+                     "by the caps (give its price with --prices FILE)", "warning")
         spent: Amount | None = None
         unpriced_results = 0
         if cfg.caps.any and (cfg.run_dir / RESULTS).exists():  # a resume (or a run dir of records already)
             try:
                 u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
-                                            cfg.worker.model)
+                                            cfg.worker.model, judge_price)
             except JournalError as e:  # a damaged results.jsonl: refused as _open refuses it (evalsup repair)
                 raise RunRefused(str(e), e.code) from None
             except OSError as e:
                 raise RunRefused(f"cannot read {cfg.run_dir / RESULTS}: {e.strerror}", ex.BAD_INPUT) from None
             spent, unpriced_results = Amount(u.prompt_tokens, u.completion_tokens, u.cost), u.unpriced
-            tally.seen = u.seen
+            tally.seen = tally.seen or u.seen
             if u.unpriced and cfg.caps.cost is not None:
                 self.log(f"--max-cost: {u.unpriced:,} earlier answer(s) of a model with no price "
                          f"({', '.join(sorted(u.unpriced_models or ()))}): their cost is not counted", "warning")
-        if tally.requests and not cfg.quiet:
+        if (tally.requests or hits) and not cfg.quiet:
             what = "the lines not yet read" if resumed else "this run"
-            self.log(f"estimate for {what}: {one_line(tally.summary(self.prices.lookup))} [prices: "
+            cached = "" if hits is None else f"; {hits:,} answered from the cache (free, not counted)"
+            said = one_line(tally.summary(self.prices.lookup)) if tally.requests else \
+                f"all {hits:,} requests answered from the cache: no request, no cost"
+            self.log(f"estimate for {what}: {said}{cached if tally.requests else ''} [prices: "
                      f"{self.prices.describe()}; evalsup estimate for the endpoint's own token counts]")
         if cfg.caps.any:
             self.budget = Budget(cfg.caps, spent, unpriced_results)
@@ -468,6 +500,8 @@ class Supervisor:
         out = self.stats.counters()
         if self.budget is not None:
             out["budget"] = self.budget.to_json(self._left())
+        if self.cache is not None:  # --cache: this session's hits and misses (evalsup status)
+            out["cache"] = {"hits": self.stats.cache_hits, "misses": self.stats.cache_misses}
         return out
 
     def _left(self) -> int | None:
@@ -842,7 +876,8 @@ class Supervisor:
         ref = w.held.get(x.key) if w is not None else None
         urls = self.endpoints.urls
         return {"id": ref.id if ref is not None else None, "endpoint": urls[x.endpoint] if 0 <= x.endpoint < len(urls)
-                else None, "age_s": round(x.age_s, 1), "attempt": x.attempt, "bytes": x.got}
+                else None, "age_s": round(x.age_s, 1), "attempt": x.attempt, "bytes": x.got} | (
+                    {"hedge": True} if x.hedge else {})  # the second copy of a hedged task (one id on the wire twice)
 
     def _stall_tick(self, now: float) -> None:
         """``StallWatch`` decides whether the run has stalled on its oldest requests; STALL goes to their workers."""
@@ -853,7 +888,8 @@ class Supervisor:
         self.events("stall", quiet_s=round(got.quiet_s, 1), requests=named)
         self.log(f"stalled: no result for {got.quiet_s:.0f}s (--stall-after {got.age_s:g}s); abandoning and retrying "
                  f"what has been on the wire that long (timeout_stall): " + "; ".join(
-                     f"{n['id']!r} at {n['endpoint']}, {n['age_s']:.0f}s, attempt {n['attempt']}, {n['bytes']:,} bytes"
+                     f"{n['id']!r}{' (hedge)' if n.get('hedge') else ''} at {n['endpoint']}, {n['age_s']:.0f}s, "
+                     f"attempt {n['attempt']}, {n['bytes']:,} bytes"
                      for n in named))
         by_id = {w.id: w for w in self.workers}
         for wid in got.workers:
@@ -971,12 +1007,18 @@ class Supervisor:
             paid = meta.get("ca") != "h"  # an answer from the cache cost nothing: its reservation is given back
             self.budget.settle(ref.offset, int(meta.get("pt") or 0) if paid else 0,
                                int(meta.get("ct") or 0) if paid else 0)
+            if "jpt" in meta or "jct" in meta:  # the judge's tokens (--scorer judge): spent when the judge has a price
+                jprice = self.prices.lookup(self.cfg.worker.judge_model)
+                if jprice is not None:
+                    self.budget.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), jprice)
             if self._budget_wait:
                 self._budget_wait = False  # look again: what settled may leave room
                 self.credit.set()
+        if self.metrics is not None and "ca" in meta:  # --cache: hits and misses (Prometheus)
+            self.metrics.on_cache(meta["ca"])
         self.stall.result(time.monotonic())
         if self.metrics is not None:
-            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]))
+            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]), meta.get("hg"))
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1
@@ -1225,7 +1267,8 @@ class Supervisor:
                        adaptive=cfg.adaptive, run_dir=cfg.run_dir, finished=self.finished,
                        stop_message=self.stop_message,
                        cache=self.cache.summary() if self.cache is not None else None,
-                       budget=None if self.budget is None else self.budget.to_json(self._left()))
+                       budget=None if self.budget is None else self.budget.to_json(self._left()),
+                       price_of=self.prices.lookup)
 
     def snapshot(self) -> dict[str, Any]:
         """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""

@@ -1,7 +1,8 @@
 """The run's budget (issue 30): what has been spent, what the requests out reserve, and whether the next request
 may go without passing a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens). A room: it decides
 and holds figures; the arbiter's dispatch asks it (``would_exceed``), reserves when it hands a task out and
-settles when the result comes. No I/O, no clock.
+settles when the result comes (and spends the judge's tokens then, ``spend``, when the judge has a price).
+No I/O, no clock.
 
 A request reserves its worst case when it is handed out: its prompt (≈ chars/4, tasks.tokens) and max_tokens a
 choice (the model's largest answer without one), priced. Its result settles it: the reservation goes, the
@@ -140,6 +141,20 @@ class Budget:
             self.spent_cost += cost
             self.session_cost += cost
         self.settled += 1
+        return Amount(prompt, completion, cost)
+
+    def spend(self, prompt: int, completion: int, price: Priced) -> Amount:
+        """Usage that had no reservation of its own, spent when it is known: the judge's tokens of a task
+        (--scorer judge, a judge model with a price), settled with the task's result. Not a result: the
+        projection's mean a task takes it in, the count of results does not."""
+        prompt, completion = max(0, prompt), max(0, completion)
+        cost = price.cost(prompt, completion)
+        self.spent_prompt += prompt
+        self.spent_completion += completion
+        self.session_prompt += prompt
+        self.session_completion += completion
+        self.spent_cost += cost
+        self.session_cost += cost
         return Amount(prompt, completion, cost)
 
     # ----- what a person sees -----

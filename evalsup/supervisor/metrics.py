@@ -30,6 +30,10 @@ class Metrics:
         self.ttft = Histogram("evalsup_ttft_seconds", "Time to first token of streamed responses",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("evalsup_retries_total", "Retried attempts", registry=r)
+        # --hedge (issue 28): tasks whose request got a second copy, and those whose record is the copy's answer
+        self.hedges = Counter("evalsup_hedges_total", "Tasks whose request was sent twice (--hedge)", registry=r)
+        self.hedges_won = Counter("evalsup_hedges_won_total", "Hedged tasks whose record is the second copy's "
+                                  "answer", registry=r)
         self.restarts = Counter("evalsup_worker_restarts_total", "Unplanned worker restarts, by cause", ["cause"],
                                 registry=r)
         self.recycles = Counter("evalsup_worker_recycles_total", "Planned worker recycles, by cause", ["cause"],
@@ -61,6 +65,9 @@ class Metrics:
                                 ["what"], registry=r)
         self.budget_tokens = Gauge("evalsup_budget_tokens", "Tokens (with a cap) by what (spent, reserved, "
                                    "projected, cap) and kind (prompt, completion, total)", ["what", "kind"], registry=r)
+        # --cache (issue 30): answers from the cache, and requests sent with it on (a miss each)
+        self.cache_hits = Counter("evalsup_cache_hits", "Tasks answered from the cache (--cache)", registry=r)
+        self.cache_misses = Counter("evalsup_cache_misses", "Requests sent with the cache on (--cache)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
         for cause in ("crashed", "hung"):
@@ -71,8 +78,13 @@ class Metrics:
     def serve(self, host: str, port: int) -> Any:
         return start_http_server(port, addr=host, registry=self.registry)
 
-    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int) -> None:
+    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int, hedge: int | None = None) -> None:
+        """One record written; ``hedge``: its RESULT's ``hg`` (1: hedged, the first copy answered; 2: the second)."""
         self.tasks.labels("succeeded" if ok else "failed").inc()
+        if hedge:
+            self.hedges.inc()
+            if hedge == 2:
+                self.hedges_won.inc()
         self.latency.observe(latency)
         if ttft is not None:
             self.ttft.observe(ttft)
@@ -92,6 +104,13 @@ class Metrics:
                 self.score_count.labels(scorer, group).set(n)
             for scorer, n in st.errors.items():
                 self.score_errors.labels(scorer, group).set(n)
+
+    def on_cache(self, cache: str | None) -> None:
+        """A result with the cache on: its RESULT's ``ca`` ("h" answered from the cache, "m" sent)."""
+        if cache == "h":
+            self.cache_hits.inc()
+        elif cache == "m":
+            self.cache_misses.inc()
 
     def update_budget(self, b: dict[str, Any]) -> None:
         """The budget's gauges from ``Budget.to_json``."""

@@ -128,6 +128,8 @@ def snapshot(run: RunView, now: float) -> dict[str, Any]:
         # with several endpoints, each one's state, limit and requests on the wire
         "endpoints": endpoint_loads(run.workers, run.endpoints) if run.endpoints.many else None,
         "budget": run.budget,  # issue 30: with a cap, spent / reserved / projected (supervisor.budget)
+        # --cache (issue 30): answers from it and requests sent, this session
+        "cache": None if run.cache is None else {"hits": st.cache_hits, "misses": st.cache_misses},
     }
 
 
@@ -147,6 +149,8 @@ def _health(s: dict[str, Any], sep: str) -> list[str]:
         parts.append(f"{s['invalid']:,} invalid")
     if s.get("budget"):
         parts.append(fmt_budget(s["budget"]))
+    if s.get("cache") is not None:
+        parts.append(f"cache {s['cache']['hits']:,} hits")
     parts += [f"{s['retries']:,} retries", f"workers {' '.join(f'{r:.0f}' for r in s['workers_mb'])} MiB"]
     if s.get("cgroup_mb") is not None:
         lim = f"{sep}{s['limit_mb']:,.0f}" if s.get("limit_mb") else ""

@@ -2,8 +2,11 @@
 the run has stalled on them.
 
 Each worker's heartbeat names its oldest requests on the wire (``ipc.messages.Heartbeat`` ``old``, at most
-``WIRE_TOP``: key, endpoint, seconds, attempt, bytes so far). ``on_wire`` merges them across workers, their ages
-carried forward to now. ``StallWatch`` decides: when no result has come from any worker for ``--stall-after``
+``WIRE_TOP``: key, endpoint, seconds, attempt, bytes so far, whether a hedge's copy). ``on_wire`` merges them
+across workers, their ages carried forward to now. A hedged task (``--hedge``) is on the wire twice under one
+id: its second copy is marked ``hedge``, and `evalsup status` and the stall line say so.
+
+``StallWatch`` decides: when no result has come from any worker for ``--stall-after``
 seconds while some request has been on the wire at least that long, the run is stalled on those requests, and
 the arbiter sends STALL to the workers holding them (they cut those attempts, which fail as ``timeout_stall``
 and are retried like any timeout, an attempt used). The supervisor decides because only it sees results come
@@ -30,6 +33,7 @@ class OnWire:
     age_s: float
     attempt: int
     got: int  # bytes of the answer received so far
+    hedge: bool = False  # a hedge's second copy of the task's request (--hedge): the task is on the wire twice
 
 
 def on_wire(reports: Iterable[tuple[int, float, Sequence[Sequence[float]] | None]], now: float) -> list[OnWire]:
@@ -41,7 +45,8 @@ def on_wire(reports: Iterable[tuple[int, float, Sequence[Sequence[float]] | None
         later = max(0.0, now - beat_t)
         for r in rows or ():
             if len(r) >= 5:
-                out.append(OnWire(worker, int(r[0]), int(r[1]), float(r[2]) + later, int(r[3]), int(r[4])))
+                out.append(OnWire(worker, int(r[0]), int(r[1]), float(r[2]) + later, int(r[3]), int(r[4]),
+                                  len(r) > 5 and bool(r[5])))
     out.sort(key=lambda w: -w.age_s)
     return out
 

@@ -4,45 +4,57 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+from evalsup.cache.text import cache_text
 from evalsup.config import exitcodes
 from evalsup.config.caps import budget_text
 from evalsup.rundir.run_json import recorded_settings
 from evalsup.supervisor.view import RunView
 
 MB = 1 << 20
-# (input, output) USD per million tokens of a model, or None: the price table of issue 30 items 1-2 plugs in here
-PriceOf = Callable[[str], tuple[float, float] | None]
 
 
-def money_saved(tokens: dict[str, list[int]], price: PriceOf | None = None) -> float | None:
-    """What the cache's hits would have cost (USD), from their tokens by model; None when a model has no price
-    (a model without one is never counted as free)."""
+class Priced(Protocol):
+    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
+
+
+# a model's price (config.prices.PriceTable.lookup: anything with ``cost(prompt, completion)``), or None
+PriceOf = Callable[[str], Priced | None]
+
+
+def money_saved(tokens: dict[str, list[int]], price: PriceOf | None = None) -> tuple[float | None, list[str]]:
+    """What the cache's hits would have cost (USD), from their tokens by model at ``price``, and the models with
+    no price (their hits are left out of the sum, and named: a model without a price is never counted as free).
+    The sum is None with no price table, or when no model of the hits has a price."""
     if price is None:
-        return None
-    total = 0.0
+        return None, sorted(tokens)
+    total, priced, unpriced = 0.0, 0, []
     for model, (pt, ct) in tokens.items():
-        p = price(model)
+        p = price(model) if model not in ("?", "other") else None
         if p is None:
-            return None
-        total += pt * p[0] / 1e6 + ct * p[1] / 1e6
-    return round(total, 6)
+            unpriced.append(model)
+            continue
+        total += p.cost(pt, ct)
+        priced += 1
+    return (round(total, 6) if priced or not tokens else None), sorted(unpriced)
 
 
 def cache_summary(run: RunView, price: PriceOf | None = None) -> dict[str, Any]:
     """summary.json's ``cache``: hits, misses (requests sent with the cache on), answers kept and pruned this
-    session, the tokens the hits saved (by model) and their price when known."""
+    session, the tokens the hits saved (by model) and what they would have cost at the run's prices
+    (``saved_usd``; ``saved_usd_no_price``: the models whose hits it leaves out, having no price)."""
     st = run.stats
     saved = st.saved_tokens
+    usd, unpriced = money_saved(saved, price)
     return {"hits": st.cache_hits, "misses": st.cache_misses, **(run.cache or {}),
             "tokens_saved": {"prompt": sum(t[0] for t in saved.values()),
                              "completion": sum(t[1] for t in saved.values())},
             "tokens_saved_by_model": {m: {"prompt": t[0], "completion": t[1]} for m, t in saved.items()},
-            "saved_usd": money_saved(saved, price)}
+            "saved_usd": usd, **({"saved_usd_no_price": unpriced} if unpriced else {})}
 
 
 def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
@@ -98,7 +110,8 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         # large answers checked to be JSON by simdjson without being built (no scorer or plugin reads them)
         "large_bodies_checked": st.bodies_checked,
         **(run.memory.summary() if run.memory is not None else {}),
-        **({"cache": cache_summary(run)} if run.cache is not None else {}),  # --cache (issue 30)
+        # --cache (issue 30): hits, misses, and the money saved at the run's prices
+        **({"cache": cache_summary(run, run.price_of)} if run.cache is not None else {}),
         "finished": run.finished,
         "stopped": run.stop_message or None,
         "settings": recorded_settings(run.run_dir),  # the request settings of run.json (evalsup.rundir.run_json)
@@ -168,12 +181,7 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
                                    "answered first by the second copy (the other copy cancelled)"))
     c = summary.get("cache")
     if c is not None:
-        t_saved = c["tokens_saved"]
-        usd = f", ${c['saved_usd']:,.2f} saved" if c.get("saved_usd") is not None else ""
-        rows.insert(-1, ("cache", f"{c['hits']:,} answered from it, {c['misses']:,} sent; {c.get('written', 0):,} "
-                                  f"answers kept; {t_saved['prompt']:,} prompt + {t_saved['completion']:,} "
-                                  f"completion tokens saved{usd}"
-                                  + (f" (not written: {c['error']})" if c.get("error") else "")))
+        rows.insert(-1, ("cache", cache_text(c)))
     rows.extend(score_rows(summary.get("scores", {})))
     if summary.get("scores_this_session_only"):
         rows.append(("scores of", "this session's tasks only (the run was resumed): evalsup report or evalsup score "

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,3 +64,5 @@ class RunView:
     stop_message: str  # why the run stopped early ("" if it did not)
     cache: dict[str, Any] | None = None  # the cache's writes this session (evalsup.cache.feed), None: no cache
     budget: dict[str, Any] | None = None  # with a cap (issue 30): supervisor.budget.Budget.to_json
+    # the run's price table (config.prices.PriceTable.lookup): what the cache's hits would have cost
+    price_of: Callable[[str], Any] | None = None

@@ -4,8 +4,11 @@ One streamed pass over the task file (``TaskReader``: each line checked as the r
 ids, which the run's pre-scan refuses; memory stays flat however long the file is: 28 MiB peak for 10 thousand
 lines and for a million): requests, prompt tokens and completion tokens as a low / expected / high band, and the
 cost from the price table (config.prices), by model and in all (the maths: tasks.tokens.Tally). The band's lengths
-seen come from the run directory's answers (``seen_lengths``); a cache of answers may feed ``Tally.seen`` the same
-way.
+seen come from the run directory's answers (``seen_lengths``) and, with ``--cache DIR``, from the cache: a request
+whose key (cache.key, as the run's workers make it) the cache already holds costs nothing and is counted apart
+(``cache.hits``), and the completion tokens of those kept answers join the lengths seen (each model's misses are
+banded again with them at the end, from their (choices, max tokens) shapes, so the pass stays
+one and flat). The keys are looked up in batches (one indexed SELECT each: cache.known.CachedTally).
 
 Prompt tokens come from the endpoint's own tokenizer when it serves one (vLLM and SGLang: ``POST /tokenize``
 at the server's root with ``{"model", "messages"}`` or ``{"model", "prompt"}``, answering ``{"count"}`` or
@@ -29,16 +32,18 @@ from typing import Any
 
 import orjson
 
+from evalsup.cache.key import KeyMaker
+from evalsup.cache.known import CachedTally, KnownAnswers, Pending, request_key
 from evalsup.config.prices import PriceTable
 from evalsup.rundir.checkpoint import JournalError
 from evalsup.rundir.layout import RESULTS
-from evalsup.rundir.usage import usage_of_results
+from evalsup.rundir.usage import Usage, usage_of_results
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskReader
 from evalsup.tasks.requests import RequestDefaults, credentials, to_request
 from evalsup.tasks.routes import CHAT, COMPLETIONS
-from evalsup.tasks.tokens import Tally, figures, one_line
+from evalsup.tasks.tokens import Figures, Tally, figures, one_line
 
 TOKENIZE_PATH = "/tokenize"
 TIMEOUT_S = 10.0
@@ -139,20 +144,46 @@ def _tokenize_body(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+FLUSH_BYTES = 4 << 20  # the tokenizer's bodies a batch of cache look-ups may hold; past it, looked up at once
+
+
 def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base_url: str | None = None,
              headers: dict[str, str] | None = None, tokenize_max: int = 2000, run_dir: Path | None = None,
-             shard: tuple[int, int] | None = None, max_line_bytes: int = 16 << 20) -> dict[str, Any]:
+             shard: tuple[int, int] | None = None, max_line_bytes: int = 16 << 20, cache_dir: Path | None = None,
+             cache_model_id: str | None = None, cache_salt: str = "") -> dict[str, Any]:
     """The estimate of ``tasks`` (see the module's doc) as a dict: ``Tally.summary`` plus how it was made.
-    Raises EstimateError (a bad line: ``file:LINE: why``, as the run would refuse it)."""
+    With ``cache_dir`` (--cache DIR, its key settings as the run's) the requests whose answer the cache holds
+    are free: counted apart (``cache.hits``), not in the requests, tokens and cost; their answers' lengths join
+    the band's lengths seen. Raises EstimateError (a bad line: ``file:LINE: why``, as the run would refuse it)."""
     from evalsup.tasks.reader import TaskError
 
-    try:
-        done, seen = seen_lengths(run_dir)
-    except JournalError as e:  # a damaged results.jsonl (evalsup repair)
-        raise EstimateError(str(e)) from None
-    tally = Tally(seen=seen)
+    u = Usage()
+    if run_dir is not None:
+        try:
+            u = usage_of_results(run_dir / RESULTS, lambda _m: None)
+        except JournalError as e:  # a damaged results.jsonl (evalsup repair)
+            raise EstimateError(str(e)) from None
+    done = u.records
+    tally = Tally(seen=u.seen)
     tok = Tokenizer(base_url, headers or {}) if base_url else None
     counted = approx_sum = 0  # the tokenizer's counts and the ≈ figures of the same requests: their ratio scales
+
+    def count(f: Figures, model_max: int | None, tb: dict[str, Any] | None) -> None:
+        nonlocal counted, approx_sum
+        exact: int | None = None
+        if tok is not None and not tok.absent and tally.exact < tokenize_max and tb is not None:
+            exact = tok.count(tb)
+            if exact is not None:
+                counted += exact
+                approx_sum += f.approx_prompt
+        scaled = None if exact is not None or not counted else round(f.approx_prompt * counted / approx_sum)
+        tally.add(f, model_max, exact if exact is not None else scaled, counted=exact is not None)
+
+    look = None if cache_dir is None else CachedTally(KnownAnswers(cache_dir), tally,
+                                                      lambda p: count(p.f, p.model_max, p.extra),
+                                                      (u.answers, u.low, u.sum_per_choice))
+    keys = KeyMaker(cache_model_id, (base_url,) if base_url else (), cache_salt)
+    held = 0  # bytes of the tokenizer's bodies waiting for their batch's look-up
     try:
         with TaskReader(tasks, max_line_bytes, ids=_NoIds(16)) as reader:
             while True:
@@ -165,17 +196,21 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
                 obj = reader.last_obj
                 f = figures(obj, defaults)
                 price = prices.lookup(f.model)
-                exact: int | None = None
-                if tok is not None and not tok.absent and tally.exact < tokenize_max:
-                    path, body, _ = to_request(obj, defaults)
-                    tb = _tokenize_body(path, body)
-                    exact = tok.count(tb) if tb is not None else None
-                    if exact is not None:
-                        counted += exact
-                        approx_sum += f.approx_prompt
-                scaled = None if exact is not None or not counted else round(f.approx_prompt * counted / approx_sum)
-                tally.add(f, price.max_output if price else None, exact if exact is not None else scaled,
-                          counted=exact is not None)
+                model_max = price.max_output if price else None
+                pending = len(look.pending) if look is not None else 0
+                wants_tb = tok is not None and not tok.absent and tally.exact + pending < tokenize_max
+                if look is None:
+                    count(f, model_max, _tokenize_body(*to_request(obj, defaults)[:2]) if wants_tb else None)
+                    continue
+                key, path, body = request_key(keys, obj, defaults)
+                tb = _tokenize_body(path, body) if wants_tb else None
+                held += len(got[1]) if tb is not None else 0
+                look.offer(Pending(f, model_max, key, tb))
+                if held >= FLUSH_BYTES:
+                    look.flush()
+                if not look.pending:
+                    held = 0
+            from_cache = look.finish() if look is not None else None
     except TaskError as e:
         raise EstimateError(str(e)) from None
     except OSError as e:
@@ -183,17 +218,24 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
     finally:
         if tok is not None:
             tok.close()
+        if look is not None:
+            look.known.close()
+    hits = look.hits if look is not None else 0
     left = 1.0
-    if done and tally.requests:
-        left = max(0.0, (tally.requests - done) / tally.requests)
+    if done and tally.requests:  # the tasks done are taken from those the cache does not answer first
+        left = max(0.0, (tally.requests - max(0, done - hits)) / tally.requests)
     out = tally.scaled(left).summary(prices.lookup) if left < 1.0 else tally.summary(prices.lookup)
+    if from_cache:
+        out["completion_from"] = f"seen ({from_cache})"
     out.update({
-        "tasks": str(tasks), "total_requests": tally.requests, "done": done, "prices": prices.describe(),
+        "tasks": str(tasks), "total_requests": tally.requests + hits, "done": done, "prices": prices.describe(),
         "tokenizer": "none" if tok is None else ("absent (404): ≈ chars/4" if tok.absent and not counted else
                                                  f"{tok.path} ({tally.exact:,} counted"
                                                  + (", the rest scaled by their ratio)" if tally.exact < tally.requests
                                                     else ")")),
     })
+    if look is not None:
+        out["cache"] = look.to_json()
     if tally.exact and tally.exact < tally.requests:
         out["prompt_tokens_counted"] = f"endpoint for {tally.exact:,}, the rest scaled"
     return out
@@ -217,6 +259,14 @@ def estimate_text(s: dict[str, Any]) -> str:
         head += f" ({s['done']:,} of {s['total_requests']:,} done already: the figures are for the rest)"
     lines.append(head)
     lines.append("  " + one_line(s))
+    c = s.get("cache")
+    if c is not None:  # --cache DIR: the requests it would answer cost nothing and are not in the figures above
+        seen = c.get("completion_seen")
+        lines.append(f"  cache {c['path']}: {c['hits']:,} of {s['total_requests']:,} requests would be answered "
+                     "from it (free, not counted above)"
+                     + (f"; its answers' completion tokens a choice: shortest {seen['low']:,.0f}, mean "
+                        f"{seen['mean']:,.0f} (the band's low and expected)" if seen else "")
+                     + (f" ({c['note']})" if c.get("note") else ""))
     for name, m in s["models"].items():
         p, c = m["prompt_tokens"], m["completion_tokens"]
         cost = m["cost_usd"]

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from evalsup.batch.journal import chunks_of
+from evalsup.cache.text import saved_text
 from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
 from evalsup.config.caps import budget_text
@@ -77,6 +78,9 @@ class RunStatus:
     # with a cap (issue 30): caps, spent, reserved, projected at the last checkpoint (supervisor.budget)
     budget: dict[str, Any] | None = None
     exit_reason: str | None = None  # "budget" when a cap stopped the run
+    # --cache (issue 30): this session's hits and misses at the last checkpoint (a finished run: summary.json's
+    # cache figures, the money saved with them)
+    cache: dict[str, Any] | None = None
     # a --batch-api run (issue 31): each chunk's batch as its journal last saw it (batches.jsonl)
     batches: list[dict[str, Any]] = field(default_factory=list)
 
@@ -259,6 +263,8 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     st.restarts = {k: int(v) for k, v in (cp.counters.get("restarts") or {}).items() if v}
     budget = cp.counters.get("budget")
     st.budget = budget if isinstance(budget, dict) and isinstance(budget.get("caps"), dict) else None
+    cache = cp.counters.get("cache")
+    st.cache = cache if isinstance(cache, dict) else None
     st.total, st.total_estimated = _total(cp, st.done, st.outstanding)
     events = tail_events(run_dir)
     if cp.finished:
@@ -266,6 +272,8 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         summary = _json_file(run_dir / layout.SUMMARY) or {}
         st.rate = summary.get("requests_per_s")
         st.exit_code = summary.get("exit_code") if isinstance(summary.get("exit_code"), int) else None
+        if isinstance(summary.get("cache"), dict):
+            st.cache = summary["cache"]
     elif writer_alive(run_dir, command="run"):  # a run holds its lock (a dead run never does)
         st.state = RunState.RUNNING
         st.why = _why_running(events, now)
@@ -343,7 +351,8 @@ def format_run(st: RunStatus) -> str:
                 if e.get("state") == EndpointState.UP else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))
         lines.append(f"  endpoint    {e.get('url')}: {what}")
     for i, o in enumerate(st.oldest or ()):  # what holds up the end of the run (issue 28)
-        lines.append(f"  {'oldest' if i == 0 else '':<11} {o.get('id')!r} at {o.get('endpoint')}: "
+        copy = " (hedge)" if o.get("hedge") else ""  # a hedged task's second copy: the same id, on the wire twice
+        lines.append(f"  {'oldest' if i == 0 else '':<11} {o.get('id')!r}{copy} at {o.get('endpoint')}: "
                      f"{fmt_duration(float(o.get('age_s') or 0))} on the wire, attempt {o.get('attempt')}, "
                      f"{int(o.get('bytes') or 0):,} bytes received")
     pid = f" (pid {st.pid})" if st.state is RunState.RUNNING else ""
@@ -352,6 +361,10 @@ def format_run(st: RunStatus) -> str:
         lines.append(f"  exit code   {st.exit_code}")
     if st.budget:
         lines.append(f"  budget      {budget_text(st.budget)}")
+    if st.cache:
+        usd = saved_text(st.cache)
+        lines.append(f"  cache       {int(st.cache.get('hits') or 0):,} hits, {int(st.cache.get('misses') or 0):,} "
+                     "misses this session" + (f"; {usd}" if usd else ""))
     if st.restarts:
         lines.append("  restarts    " + ", ".join(f"{k} {v}" for k, v in st.restarts.items()))
     if st.settings:
@@ -421,6 +434,10 @@ def shards_status(parent: Path) -> dict[str, Any]:
             "rate": round(sum(r["rate"] or 0.0 for r in running), 2) if running else None,
             "finished": sum(r["state"] == RunState.FINISHED for r in rows), "running": len(running),
         }
+        figs = [f for r in rows if (f := budget_figures(r.get("budget"))) is not None]
+        if figs and len({f[0] for f in figs}) == 1:  # with caps (issue 30): the shards' spend and caps summed
+            total["budget"] = {"kind": figs[0][0], "spent": round(sum(f[1] for f in figs), 6),
+                               "cap": round(sum(f[2] for f in figs), 6), "shards_capped": len(figs)}
         known = [r["total"] for r in rows]
         if len(rows) == n and all(t is not None for t in known):
             total["total"] = sum(known)
@@ -430,6 +447,31 @@ def shards_status(parent: Path) -> dict[str, Any]:
     return {"parent": str(parent), "groups": groups}
 
 
+def budget_figures(b: dict[str, Any] | None) -> tuple[str, float, float] | None:
+    """A budget's first cap (cost, then completion tokens, then total tokens) as (kind, spent, cap), or None."""
+    if not isinstance(b, dict) or not isinstance(b.get("caps"), dict):
+        return None
+    caps, spent = b["caps"], b.get("spent") or {}
+    if caps.get("cost") is not None:
+        return "usd", float(spent.get("cost_usd") or 0.0), float(caps["cost"])
+    if caps.get("completion_tokens") is not None:
+        return "completion", float(spent.get("completion_tokens") or 0), float(caps["completion_tokens"])
+    if caps.get("total_tokens") is not None:
+        return "tokens", float(int(spent.get("prompt_tokens") or 0) + int(spent.get("completion_tokens") or 0)), \
+            float(caps["total_tokens"])
+    return None
+
+
+def budget_cell(fig: tuple[str, float, float] | None) -> str:
+    """The shard table's budget column: "$1.20/$2.50", "12,000/50,000 completion tokens", or "-"."""
+    if fig is None:
+        return "-"
+    kind, spent, cap = fig
+    if kind == "usd":
+        return f"${spent:,.2f}/${cap:,.2f}"
+    return f"{spent:,.0f}/{cap:,.0f}" + (" compl." if kind == "completion" else " tok.")
+
+
 def format_shards(s: dict[str, Any]) -> str:
     lines = []
     for g in s["groups"]:
@@ -437,15 +479,27 @@ def format_shards(s: dict[str, Any]) -> str:
         t = g["total"]
         state = "finished" if t["finished"] == n else f"{t['finished']} of {n} shards finished, {t['running']} running"
         lines.append(f"{s['parent']}: {n} shards, {state}")
-        lines.append(f"  {'shard':<16} {'state':<12} {'done':>10} {'failed':>8} {'req/s':>8} {'checkpoint':>11}  why")
-        for r in g["rows"]:
+        # with caps (issue 30): each shard's spend against its own cap (its share, or its own per-shard cap)
+        figs = [budget_figures(r.get("budget")) for r in g["rows"]]
+        kinds = {f[0] for f in figs if f is not None}
+        capped = bool(kinds)
+        bcol = f" {'budget':>22}" if capped else ""
+        lines.append(f"  {'shard':<16} {'state':<12} {'done':>10} {'failed':>8} {'req/s':>8}{bcol} {'checkpoint':>11}"
+                     "  why")
+        for r, fig in zip(g["rows"], figs, strict=True):
             rate = "-" if r["rate"] is None else f"{r['rate']:,.1f}"
             age = "-" if r["checkpoint_age_s"] is None else f"{r['checkpoint_age_s']:,.0f}s ago"
-            lines.append(f"  {r['shard']:<16} {r['state']:<12} {r['done']:>10,} {r['failed']:>8,} {rate:>8} "
+            cell = f" {budget_cell(fig):>22}" if capped else ""
+            lines.append(f"  {r['shard']:<16} {r['state']:<12} {r['done']:>10,} {r['failed']:>8,} {rate:>8}{cell} "
                          f"{age:>11}  {r['why'] or ''}".rstrip())
         rate = "-" if t["rate"] is None else f"{t['rate']:,.1f}"
         tot = f" of {'~' if t.get('total_estimated') else ''}{t['total']:,}" if t.get("total") is not None else ""
-        lines.append(f"  {'total':<16} {'':<12} {t['done']:>10,} {t['failed']:>8,} {rate:>8}"
+        cell = ""
+        if capped:  # the shards' sums, when they count one kind of cap
+            known = [f for f in figs if f is not None]
+            whole = (known[0][0], sum(f[1] for f in known), sum(f[2] for f in known)) if len(kinds) == 1 else None
+            cell = f" {budget_cell(whole):>22}"
+        lines.append(f"  {'total':<16} {'':<12} {t['done']:>10,} {t['failed']:>8,} {rate:>8}{cell}"
                      f"   {t['ok']:,} ok, {t['invalid']:,} invalid, {t['outstanding']:,} outstanding{tot}")
         if g["missing"]:
             lines.append(f"  missing     {len(g['missing'])} of {n}: {', '.join(g['missing'])} (not started)")

@@ -61,12 +61,13 @@ class OnWire:
     sent: float  # monotonic: when the request went out
     attempt: int  # the task's attempt this is (counted against --max-attempts)
     got: int = 0  # bytes of the answer received so far
+    hedge: bool = False  # an attempt of a hedge's second copy (--hedge, worker.race): status marks it
     task: asyncio.Task[Any] | None = None  # the task's coroutine, which STALL cancels where the attempt waits
     cut: bool = False  # STALL cut it (``Client.abandon``): the cancellation is the stall's, not a stop's
 
     def row(self, now: float) -> list[float]:
         """The heartbeat's row (ipc.messages.Heartbeat ``old``)."""
-        return [self.key, self.endpoint, round(now - self.sent, 1), self.attempt, self.got]
+        return [self.key, self.endpoint, round(now - self.sent, 1), self.attempt, self.got, int(self.hedge)]
 
 
 @dataclass(slots=True)
@@ -270,6 +271,7 @@ class Client:
         pool, pacer, policy = self.endpoints, self.pacer, self.policy
         estimate = estimate_tokens(body) if pool.counts_tokens(pacer) else 0
         st = AttemptState(time.monotonic(), avoid=avoid)
+        copy = avoid is not None  # a hedge's second copy (only it avoids an endpoint)
         while True:
             t_q = time.monotonic()
             if pacer.rps is not None or pacer.tpm is not None:  # (no coroutine without a limit)
@@ -286,7 +288,7 @@ class Client:
             st.begin(t_a - t_q, ep.index)
             self.on_wire += 1
             ep.sent()
-            wire = OnWire(key, ep.index, t_a, st.used, task=asyncio.current_task())
+            wire = OnWire(key, ep.index, t_a, st.used, hedge=copy, task=asyncio.current_task())
             self.wire.add(wire)
             try:
                 a = await self.attempt(ep.url(path), payload, stream, need, ep.headers, wire)

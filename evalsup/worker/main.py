@@ -161,8 +161,8 @@ class Worker:
             oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
                 client, url, body, key, None if avoid is None else eps[avoid]))
         reasks = None
-        if hit is None and oc.error is None and (self.cfg.response_schema is not None or "response_format" in body
-                                                 or "text" in body):
+        if hit is None and oc.error is None and self.cfg.validate_schema and (
+                self.cfg.response_schema is not None or "response_format" in body or "text" in body):
             oc, reasks = await self.structured(url, body, key, oc)
         if self.plugin is not None:
             self.outbox.before_user_code(key)

@@ -103,6 +103,27 @@ def test_an_invalid_answer_is_asked_again_then_schema_invalid_then_retry_failed(
         assert again[f"thrice{i}"]["error"] is None and again[f"thrice{i}"]["metrics"]["reasks"] == 3
 
 
+def test_a_tasks_own_schema_is_validated_max_reasks_0_never_asks_again_and_validation_can_be_off(
+        tmp_path: Path, mock: MockThread) -> None:
+    own = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
+    rows = [{"custom_id": f"t{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "mock-model", "messages": [{"role": "user", "content": "q"}], "response_format": own,
+                      "mock": {"text": VALID, "invalid_first": 1}}} for i in range(3)]
+    tasks = lines(tmp_path / "own.jsonl", rows)
+    # --max-reasks 0: validated without --response-schema, recorded schema_invalid at once, nothing asked again
+    r = run_cli(*run_args(mock, tasks, "-w", "1", "--max-reasks", "0"))
+    assert r.returncode == 0, r.stderr
+    recs = read_results(tmp_path / "own.run")
+    assert [(x["error"]["code"], x["metrics"]["reasks"]) for x in recs] == [("schema_invalid", 0)] * 3
+    assert mock.stats()["by_path"]["/v1/chat/completions"] == 3  # one request a task: no re-ask sent
+    # --no-validate-schema: the schema is only sent; the answer is the record as it came
+    r = run_cli(*run_args(mock, tasks, "-w", "1", "--no-validate-schema", "--out", str(tmp_path / "off.run")))
+    assert r.returncode == 0, r.stderr
+    recs = read_results(tmp_path / "off.run")
+    assert all(x["error"] is None and "reasks" not in x["metrics"] for x in recs) and len(recs) == 3
+    assert summary(tmp_path / "off.run")["failed"] == 0
+
+
 def test_a_schema_that_cannot_be_used_is_refused_before_any_request(tmp_path: Path, mock: MockThread) -> None:
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "objekt"}')

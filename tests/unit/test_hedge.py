@@ -177,3 +177,17 @@ def test_the_hedger_counts_a_hedged_task_once_and_which_copy_answered() -> None:
         await asyncio.sleep(0)
         assert copies == [1, -1] and c.cancelled == [0] and not h.races and not h.hedged
     asyncio.run(go())
+
+
+def test_prometheus_counts_the_hedges_sent_and_won() -> None:
+    from evalsup.supervisor.metrics import Metrics
+
+    m = Metrics()
+    for hg in (None, 1, 2, 2):  # RESULT meta "hg": not hedged, the first copy answered, the second did (twice)
+        m.on_result(True, 0.1, None, 0, hg)
+
+    def value(name: str) -> float:
+        got = m.registry.get_sample_value(name)
+        assert got is not None
+        return got
+    assert value("evalsup_hedges_total") == 3 and value("evalsup_hedges_won_total") == 2

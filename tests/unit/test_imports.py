@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {"common", "ipc", "tasks", "scoring", "cache"},
     "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir", "cache"},
     "batch": {"common", "ipc", "tasks", "scoring", "config", "rundir", "worker"},
-    "tools": {"common", "tasks", "scoring", "config", "rundir", "worker", "batch"},
+    "tools": {"common", "tasks", "scoring", "config", "rundir", "worker", "batch", "cache"},
     "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray", "cache", "batch"},
     "api": {"common", "tasks", "config", "rundir", "cli"},
     "ray": {"common", "config", "rundir", "tools", "api"},

@@ -190,16 +190,16 @@ def test_a_resume_keeps_the_judge_and_an_edited_template_is_a_change(tmp_path: P
 
 
 def test_the_api_takes_a_judge_settings_object() -> None:
-    from evalsup.api.run import Judge, _with_judge
+    from evalsup.api.options import Judge, with_judge
     from evalsup.config.options import argv_of as _argv
 
-    opts = _with_judge({"scorers": ["exact_match"], "judge": Judge(URL, "j", api_key_env="JK", concurrency=4)})
+    opts = with_judge({"scorers": ["exact_match"], "judge": Judge(URL, "j", api_key_env="JK", concurrency=4)})
     assert opts["scorers"] == ["exact_match", "judge"]
     assert _argv(opts) == ["--scorer", "exact_match", "--scorer", "judge", "--judge-base-url", URL,
                            "--judge-model", "j", "--judge-api-key-env", "JK", "--judge-concurrency", "4"]
-    assert _with_judge({"judge": {"base_url": URL}})["scorers"] == ["judge"]
+    assert with_judge({"judge": {"base_url": URL}})["scorers"] == ["judge"]
     with pytest.raises(TypeError, match="both judge= and judge_model"):
-        _with_judge({"judge": Judge(URL, "j"), "judge_model": "k"})
+        with_judge({"judge": Judge(URL, "j"), "judge_model": "k"})
 
 
 def test_a_resume_without_the_judge_scorer_leaves_its_recorded_settings(tmp_path: Path) -> None:

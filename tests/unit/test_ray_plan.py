@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +73,45 @@ def test_the_progress_line_over_every_shard() -> None:
     assert progress_line([{"shards": 4, "total": {"done": 10, "failed": 0, "finished": 0, "running": 2,
                                                   "rate": None}}], 4, 0) == (
         "ray: 0/4 shards finished, 2 running; 10 done, 0 failed")
+
+
+def test_run_shards_takes_the_keyword_forms_evalsup_run_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """judge= (a Judge or a dict), response_schema= (a dict or a pydantic model class: written where every node
+    sees it, beside the run directory), group_by=: the command run is the one `evalsup run --ray` would be."""
+    import orjson
+
+    import evalsup.ray
+    from evalsup import Judge
+
+    seen: list[list[str]] = []
+
+    def child(cmd: list[str], *args: Any) -> tuple[int, dict[str, Any], list[str]]:
+        seen.append(cmd)
+        return 0, {"run_dir": str(tmp_path / "out"), "merged": "m", "total": 1}, []
+
+    monkeypatch.setattr(evalsup.ray, "run_child", child)
+    schema = {"type": "object", "required": ["answer"]}
+    got = evalsup.ray.run_shards(tmp_path / "t.jsonl", tmp_path / "out", num_shards=2, base_url="http://127.0.0.1:9/v1",
+                                 judge=Judge("http://127.0.0.1:8/v1", "j"), response_schema=schema,
+                                 group_by="metadata.subject")
+    assert got.total == 1
+    argv = seen[-1]
+    written = tmp_path / "out.response_schema.json"
+    assert orjson.loads(written.read_bytes()) == schema
+    for pair in (["--scorer", "judge"], ["--judge-base-url", "http://127.0.0.1:8/v1"], ["--judge-model", "j"],
+                 ["--response-schema", str(written)], ["--group-by", "metadata.subject"], ["--shards", "2"]):
+        assert any(argv[i:i + 2] == pair for i in range(len(argv))), (pair, argv)
+    evalsup.ray.run_shards(tmp_path / "t.jsonl", None, num_shards=2, judge={"base_url": "http://127.0.0.1:8/v1"})
+    assert "judge" in seen[-1] and "--response-schema" not in seen[-1]
+    with pytest.raises(TypeError, match=r"run_shards\(\) got both judge= and judge_model"):
+        evalsup.ray.run_shards(tmp_path / "t.jsonl", None, num_shards=2, judge=Judge("http://127.0.0.1:8/v1", "j"),
+                               judge_model="k")
+    pydantic = pytest.importorskip("pydantic")
+
+    class Pick(pydantic.BaseModel):
+        answer: str
+
+    evalsup.ray.run_shards(tmp_path / "t.jsonl", None, num_shards=2, response_schema=Pick)
+    beside = tmp_path / "t.run.response_schema.json"  # beside TASKS.run, the run directory without out
+    assert orjson.loads(beside.read_bytes())["properties"]["answer"]["type"] == "string"
+    assert str(beside) in seen[-1]

@@ -119,7 +119,7 @@ def test_the_mock_counts_the_reasks_of_a_conversation() -> None:
 
 def test_the_python_api_takes_a_dict_or_a_pydantic_model() -> None:
     pydantic = pytest.importorskip("pydantic")
-    from evalsup.api.run import schema_dict
+    from evalsup.api.options import schema_dict
 
     class Pick(pydantic.BaseModel):  # type: ignore[name-defined,misc]
         answer: str
@@ -132,3 +132,24 @@ def test_the_python_api_takes_a_dict_or_a_pydantic_model() -> None:
     assert schema_dict(SCHEMA) is SCHEMA
     with pytest.raises(TypeError, match="a path, a dict or a pydantic model class"):
         schema_dict(Pick(answer="A", confidence=1.0))
+
+
+def test_validation_is_on_by_default_and_off_only_without_a_run_schema(tmp_path: Path) -> None:
+    """--max-reasks 0 keeps validation (schema_invalid at once); --no-validate-schema turns a task's own schema's
+    validation off, cannot go with --response-schema, and is a request setting in run.json (it changes records)."""
+    from evalsup.config.run_config import ConfigError, build_config
+    from evalsup.rundir.run_json import differences, request_settings
+
+    url = "http://127.0.0.1:9/v1"
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "object"}')
+    cfg = build_config(tmp_path / "t.jsonl", {"base_url": [url], "max_reasks": 0})
+    assert cfg.worker.validate_schema and cfg.worker.max_reasks == 0
+    off = build_config(tmp_path / "t.jsonl", {"base_url": [url], "validate_schema": False, "max_reasks": 0})
+    assert not off.worker.validate_schema
+    assert differences(request_settings(cfg), request_settings(off)) == [
+        "validate_schema (--validate-schema): True then, False now"]
+    with pytest.raises(ConfigError, match="--no-validate-schema turns off the validation --response-schema asks"):
+        build_config(tmp_path / "t.jsonl", {"base_url": [url], "validate_schema": False,
+                                            "response_schema": str(schema)})
+

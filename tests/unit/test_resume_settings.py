@@ -17,7 +17,7 @@ URL = "http://127.0.0.1:9/v1"
 RECORDED = {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True, "endpoint_path": "/v1",
             "scorers": ["exact_match"], "score_strip": False, "score_ignore_case": True, "score_pattern": "(a)",
             "score_normalize": True, "response_schema": {"type": "object"}, "max_reasks": 1, "batch_api": False,
-            "batch_provider": "auto"}
+            "batch_provider": "auto", "group_by": "metadata.subject", "validate_schema": True}
 
 
 def _run_json(run_dir: Path, settings: dict[str, Any]) -> Path:
@@ -50,7 +50,8 @@ def test_a_fresh_run_takes_todays_defaults(tmp_path: Path) -> None:
                                      "endpoint_path": "/v1", "scorers": [], "score_strip": True,
                                      "score_ignore_case": False, "score_pattern": None,
                                      "score_normalize": False, "response_schema": None, "max_reasks": 2,
-                                     "batch_api": False, "batch_provider": "auto"}
+                                     "batch_api": False, "batch_provider": "auto", "group_by": None,
+                                     "validate_schema": True}
 
 
 def test_a_resume_takes_every_request_flag_left_out_from_run_json(tmp_path: Path) -> None:
@@ -59,7 +60,8 @@ def test_a_resume_takes_every_request_flag_left_out_from_run_json(tmp_path: Path
     assert request_settings(cfg) == RECORDED and cfg.workers == 3
     assert line == (f"resuming with the settings of {run_dir}/run.json: model='m', max_tokens=7, temperature=0.5, "
                     "stream=True, scorers=['exact_match'], score_strip=False, score_ignore_case=True, "
-                    "score_pattern='(a)', score_normalize=True, response_schema={'type': 'object'}, max_reasks=1")
+                    "score_pattern='(a)', score_normalize=True, response_schema={'type': 'object'}, max_reasks=1, "
+                    "group_by='metadata.subject'")
     # a flag given with the recorded value is not taken (and not listed); the rest still are
     cfg, line = resume_config(tmp_path / "t.jsonl", {"base_url": [URL], "model": "m", "stream": True})
     assert request_settings(cfg) == RECORDED
@@ -77,7 +79,7 @@ def test_a_flag_given_with_another_value_wins_and_the_guard_refuses_it(tmp_path:
     assert line is not None and line.endswith("max_tokens=7, temperature=0.5, stream=True, scorers=['exact_match'], "
                                               "score_strip=False, score_ignore_case=True, score_pattern='(a)', "
                                               "score_normalize=True, response_schema={'type': 'object'}, "
-                                              "max_reasks=1")
+                                              "max_reasks=1, group_by='metadata.subject'")
     assert guard(run_dir, request_settings(cfg), True, True) == ["model (--model): 'm' then, 'other' now"]
 
 
@@ -111,7 +113,7 @@ def test_an_older_run_json_takes_todays_default_for_a_key_it_lacks(tmp_path: Pat
     old = {k: v for k, v in RECORDED.items() if k not in ("score_strip", "score_ignore_case", "score_pattern",
                                                              "score_normalize", "response_schema",
                                                              "max_reasks", "batch_api", "batch_provider",
-                                                             "endpoint_path")}
+                                                             "endpoint_path", "group_by", "validate_schema")}
     run_dir = _run_json(tmp_path / "t.run", old)
     assert recorded_options(run_dir, {}) == {"model": "m", "max_tokens": 7, "temperature": 0.5, "stream": True,
                                              "scorers": ("exact_match",)}
@@ -123,6 +125,23 @@ def test_an_older_run_json_takes_todays_default_for_a_key_it_lacks(tmp_path: Pat
     # but another value given for a key it lacks is a change
     cfg, _ = resume_config(tmp_path / "t.jsonl", {"base_url": [URL], "ignore_case": True})
     assert differences(old, request_settings(cfg)) == ["score_ignore_case (--ignore-case): False then, True now"]
+
+
+def test_group_by_is_restored_when_left_out_and_free_to_change(tmp_path: Path) -> None:
+    """--group-by changes no request: recorded and restored like a request flag, but another value on a resume is
+    taken (not refused) and kept for the next one; 'off' stops grouping."""
+    run_dir = _run_json(tmp_path / "t.run", RECORDED)
+    cfg, line = resume_config(tmp_path / "t.jsonl", {"base_url": [URL]})
+    assert cfg.worker.group_by == "metadata.subject" and line is not None and "group_by='metadata.subject'" in line
+    cfg, _ = resume_config(tmp_path / "t.jsonl", {"base_url": [URL], "group_by": "metadata.level"})
+    assert cfg.worker.group_by == "metadata.level" and differences(RECORDED, request_settings(cfg)) == []
+    assert guard(run_dir, request_settings(cfg), True, False) == []  # not refused, nothing to accept
+    assert orjson.loads((run_dir / "run.json").read_bytes())["settings"]["group_by"] == "metadata.level"
+    assert resume_config(tmp_path / "t.jsonl", {"base_url": [URL]})[0].worker.group_by == "metadata.level"
+    cfg, _ = resume_config(tmp_path / "t.jsonl", {"base_url": [URL], "group_by": "off"})
+    assert cfg.worker.group_by is None
+    guard(run_dir, request_settings(cfg), True, False)
+    assert resume_config(tmp_path / "t.jsonl", {"base_url": [URL]})[0].worker.group_by is None
 
 
 def test_a_run_json_that_cannot_be_read_is_left_to_the_guard(tmp_path: Path) -> None:

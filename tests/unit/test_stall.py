@@ -90,7 +90,7 @@ def test_the_heartbeat_names_the_oldest_requests_and_stays_small() -> None:
         client.wire.add(Entry(k, k % 2, 100.0 + k, 1, k * 10))
     rows = client.oldest(200.0, WIRE_TOP)
     assert [r[0] for r in rows] == [0, 1, 2, 3, 4]  # the earliest sent first
-    assert rows[0] == [0, 0, 100.0, 1, 0] and rows[1] == [1, 1, 99.0, 1, 10]
+    assert rows[0] == [0, 0, 100.0, 1, 0, 0] and rows[1] == [1, 1, 99.0, 1, 10, 0]
     beat: Heartbeat = {"inflight": 50, "wire": 50, "limit": 64, "queued": 0, "parked": 0, "done": 0, "retries": 0,
                        "eps": None, "old": rows}
     frame = encode_json(FrameKind.HEARTBEAT, beat)
@@ -98,6 +98,34 @@ def test_the_heartbeat_names_the_oldest_requests_and_stays_small() -> None:
     back = orjson.loads(frame[5:])
     assert on_wire([(9, 0.0, back["old"])], 0.0)[0] == OnWire(9, 0, 0, 100.0, 1, 0)
     assert client.oldest(200.0, WIRE_TOP) and not _client(lambda n, w: asyncio.sleep(0)).oldest(0.0, WIRE_TOP)
+
+
+def test_a_hedged_tasks_second_copy_is_marked_from_the_heartbeat_to_status() -> None:
+    """--hedge puts one task on the wire twice under one id: the copy's row says so, and `evalsup status` marks it."""
+    from evalsup.tools.status import RunState, RunStatus, format_run
+
+    seen: list[bool] = []
+
+    async def note(n: int, w: Any) -> None:
+        seen.append(w.hedge)
+
+    async def go() -> None:  # only a copy (its first pick avoiding an endpoint, worker.race) is marked
+        client = _client(note)
+        await client.execute("/v1/chat/completions", {"model": "m", "messages": []}, key=7)
+        await client.execute("/v1/chat/completions", {"model": "m", "messages": []}, key=7,
+                             avoid=client.endpoints.all[0])
+    asyncio.run(go())
+    assert seen == [False, True]
+    client = _client(note)
+    client.wire.add(Entry(7, 0, 100.0, 1))
+    client.wire.add(Entry(7, 1, 150.0, 1, hedge=True))  # the copy, sent later to the other endpoint
+    rows = orjson.loads(orjson.dumps(client.oldest(200.0, WIRE_TOP)))
+    assert [w.hedge for w in on_wire([(1, 200.0, rows)], 200.0)] == [False, True]
+    assert on_wire([(1, 0.0, [[7, 0, 3.0, 1, 0]])], 0.0)[0].hedge is False  # an older worker's 5-element row
+    oldest = [{"id": "t7", "endpoint": "http://a/v1", "age_s": 100.0, "attempt": 1, "bytes": 0},
+              {"id": "t7", "endpoint": "http://b/v1", "age_s": 50.0, "attempt": 1, "bytes": 0, "hedge": True}]
+    text = format_run(RunStatus("r", RunState.RUNNING, oldest=oldest, checkpoint_age_s=1.0))
+    assert "'t7' at http://a/v1" in text and "'t7' (hedge) at http://b/v1" in text
 
 
 # ------------------------------------------------------------------------------------------ the worker's cut

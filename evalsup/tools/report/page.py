@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from evalsup.cache.text import cache_text
 from evalsup.config.caps import budget_text
 from evalsup.tools.report import charts
 from evalsup.tools.report.data import RunData
@@ -99,6 +100,7 @@ def _figures(d: RunData) -> str:
         ("endpoint down", f"{(s.get('breaker') or {}).get('opened', 0)} time(s)"),
         ("tokens, last session", f"{(s.get('tokens') or {}).get('per_s') or 0:,.0f} tokens/s"),
         *([("budget", budget_text(s["budget"]))] if isinstance(s.get("budget"), dict) else []),  # issue 30
+        *([("cache", cache_text(s["cache"]))] if isinstance(s.get("cache"), dict) else []),  # --cache (issue 30)
         ("failed tasks by code", ", ".join(f"{k} {v:,}" for k, v in sorted(d.results.errors.items(),
                                                                             key=lambda kv: -kv[1])) or "none"),
     ]
