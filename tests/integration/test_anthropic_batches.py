@@ -111,7 +111,7 @@ def test_whole_path_answers_kept_as_messages(tmp_path: Path, bmock: MockThread) 
 
 def test_kill_between_create_and_record_then_rerun_creates_no_second_batch(tmp_path: Path,
                                                                            bmock: MockThread) -> None:
-    n = 100
+    n = 60
     tasks = write_tasks(tmp_path / "t.jsonl", n)
     args = run_args(bmock, tasks, *FAST)
     r = run_cli(*args, env={**ENV, "EVALSUP_BATCH_CRASH_AT": "after_create"})
