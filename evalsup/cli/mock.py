@@ -13,8 +13,8 @@ Live config (while it runs):
   GET  /_mock/config           the knobs (api_key shown as ***)
   POST /_mock/config           change any of them, e.g. {"fail_429": 0.5, "retry_after_s": 2}:
                                latency_ms, jitter_ms, response_kb, fail_500, fail_429, retry_after_s, reset,
-                               malformed, cut_stream, seed (restarts the fault sequence), models, api_key,
-                               echo_headers_in_errors, revoked (true: every /v1 request gets 401),
+                               malformed, cut_stream, fast_refusals, seed (restarts the fault sequence), models,
+                               api_key, echo_headers_in_errors, revoked (true: every /v1 request gets 401),
                                revoke_after (N: 401 after N requests, counted from start or reset),
                                down (true: every connection is dropped, an outage)
   GET  /_mock/stats            counters (requests, statuses, faults, in flight, bytes)
@@ -72,6 +72,9 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="Fraction answered 200 with a body that is not valid JSON (or a broken SSE event).")
 @click.option("--cut-stream", type=_FRACTION, default=0.0, show_default=True,
               help="Fraction of answers cut midway: half the body (or of the SSE events), then the connection closed.")
+@click.option("--fast-refusals", is_flag=True, default=False,
+              help="Answer the random 429s and 500s at once, before --latency-ms, as a gateway's rate limiter "
+                   "or proxy does (llmock does so): a refusal then comes back long before an answer.")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require \"Authorization: Bearer $NAME\" (the key is read from that variable, never printed).")
 @click.option("--api-key-header", metavar="NAME", default=None,
@@ -90,7 +93,8 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="With --capacity: this many more wait in a FIFO; beyond them, 429 with Retry-After.")
 def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
          fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
-         cut_stream: float, api_key_env: str | None, api_key_header: str | None, basic_auth_env: str | None,
+         cut_stream: float, fast_refusals: bool, api_key_env: str | None, api_key_header: str | None,
+         basic_auth_env: str | None,
          require_query: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int) -> None:
     """Serve an OpenAI-compatible mock endpoint with fault injection (for tests and benchmarks).
 
@@ -117,7 +121,7 @@ def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: floa
     cfg = MockConfig(basic_auth=basic, api_key_header=api_key_header, require_query=require_query,
                      latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed,
-                     cut_stream=cut_stream, seed=seed,
+                     cut_stream=cut_stream, fast_refusals=fast_refusals, seed=seed,
                      models=models or ("mock-model",), api_key=key, revoke_after=revoke_after, capacity=capacity,
                      queue=queue)
     serve_forever(cfg, host, port)

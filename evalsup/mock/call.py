@@ -79,6 +79,11 @@ class Call:
         if ov.times is not None and ov.has_fault and state.attempts.attempt(C.request_key(body)) > ov.times:
             ov = ov.without_faults()
         self.override = ov
+        if self.cfg.fast_refusals and not ov.has_fault:  # a gateway's refusal: before the server's latency
+            fault = FaultInjector.fault_for(self.cfg, u)
+            if fault in (Fault.ERROR_429, Fault.ERROR_500):
+                self.fault = fault
+                return self.random_fault()
         delay = ov.delay_s if ov.delay_s is not None else state.faults.latency_s(self.cfg)
         if delay > 0:
             await asyncio.sleep(delay)

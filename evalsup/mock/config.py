@@ -18,6 +18,8 @@ class MockConfig:
     reset: float = 0.0  # probability of a connection reset (abort the transport without response)
     malformed: float = 0.0  # probability of a 200 with a body that is not valid JSON
     cut_stream: float = 0.0  # probability of an answer cut midway (half the body or of the SSE events, then closed)
+    # the random 429s and 500s answered at once, before the latency, as a gateway's limiter does (llmock too)
+    fast_refusals: bool = False
     seed: int = 0
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
@@ -79,7 +81,7 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if name == "basic_auth" and value is not None and ":" not in value:
                 raise ValueError("basic_auth must be 'user:password'")
             changes[name] = value
-        elif name in ("echo_headers_in_errors", "revoked"):
+        elif name in ("echo_headers_in_errors", "revoked", "fast_refusals"):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a boolean")
             changes[name] = value

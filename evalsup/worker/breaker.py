@@ -2,7 +2,11 @@
 
 Evidence is the connection itself refused, or endpoint-side failures (resets, timeouts, 500/502/503/504) of
 ``spread`` distinct tasks with no success in between: one task that always fails is that task's problem, and
-uses up its own attempts. On evidence the worker trips and tells the supervisor, which opens the breaker for
+uses up its own attempts. Where a steady share of requests fails whatever happens (a flaky proxy, a server
+that cuts one stream in five, issue 28), a run of failures is no news: the spread needed grows with the share
+of endpoint-side failures among the last answers (as measured at the last success, so an outage's own failures
+do not raise it), until such a run has less than ``chance`` (1 in 10,000) of happening by luck (at most
+``max_spread``). On evidence the worker trips and tells the supervisor, which opens the breaker for
 every worker and checks the endpoint with a request of its own (GET /models), never with a parked task.
 While open, no request starts, and a request whose attempt failed endpoint-side is parked. On close the
 supervisor says whether the endpoint had been down (a probe failed): then the parked attempts are not
@@ -12,11 +16,17 @@ counted against --max-attempts (no task pays for an outage); if it was up after 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections import deque
 
 
 class LocalBreaker:
-    def __init__(self, spread: int = 3) -> None:
+    def __init__(self, spread: int = 3, history: int = 50, chance: float = 1e-4, max_spread: int = 12) -> None:
         self.spread = spread
+        self.chance = chance
+        self.max_spread = max_spread
+        self.need = spread  # distinct failing tasks that trip it now (``spread``, or more on a steady share)
+        self._answers: deque[bool] = deque(maxlen=history)  # the last answers: failed endpoint-side (True) or not
         self.failing: set[int] = set()  # distinct tasks failing endpoint-side since the last success
         self.open = False
         self.tripped = False  # we told the supervisor; reset on close
@@ -31,13 +41,29 @@ class LocalBreaker:
         self.failing.add(key)
         if self.tripped or self.open:
             return False
-        if refused or len(self.failing) >= self.spread:
+        self._answers.append(True)
+        if refused or len(self.failing) >= self.need:
             self.tripped = True
             return True
         return False
 
     def success(self) -> None:
         self.failing.clear()
+        self._answers.append(False)
+        self.need = self._need()
+
+    def _need(self) -> int:
+        """The run of failing tasks that a steady share of failures (the last answers') makes less likely
+        than ``chance``: at least ``spread``, at most ``max_spread``."""
+        n = len(self._answers)
+        if n < 10:
+            return self.spread
+        share = sum(self._answers) / n
+        if share <= 0:
+            return self.spread
+        if share >= 0.9:
+            return self.max_spread
+        return max(self.spread, min(self.max_spread, math.ceil(math.log(self.chance) / math.log(share))))
 
     def set_open(self, is_open: bool, was_down: bool = False) -> None:
         self.open = is_open
