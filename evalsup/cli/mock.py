@@ -44,6 +44,7 @@ Fault modes for clients' tests:
                                invalid_api_key, on every /v1 request
   outage                       POST /_mock/config {"down": true}, later {"down": false}
   a task that always fails     its line's "mock": {"status": 400} (or any status, reset, cut_stream)
+  a gateway's refusals         --fast-refusals: the random 429s and 500s come back at once, before the latency
   random faults                --fail-500, --fail-429, --reset, --malformed, --cut-stream (one seeded draw per
                                request)
 """

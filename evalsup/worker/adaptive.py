@@ -106,6 +106,9 @@ class AdaptiveLimit:
         self.baseline: float | None = None
         self._base_k = 0.0  # push-back and answers at the lower limits of the cuts undone: the baseline's evidence
         self._base_n = 0.0
+        self._x_k = 0  # push-back and answers of the windows since the last test against the baseline
+        self._x_n = 0
+        self._tested = (0, 0)  # the push-back and answers the last test read (the probe's first sample)
         self._bg_k = 0  # push-back and answers of the windows since, not excess: a baseline that fell shows there
         self._bg_n = 0
         self._probe: _Probe | None = None
@@ -189,12 +192,22 @@ class AdaptiveLimit:
         return cutoff, k, n
 
     def _excess(self, k: int, n: int) -> bool:
-        """The push-back share of ``n`` answers, ``k`` of them push-back, is significantly above the baseline
-        (a one-sided binomial test). Before any baseline is learnt, any push-back is (AIMD's rule)."""
+        """The push-back share is significantly above the baseline (a one-sided binomial test) over the
+        windows since the last test (this one's ``n`` answers, ``k`` of them push-back, included), tested
+        once they hold ``probe_samples`` answers: a few answers say little, and testing every window on the
+        same answers would find an excess by chance. Before any baseline is learnt, any push-back is (AIMD's
+        rule)."""
         b = self.baseline
+        self._tested = (k, n)
         if b is None:
             return self._w_push > 0
-        if k == 0 or n == 0:
+        self._x_k += k
+        self._x_n += n
+        if self._x_n < self.s.probe_samples:
+            return False
+        k, n, self._x_k, self._x_n = self._x_k, self._x_n, 0, 0
+        self._tested = (k, n)
+        if k == 0:
             return False
         sd = math.sqrt(max(b, 1.0 / n) * max(1.0 - b, 1.0 / n) / n)
         return k / n > b + self.s.share_margin + self.s.z_excess * sd
@@ -214,6 +227,7 @@ class AdaptiveLimit:
         se = math.sqrt(pool * (1 - pool) * (1 / n1 + 1 / n2))
         self._probe = None
         self._p_answers = []
+        self._x_k = self._x_n = 0
         if not (p1 > p2 and p1 - p2 > self.s.z_fell * se):
             self.undone += 1
             if self._base_n > 400:  # the older experiments weigh less, so a baseline that rose is followed
@@ -251,6 +265,7 @@ class AdaptiveLimit:
         app_limited = self._w_peak * 2 < limit
         fresh = self._srv_t is not None and now - self._srv_t <= s.server_fresh_s
         if self._excess(k, n):
+            k, n = self._tested
             self._probe = _Probe(now, limit, self.slow_start, k, n)
             self._p_answers = []
             limit = limit * s.backoff

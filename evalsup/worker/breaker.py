@@ -6,17 +6,22 @@ uses up its own attempts. Where a steady share of requests fails whatever happen
 that cuts one stream in five, issue 28), a run of failures is no news: the spread needed grows with the share
 of endpoint-side failures among the last answers (as measured at the last success, so an outage's own failures
 do not raise it), until such a run has less than ``chance`` (1 in 10,000) of happening by luck (at most
-``max_spread``). On evidence the worker trips and tells the supervisor, which opens the breaker for
-every worker and checks the endpoint with a request of its own (GET /models), never with a parked task.
-While open, no request starts, and a request whose attempt failed endpoint-side is parked. On close the
-supervisor says whether the endpoint had been down (a probe failed): then the parked attempts are not
-counted against --max-attempts (no task pays for an outage); if it was up after all, they are.
+``max_spread``; at the start, with no answer seen, that many). And a run of failures must last as long as an
+answer takes (the mean latency of the last successes): refusals and 500s that come back at once, while the
+answers to requests sent with them are still on their way, are not "no success in between".
+
+On evidence the worker trips and tells the supervisor, which opens the breaker for every worker and checks
+the endpoint with a request of its own (GET /models), never with a parked task. While open, no request
+starts, and a request whose attempt failed endpoint-side is parked. On close the supervisor says whether the
+endpoint had been down (a probe failed): then the parked attempts are not counted against --max-attempts (no
+task pays for an outage); if it was up after all, they are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 
 
@@ -25,42 +30,51 @@ class LocalBreaker:
         self.spread = spread
         self.chance = chance
         self.max_spread = max_spread
-        self.need = spread  # distinct failing tasks that trip it now (``spread``, or more on a steady share)
         self._answers: deque[bool] = deque(maxlen=history)  # the last answers: failed endpoint-side (True) or not
+        self.need = self._need()  # distinct failing tasks that trip it now (``spread``, more on a steady share)
         self.failing: set[int] = set()  # distinct tasks failing endpoint-side since the last success
+        self._streak_at = 0.0  # when the first of them failed
+        self.answer_s = 0.0  # how long an answer takes (the mean latency of the last successes)
+        self._served = 0
         self.open = False
         self.tripped = False  # we told the supervisor; reset on close
         self.was_down = False  # how the last opening ended: the endpoint had been down
         self._closed = asyncio.Event()
         self._closed.set()
 
-    def record(self, key: int, endpoint_side: bool, refused: bool = False) -> bool:
-        """Record one failed attempt of task ``key``; True when this worker should now trip."""
+    def record(self, key: int, endpoint_side: bool, refused: bool = False, now: float | None = None) -> bool:
+        """Record one failed attempt of task ``key`` (at ``now``, monotonic); True when this worker should now
+        trip."""
         if not endpoint_side:
             return False
+        now = time.monotonic() if now is None else now
+        if not self.failing:
+            self._streak_at = now
         self.failing.add(key)
         if self.tripped or self.open:
             return False
         self._answers.append(True)
-        if refused or len(self.failing) >= self.need:
+        if refused or (len(self.failing) >= self.need and now - self._streak_at >= self.answer_s):
             self.tripped = True
             return True
         return False
 
-    def success(self) -> None:
+    def success(self, latency_s: float = 0.0) -> None:
+        """An answer served, after ``latency_s``."""
+        self.answer_s += (latency_s - self.answer_s) * (0.2 if self._served else 1.0)
+        self._served += 1
         self.failing.clear()
         self._answers.append(False)
         self.need = self._need()
 
     def _need(self) -> int:
-        """The run of failing tasks that a steady share of failures (the last answers') makes less likely
-        than ``chance``: at least ``spread``, at most ``max_spread``."""
+        """The run of failing tasks that a steady share of failures makes less likely than ``chance``: at least
+        ``spread``, at most ``max_spread``. The share is the last answers' with one failure and one success
+        more (Laplace's rule): at the start, with nothing seen, it is taken for even (a burst of fast 500s
+        among the first requests is not an outage: the connection check has just seen the endpoint up); after
+        a few dozen clean answers it is small and three tasks trip it, as before."""
         n = len(self._answers)
-        if n < 10:
-            return self.spread
-        share = sum(self._answers) / n
-        if share <= 0:
-            return self.spread
+        share = (sum(self._answers) + 1) / (n + 2)
         if share >= 0.9:
             return self.max_spread
         return max(self.spread, min(self.max_spread, math.ceil(math.log(self.chance) / math.log(share))))

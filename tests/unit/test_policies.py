@@ -245,9 +245,13 @@ def test_one_task_failing_for_itself_never_trips_the_breaker() -> None:
 
 
 def test_the_breaker_trips_on_distinct_tasks_or_a_refused_connection() -> None:
-    assert _trips([(1, "down"), (2, "down"), (1, "down"), (3, "down")]) == [3]  # three distinct tasks
-    assert _trips([(1, "down"), (2, "down"), (9, "ok"), (3, "down"), (4, "down")]) == []  # a success between
+    clean = [(100 + i, "ok") for i in range(50)]  # a history of answers served: three tasks are news
+    assert _trips([*clean, (1, "down"), (2, "down"), (1, "down"), (3, "down")]) == [53]  # three distinct tasks
+    assert _trips([*clean, (1, "down"), (2, "down"), (9, "ok"), (3, "down"), (4, "down")]) == []  # a success between
     assert _trips([(1, "refused")]) == [0]  # no connection at all: the endpoint, whatever the task
+    # with nothing seen yet, a burst of failures among the first requests needs more tasks (the connection check
+    # has just seen the endpoint up): 12
+    assert _trips([(i, "down") for i in range(20)])[0] == 11
 
 
 def test_a_steady_share_of_failures_while_most_succeed_does_not_trip_the_breaker_but_an_outage_still_does() -> None:
@@ -262,6 +266,22 @@ def test_a_steady_share_of_failures_while_most_succeed_does_not_trip_the_breaker
     outage = [(10_000 + i, "down") for i in range(12)]
     assert _trips(events + outage) == [len(events) + 11]  # within a dozen tasks: the share learnt was 43 %
     assert _trips([(i, "ok") for i in range(50)] + outage)[0] == 52  # a clean history: three, as before
+
+
+def test_failures_that_come_back_before_the_answers_sent_with_them_do_not_trip_the_breaker() -> None:
+    """128 requests sent together, answers taking 20 ms: the 13 fast 500s are back within a millisecond, before
+    any answer. Not an outage: the breaker waits as long as an answer takes; an outage's run of failures that
+    lasts that long does trip it."""
+    from evalsup.worker.breaker import LocalBreaker
+
+    b = LocalBreaker(spread=3)
+    for _ in range(50):
+        b.success(0.02)
+    assert not any(b.record(i, True, now=100.0 + i * 1e-5) for i in range(13))
+    b.success(0.02)
+    assert not b.failing
+    assert not any(b.record(100 + i, True, now=200.0 + i * 1e-3) for i in range(10))  # 10 ms so far
+    assert b.record(200, True, now=200.025)  # no success for longer than an answer takes
 
 
 def test_the_breaker_trips_where_the_definition_says() -> None:
