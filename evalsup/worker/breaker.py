@@ -6,9 +6,9 @@ uses up its own attempts. Where a steady share of requests fails whatever happen
 that cuts one stream in five, issue 28), a run of failures is no news: the spread needed grows with the share
 of endpoint-side failures among the last answers (as measured at the last success, so an outage's own failures
 do not raise it), until such a run has less than ``chance`` (1 in 10,000) of happening by luck (at most
-``max_spread``; at the start, with no answer seen, that many). And a run of failures must last as long as an
-answer takes (the mean latency of the last successes): refusals and 500s that come back at once, while the
-answers to requests sent with them are still on their way, are not "no success in between".
+``max_spread``; at the start, with no answer seen, that many). And then a run of failures must last as long
+as an answer takes (the mean latency of the last successes): refusals and 500s that come back at once, while
+the answers to requests sent with them are still on their way, are not "no success in between".
 
 On evidence the worker trips and tells the supervisor, which opens the breaker for every worker and checks
 the endpoint with a request of its own (GET /models), never with a parked task. While open, no request
@@ -54,7 +54,9 @@ class LocalBreaker:
         if self.tripped or self.open:
             return False
         self._answers.append(True)
-        if refused or (len(self.failing) >= self.need and now - self._streak_at >= self.answer_s):
+        # (on a clean history at once, as before: an outage's first failures cost no task an attempt)
+        if refused or (len(self.failing) >= self.need
+                       and (self.need <= self.spread or now - self._streak_at >= self.answer_s)):
             self.tripped = True
             return True
         return False
