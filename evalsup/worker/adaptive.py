@@ -54,7 +54,7 @@ class AdaptiveSettings:
     max_limit: int = 256
     min_limit: int = 1
     initial: int = 16  # as Gradient2 and Vegas start (20), a little under
-    tolerance: float = 1.5  # Gradient2's default RTT tolerance
+    tolerance: float = 1.25  # (Gradient2 default: 1.5; lower, so a server past its knee holds less queue)
     start_tolerance: float = 1.2  # slow start ends once latency passes this x floor
     backoff: float = 0.5  # multiplicative decrease on push-back
     smoothing: float = 0.5
@@ -295,8 +295,10 @@ class AdaptiveLimit:
                         limit = limit * 2
                 else:
                     self.slow_start = False
+                    # past the tolerance only the gradient (Gradient2 adds sqrt(limit) here too, which holds
+                    # the latency at ~1.7 x floor at a limit of 60: a replica left alone queued up, issue 28)
                     gradient = max(0.5, min(1.0, s.tolerance / ratio))
-                    target = limit * gradient + math.sqrt(limit)
+                    target = limit * gradient if ratio > s.tolerance else limit + math.sqrt(limit)
                     if target > limit and app_limited:
                         target = limit
                     limit = limit * (1 - s.smoothing) + target * s.smoothing
