@@ -80,7 +80,7 @@ def _env(code: Path = ROOT) -> dict[str, str]:
 def _start_mock(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    mock = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(port), *args], env=_env(),
+    mock = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(port), *args], env=_env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while True:
@@ -122,7 +122,10 @@ def settle_time(samples: list[tuple[float, int, int]], t0: float, n: int) -> flo
 def _evalsup(cmd: list[str], code: Path, cap_s: float | None) -> tuple[int, str, bool]:
     """Run ``evalsup run``; stopped (SIGTERM: it stops resumably) after ``cap_s`` seconds. (exit code, stderr,
     whether it was stopped)."""
-    p = subprocess.Popen(cmd, env=_env(code), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # (in that tree: `python -m` puts the working directory first on sys.path, before PYTHONPATH, so a run
+    # started from another checkout would import that one's evalsup)
+    p = subprocess.Popen(cmd, env=_env(code), cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
     try:
         _, err = p.communicate(timeout=cap_s)
         return p.returncode, err, False
