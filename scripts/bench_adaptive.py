@@ -16,8 +16,17 @@ the time from the change until the limit has followed (stays within +-25 % of it
 
 A second scenario (``--mix-n``, issue 28): refusals that do not depend on the load. A mock with no capacity
 limit that answers 30 % 429 (Retry-After 1 s), 10 % 500 and 20 % cut streams whatever is sent; streamed tasks;
-a fixed sweep (``--mix-sweep``, 1, 4, 16, 64) against the default. Per run: ok tasks/s, its ratio to the best
-fixed, the median summed limit, the breaker's openings (summary.json).
+a fixed sweep (``--mix-sweep``, 1, 4, 16, 64) against the default. With ``--mix-refusals fast`` (the default)
+the 429s and 500s come back at once, before the latency (``evalsup mock --fast-refusals``), as llmock's and a
+gateway's do: the case where the rule before issue 28 sat at limit 1. Per run: ok tasks/s, its ratio to the
+best fixed, the median summed limit, the breaker's openings (summary.json). A run still going after
+``--cap-s`` seconds is stopped (SIGTERM: resumable) and counted by what it finished by then.
+
+A third (``--replica-n``, issue 28): a surviving replica. Two mocks, each ``--capacity K`` with a long queue
+(``--replica-k``, no 429s: past K in flight the latency rises with the queue, a knee), one stopped
+(terminated: its connections refused) ``--replica-stop-at`` seconds into the run. Per run: the survivor's
+p50 / p90 latency over the records finished from 3 s after the stop until 90 % done, against its own p50 at
+its knee (one mock alone at ``--concurrency K``), and the ratio.
 
 ``--before DIR``: also run each default from another checkout (the code before a change), in the same
 invocation, so that the ratios compare on one machine's load.
@@ -25,6 +34,7 @@ invocation, so that the ratios compare on one machine's load.
     scripts/bench_adaptive.py                      # the issue's figures: K=64, Q=64, 200 ms, 10,000 tasks
     scripts/bench_adaptive.py --n 3000 --sweep 32,64,128 --json out.json
     scripts/bench_adaptive.py --n 0 --halve-at 0 --mix-n 500 --before /work/before   # the mix alone
+    scripts/bench_adaptive.py --n 3000 --sweep 64,128 --mix-n 500 --replica-n 6000    # issue 28's three
 """
 
 from __future__ import annotations
@@ -70,7 +80,7 @@ def _env(code: Path = ROOT) -> dict[str, str]:
 def _start_mock(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    mock = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(port), *args], env=_env(),
+    mock = subprocess.Popen([PY, "-m", "evalsup", "mock", "--port", str(port), *args], env=_env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while True:
@@ -109,8 +119,30 @@ def settle_time(samples: list[tuple[float, int, int]], t0: float, n: int) -> flo
     return None
 
 
+def _evalsup(cmd: list[str], code: Path, cap_s: float | None) -> tuple[int, str, bool]:
+    """Run ``evalsup run``; stopped (SIGTERM: it stops resumably) after ``cap_s`` seconds. (exit code, stderr,
+    whether it was stopped)."""
+    # (in that tree: `python -m` puts the working directory first on sys.path, before PYTHONPATH, so a run
+    # started from another checkout would import that one's evalsup)
+    p = subprocess.Popen(cmd, env=_env(code), cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _, err = p.communicate(timeout=cap_s)
+        return p.returncode, err, False
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        _, err = p.communicate(timeout=60)
+        return p.returncode, err, True
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    with open(run_dir / "results.jsonl", "rb") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def run_one(base: str, tasks: Path, n: int, work: Path, name: str, extra: list[str],
-            halve_at: float | None = None, capacity: int = 64, code: Path = ROOT) -> dict[str, Any]:
+            halve_at: float | None = None, capacity: int = 64, code: Path = ROOT,
+            cap_s: float | None = None) -> dict[str, Any]:
     _admin(base, "/_mock/config", {"capacity": capacity})
     _admin(base, "/_mock/reset", {})
     out = work / f"{name}.run"
@@ -121,21 +153,23 @@ def run_one(base: str, tasks: Path, n: int, work: Path, name: str, extra: list[s
     if halve_at is not None:
         timer = threading.Timer(halve_at, lambda: _admin(base, "/_mock/config", {"capacity": capacity // 2}))
         timer.start()
-    p = subprocess.run(cmd, env=_env(code), capture_output=True, text=True)
+    rc, err, stopped = _evalsup(cmd, code, cap_s)
     wall = time.time() - t0
     if timer is not None:
         timer.cancel()
-    if p.returncode != 0:
-        raise SystemExit(f"{name}: evalsup exited {p.returncode}: {p.stderr[-2000:]}")
+    if rc != 0 and not stopped:
+        raise SystemExit(f"{name}: evalsup exited {rc}: {err[-2000:]}")
     st = _admin(base, "/_mock/stats")
     summary = json.loads((out / "summary.json").read_text())
     served = sum(int(v) for v in st["statuses"].values())
     n429 = int(st["statuses"].get("429", 0))
     samples = _limits(out)
+    done = int(summary.get("succeeded") or 0) + int(summary.get("failed") or 0) if stopped else n
     row: dict[str, Any] = {
-        "name": name, "wall_s": round(wall, 2), "tasks_per_s": round(n / wall, 1),
+        "name": name, "wall_s": round(wall, 2), "tasks_per_s": round(done / wall, 1),
+        "stopped_at_cap": stopped, "done": done,
         # succeeded tasks: a run whose tasks fail fast (5 attempts of 429) must not look faster for it
-        "ok_per_s": round((n - int(summary.get("failed") or 0)) / wall, 1), "requests": served,
+        "ok_per_s": round((done - int(summary.get("failed") or 0)) / wall, 1), "requests": served,
         "share_429": round(n429 / served, 4) if served else 0.0, "failed": summary.get("failed"),
         "latency_p50_s": summary["latency_s"].get("p50"), "latency_p99_s": summary["latency_s"].get("p99"),
         "limit_median": statistics.median([lim for _, lim, d in samples if d < 0.9 * n] or [0]),
@@ -177,6 +211,14 @@ def main() -> None:
     ap.add_argument("--mix-n", type=int, default=0, help="Tasks of the load-independent mix scenario (0: skip).")
     ap.add_argument("--mix-sweep", default="1,4,16,64")
     ap.add_argument("--mix", default="0.3,0.1,0.2", help="The mix's 429, 500 and cut-stream shares.")
+    ap.add_argument("--mix-refusals", choices=("fast", "slow"), default="fast",
+                    help="fast: the mix's 429s and 500s come back at once (llmock's way); slow: after the latency.")
+    ap.add_argument("--mix-latency-ms", type=float, default=50.0)
+    ap.add_argument("--cap-s", type=float, default=90.0, help="A mix run still going after this is stopped.")
+    ap.add_argument("--replica-n", type=int, default=0, help="Tasks of the surviving-replica scenario (0: skip).")
+    ap.add_argument("--replica-k", type=int, default=32, help="Each replica's capacity (its knee).")
+    ap.add_argument("--replica-latency-ms", type=float, default=100.0)
+    ap.add_argument("--replica-stop-at", type=float, default=4.0)
     ap.add_argument("--before", type=Path, default=None, help="Also run each default from this checkout.")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -220,31 +262,132 @@ def main() -> None:
         with open(tasks, "w") as f:
             for i in range(args.mix_n):
                 f.write(json.dumps({"id": f"m{i}", "messages": [{"role": "user", "content": f"question {i}"}]}) + "\n")
-        mock, base = _start_mock(["--latency-ms", str(args.latency_ms), "--jitter-ms", str(args.jitter_ms),
-                                  "--fail-429", str(p429), "--fail-500", str(p500), "--cut-stream", str(pcut),
-                                  "--retry-after", "1"])
+        fast = ["--fast-refusals"] if args.mix_refusals == "fast" else []
+        mock, base = _start_mock(["--latency-ms", str(args.mix_latency_ms), "--jitter-ms",
+                                  str(args.mix_latency_ms / 10), "--fail-429", str(p429), "--fail-500", str(p500),
+                                  "--cut-stream", str(pcut), "--retry-after", "1", *fast])
         try:
             runs = [(f"fixed-{c}", ["--concurrency", c], ROOT) for c in args.mix_sweep.split(",") if c]
             runs += [(dname, [], code) for dname, code in defaults]
             for name, extra, code in runs:
                 mix_rows.append(run_one(base, tasks, args.mix_n, work, "mix_" + _slug(name), ["--stream", *extra],
-                                        capacity=0, code=code))
+                                        capacity=0, code=code, cap_s=args.cap_s))
                 mix_rows[-1]["name"] = name
                 print(json.dumps(mix_rows[-1]), flush=True)
         finally:
             mock.terminate()
             mock.wait(10)
+    replica_rows: list[dict[str, Any]] = []
+    if args.replica_n > 0:
+        replica_rows = replicas(args, work, defaults)
     if rows:
         print(f"\nK={args.capacity} Q={args.queue} {args.latency_ms:.0f} ms (+-{args.jitter_ms:.0f}), "
               f"{args.n:,} tasks; ideal {args.capacity / args.latency_ms * 1000:.0f} tasks/s\n")
         _table(rows, args.halve_at)
     if mix_rows:
-        print(f"\nLoad-independent mix: {args.mix} (429 with Retry-After 1 s, 500, cut stream), no capacity limit, "
-              f"{args.latency_ms:.0f} ms (+-{args.jitter_ms:.0f}), {args.mix_n:,} streamed tasks\n")
+        print(f"\nLoad-independent mix: {args.mix} (429 with Retry-After 1 s, 500, cut stream; refusals "
+              f"{args.mix_refusals}), no capacity limit, {args.mix_latency_ms:.0f} ms, {args.mix_n:,} streamed "
+              f"tasks; runs past {args.cap_s:.0f} s stopped\n")
         _table(mix_rows, 0)
+    if replica_rows:
+        print(f"\nSurviving replica: two mocks K={args.replica_k} (a long queue, no 429), "
+              f"{args.replica_latency_ms:.0f} ms, {args.replica_n:,} tasks, one stopped at {args.replica_stop_at} s\n")
+        knee = replica_rows[0]["p50_s"]
+        print("| run | survivor p50 / p90 s | of its p50 at its knee | limit on it (median after) | tasks/s | failed |")
+        print("|---|---|---|---|---|---|")
+        for r in replica_rows:
+            print(f"| {r['name']} | {r['p50_s']} / {r['p90_s']} | {r['p50_s'] / knee:.2f} "
+                  f"| {r.get('limit_after', '-')} "
+                  f"| {r['tasks_per_s']} | {r['failed']} |")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-                                         "mix_rows": mix_rows}, indent=2))
+                                         "mix_rows": mix_rows, "replica_rows": replica_rows}, indent=2))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else 0.0
+
+
+def replicas(args: argparse.Namespace, work: Path, defaults: list[tuple[str, Path]]) -> list[dict[str, Any]]:
+    """The surviving-replica scenario: the knee's p50 (one mock alone at --concurrency K), then each default
+    against two, one of them stopped mid-run."""
+    n, k = args.replica_n, args.replica_k
+    tasks = work / "replica.jsonl"
+    with open(tasks, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}"}]}) + "\n")
+    knob = ["--latency-ms", str(args.replica_latency_ms), "--jitter-ms", str(args.replica_latency_ms / 10),
+            "--capacity", str(k), "--queue", "100000"]
+    rows: list[dict[str, Any]] = []
+    mock, base = _start_mock(knob)
+    try:
+        out = work / "replica_knee.run"
+        rc, err, _ = _evalsup([PY, "-m", "evalsup", "run", str(tasks), "--base-url", base + "/v1", "--model",
+                               "mock-model", "--out", str(out), "--fresh", "--quiet", "--concurrency", str(k)],
+                              ROOT, None)
+        if rc != 0:
+            raise SystemExit(f"replica knee: evalsup exited {rc}: {err[-2000:]}")
+        lat = [r["metrics"]["latency_s"] for r in _records(out)[: int(0.9 * n)] if r["error"] is None]
+        rows.append({"name": f"one replica alone, --concurrency {k} (its knee)", "p50_s": _pct(lat, 0.5),
+                     "p90_s": _pct(lat, 0.9), "tasks_per_s": None, "failed": 0})
+    finally:
+        mock.terminate()
+        mock.wait(10)
+    for dname, code in defaults:
+        for name, extra in ((dname, []), (f"{dname}, --server-metrics off", ["--server-metrics", "off"])):
+            a, base_a = _start_mock(knob)
+            b, base_b = _start_mock(knob)
+            out = work / f"replica_{_slug(name)}.run"
+            cmd = [PY, "-m", "evalsup", "run", str(tasks), "--base-url", base_a + "/v1", "--base-url",
+                   base_b + "/v1", "--model", "mock-model", "--out", str(out), "--fresh", "--quiet",
+                   "--monitor-interval", "0.5", *extra]
+            marks: dict[str, int] = {}
+
+            def stop(b: subprocess.Popen[bytes] = b, out: Path = out, marks: dict[str, int] = marks) -> None:
+                b.terminate()
+                b.wait(10)
+                marks["stop"] = _count_lines(out / "results.jsonl")
+
+            def settled(out: Path = out, marks: dict[str, int] = marks) -> None:
+                marks["settled"] = _count_lines(out / "results.jsonl")
+
+            timers = [threading.Timer(args.replica_stop_at, stop),
+                      threading.Timer(args.replica_stop_at + 3, settled)]
+            t0 = time.time()
+            for t in timers:
+                t.start()
+            try:
+                rc, err, _ = _evalsup(cmd, code, None)
+            finally:
+                for t in timers:
+                    t.cancel()
+                for m in (a, b):
+                    if m.poll() is None:
+                        m.terminate()
+                        m.wait(10)
+            wall = time.time() - t0
+            if rc != 0:
+                raise SystemExit(f"{name}: evalsup exited {rc}: {err[-2000:]}")
+            recs = _records(out)
+            after = [r["metrics"]["latency_s"] for r in recs[marks.get("settled", len(recs)): int(0.9 * n)]
+                     if r["error"] is None and r["metrics"]["endpoint"]["index"] == 0]
+            summary = json.loads((out / "summary.json").read_text())
+            lims = [lim for t, lim, d in _limits(out) if t >= t0 + args.replica_stop_at + 3 and d < 0.9 * n]
+            rows.append({"name": name, "p50_s": _pct(after, 0.5), "p90_s": _pct(after, 0.9),
+                         "tasks_per_s": round(n / wall, 1), "failed": summary.get("failed"),
+                         "limit_after": statistics.median(lims) if lims else None, "measured": len(after),
+                         "stopped_after": marks.get("stop")})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
 
 
 def _slug(name: str) -> str:

@@ -13,7 +13,8 @@ Live config (while it runs):
   GET  /_mock/config           the knobs (api_key shown as ***)
   POST /_mock/config           change any of them, e.g. {"fail_429": 0.5, "retry_after_s": 2}:
                                latency_ms, jitter_ms, response_kb, fail_500, fail_429, retry_after_s, reset,
-                               malformed, cut_stream, slow, slow_ms, seed (restarts the fault sequence), models,
+                               malformed, cut_stream, slow, slow_ms, fast_refusals,
+                               seed (restarts the fault sequence), models,
                                api_key, echo_headers_in_errors, revoked (true: every /v1 request gets 401),
                                revoke_after (N: 401 after N requests, counted from start or reset),
                                down (true: every connection is dropped, an outage)
@@ -48,6 +49,7 @@ Fault modes for clients' tests:
   a task that always fails     its line's "mock": {"status": 400} (or any status, reset, cut_stream)
   a stuck slot now and then    --slow 0.05 --slow-ms 30000: exactly 5 % of requests (evenly spaced) answered
                                after 30 s, or never if the client goes first (tail hedging, stalls)
+  a gateway's refusals         --fast-refusals: the random 429s and 500s come back at once, before the latency
   random faults                --fail-500, --fail-429, --reset, --malformed, --cut-stream (one seeded draw per
                                request)
 """
@@ -80,6 +82,9 @@ _FRACTION = click.FloatRange(0.0, 1.0)
               help="Fraction of requests answered after --slow-ms instead (exactly that share, evenly spaced): a "
                    "replica with a stuck slot now and then.")
 @click.option("--slow-ms", type=float, default=5000.0, show_default=True, help="Latency of the --slow requests.")
+@click.option("--fast-refusals", is_flag=True, default=False,
+              help="Answer the random 429s and 500s at once, before --latency-ms, as a gateway's rate limiter "
+                   "or proxy does (llmock does so): a refusal then comes back long before an answer.")
 @click.option("--api-key-env", metavar="NAME", default=None,
               help="Require \"Authorization: Bearer $NAME\" (the key is read from that variable, never printed).")
 @click.option("--api-key-header", metavar="NAME", default=None,
@@ -101,7 +106,8 @@ _FRACTION = click.FloatRange(0.0, 1.0)
                    "GRADE: C when its <answer> equals its <reference>, else GRADE: I.")
 def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: float, jitter_ms: float, response_kb: float,
          fail_500: float, fail_429: float, retry_after: float, reset: float, malformed: float,
-         cut_stream: float, slow: float, slow_ms: float, api_key_env: str | None, api_key_header: str | None,
+         cut_stream: float, slow: float, slow_ms: float, fast_refusals: bool,
+         api_key_env: str | None, api_key_header: str | None,
          basic_auth_env: str | None,
          require_query: str | None, revoke_after: int | None, seed: int, capacity: int, queue: int,
          judge: bool = False) -> None:
@@ -130,7 +136,8 @@ def mock_command(host: str, port: int, models: tuple[str, ...], latency_ms: floa
     cfg = MockConfig(basic_auth=basic, api_key_header=api_key_header, require_query=require_query,
                      latency_ms=latency_ms, jitter_ms=jitter_ms, response_kb=response_kb, fail_500=fail_500,
                      fail_429=fail_429, retry_after_s=retry_after, reset=reset, malformed=malformed,
-                     cut_stream=cut_stream, slow=slow, slow_ms=slow_ms, seed=seed,
+                     cut_stream=cut_stream, slow=slow, slow_ms=slow_ms, fast_refusals=fast_refusals,
+                     seed=seed,
                      models=models or ("mock-model",), api_key=key, revoke_after=revoke_after, capacity=capacity,
                      queue=queue, judge=judge)
     serve_forever(cfg, host, port)

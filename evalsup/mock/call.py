@@ -82,6 +82,11 @@ class Call:
         if ov.invalid_first is not None and C.assistant_turns(body) < ov.invalid_first:
             ov = dataclasses.replace(ov, text=C.INVALID_JSON)  # not yet asked again enough times: invalid JSON
         self.override = ov
+        if self.cfg.fast_refusals and not ov.has_fault:  # a gateway's refusal: before the server's latency
+            fault = FaultInjector.fault_for(self.cfg, u)
+            if fault in (Fault.ERROR_429, Fault.ERROR_500):
+                self.fault = fault
+                return self.random_fault()
         slow = state.faults.slow_s(self.cfg) if ov.delay_s is None else None  # (an explicit delay_s wins)
         if slow is not None:  # one of the slow share: answered late, or never if the client goes first
             self.state.stats.fault("slow")

@@ -22,6 +22,8 @@ class MockConfig:
     # exactly that share, evenly spaced in arrival order (every 4th at 0.25), so a test knows how many
     slow: float = 0.0
     slow_ms: float = 5000.0
+    # the random 429s and 500s answered at once, before the latency, as a gateway's limiter does (llmock too)
+    fast_refusals: bool = False
     seed: int = 0
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
@@ -93,7 +95,7 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if name == "basic_auth" and value is not None and ":" not in value:
                 raise ValueError("basic_auth must be 'user:password'")
             changes[name] = value
-        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge"):
+        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge", "fast_refusals"):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a boolean")
             changes[name] = value

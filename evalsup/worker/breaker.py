@@ -2,42 +2,84 @@
 
 Evidence is the connection itself refused, or endpoint-side failures (resets, timeouts, 500/502/503/504) of
 ``spread`` distinct tasks with no success in between: one task that always fails is that task's problem, and
-uses up its own attempts. On evidence the worker trips and tells the supervisor, which opens the breaker for
-every worker and checks the endpoint with a request of its own (GET /models), never with a parked task.
-While open, no request starts, and a request whose attempt failed endpoint-side is parked. On close the
-supervisor says whether the endpoint had been down (a probe failed): then the parked attempts are not
-counted against --max-attempts (no task pays for an outage); if it was up after all, they are.
+uses up its own attempts. Where a steady share of requests fails whatever happens (a flaky proxy, a server
+that cuts one stream in five, issue 28), a run of failures is no news: the spread needed grows with the share
+of endpoint-side failures among the last answers (as measured at the last success, so an outage's own failures
+do not raise it), until such a run has less than ``chance`` (1 in 10,000) of happening by luck (at most
+``max_spread``; at the start, with no answer seen, that many). And then a run of failures must last as long
+as an answer takes (the mean latency of the last successes): refusals and 500s that come back at once, while
+the answers to requests sent with them are still on their way, are not "no success in between".
+
+On evidence the worker trips and tells the supervisor, which opens the breaker for every worker and checks
+the endpoint with a request of its own (GET /models), never with a parked task. While open, no request
+starts, and a request whose attempt failed endpoint-side is parked. On close the supervisor says whether the
+endpoint had been down (a probe failed): then the parked attempts are not counted against --max-attempts (no
+task pays for an outage); if it was up after all, they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from collections import deque
 
 
 class LocalBreaker:
-    def __init__(self, spread: int = 3) -> None:
+    def __init__(self, spread: int = 3, history: int = 50, chance: float = 1e-4, max_spread: int = 12) -> None:
         self.spread = spread
+        self.chance = chance
+        self.max_spread = max_spread
+        self._answers: deque[bool] = deque(maxlen=history)  # the last answers: failed endpoint-side (True) or not
+        self.need = self._need()  # distinct failing tasks that trip it now (``spread``, more on a steady share)
         self.failing: set[int] = set()  # distinct tasks failing endpoint-side since the last success
+        self._streak_at = 0.0  # when the first of them failed
+        self.answer_s = 0.0  # how long an answer takes (the mean latency of the last successes)
+        self._served = 0
         self.open = False
         self.tripped = False  # we told the supervisor; reset on close
         self.was_down = False  # how the last opening ended: the endpoint had been down
         self._closed = asyncio.Event()
         self._closed.set()
 
-    def record(self, key: int, endpoint_side: bool, refused: bool = False) -> bool:
-        """Record one failed attempt of task ``key``; True when this worker should now trip."""
+    def record(self, key: int, endpoint_side: bool, refused: bool = False, now: float | None = None) -> bool:
+        """Record one failed attempt of task ``key`` (at ``now``, monotonic); True when this worker should now
+        trip."""
         if not endpoint_side:
             return False
+        now = time.monotonic() if now is None else now
+        if not self.failing:
+            self._streak_at = now
         self.failing.add(key)
         if self.tripped or self.open:
             return False
-        if refused or len(self.failing) >= self.spread:
+        self._answers.append(True)
+        # (on a clean history at once, as before: an outage's first failures cost no task an attempt)
+        if refused or (len(self.failing) >= self.need
+                       and (self.need <= self.spread or now - self._streak_at >= self.answer_s)):
             self.tripped = True
             return True
         return False
 
-    def success(self) -> None:
+    def success(self, latency_s: float = 0.0) -> None:
+        """An answer served, after ``latency_s``."""
+        self.answer_s += (latency_s - self.answer_s) * (0.2 if self._served else 1.0)
+        self._served += 1
         self.failing.clear()
+        self._answers.append(False)
+        self.need = self._need()
+
+    def _need(self) -> int:
+        """The run of failing tasks that a steady share of failures makes less likely than ``chance``: at least
+        ``spread``, at most ``max_spread``. The share is the last answers' with one failure and one success
+        more (Laplace's rule): at the start, with nothing seen, it is taken for even (a burst of fast 500s
+        among the first requests is not an outage: the connection check has just seen the endpoint up); after
+        a few dozen clean answers it is small and three tasks trip it, as before."""
+        n = len(self._answers)
+        share = (sum(self._answers) + 1) / (n + 2)
+        if share >= 0.9:
+            return self.max_spread
+        return max(self.spread, min(self.max_spread, math.ceil(math.log(self.chance) / math.log(share))))
 
     def set_open(self, is_open: bool, was_down: bool = False) -> None:
         self.open = is_open

@@ -82,7 +82,7 @@ class Endpoint:
     def succeeded(self, sent_at: float, last: tuple[str, str] | None) -> None:
         """A request sent at ``sent_at`` for ``last`` (path, model) was answered: evidence it serves, and that
         refusals of the key received before it was sent were those tasks' own."""
-        self.breaker.success()
+        self.breaker.success(time.monotonic() - sent_at)
         self.auth.success(sent_at)
         if last is not None:
             self.last_ok = last

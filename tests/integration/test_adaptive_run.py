@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import assert_exactly_once, run_cli, write_tasks
+from tests.harness import assert_exactly_once, run_cli, summary, write_tasks
 
 
 def _limits(run_dir: Path) -> list[int]:
@@ -78,3 +78,25 @@ def test_a_task_resting_in_a_retry_back_off_holds_no_adaptive_slot(tmp_path: Pat
     # 0.5, 1 and 2 s); had the resting held the 16 slots, half the flaky tasks would have ended first
     order = [x["custom_id"] for x in recs]
     assert {x[0] for x in order[:30]} == {"t"}, order
+
+
+def test_refusals_that_do_not_depend_on_the_load_do_not_hold_the_limit_at_one(tmp_path: Path) -> None:
+    """Issue 28: a server that refuses 30 % (429, Retry-After) at once whatever the load, fails 10 % (500) and
+    cuts 10 % of streams. The old rule cut on every refusal and sat at `limit 1` for the whole run (the breaker
+    opening a dozen times); the limit now stays where it began or above, and the breaker stays shut."""
+    cfg = MockConfig(latency_ms=20, jitter_ms=5, fast_refusals=True, fail_429=0.3, fail_500=0.1, cut_stream=0.1,
+                     retry_after_s=0.2)
+    with MockThread(cfg) as m:
+        tasks = write_tasks(tmp_path / "t.jsonl", 200)
+        # (3 attempts: a task's back-offs, 0.5 s doubling, would make the run's tail, not its pace)
+        r = run_cli("run", "-w", "1", "--stream", "--max-attempts", "3", "--monitor-interval", "0.1", "--model",
+                    "mock-model", "--base-url", m.url, str(tasks))
+        assert r.returncode == 0, r.stderr
+        stats = m.stats()
+    assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(200)})
+    assert stats["statuses"].get("429", 0) > 50  # the refusals were there
+    limits = _limits(tmp_path / "t.run")
+    busy = limits[: max(1, len(limits) * 3 // 4)]  # (the tail is application-limited)
+    # the median: not cut down to 1 (the old rule's median was 1; on a machine with other work it is 12-64 now)
+    assert sorted(busy)[len(busy) // 2] >= 8, limits
+    assert (summary(tmp_path / "t.run").get("breaker") or {}).get("opened", 0) <= 1
