@@ -164,14 +164,13 @@ class Worker:
             oc = from_cache(hit, whole=self.reads_bodies or checked)
             if checked and not valid_hit(body, self.cfg.response_schema, oc):
                 oc = hit = None  # kept before the schema applied (or under another): asked again, as a miss
-        if oc is not None:
-            pass
-        elif self.hedger is None:
-            oc = await self._execute(client, url, body, key)
-        else:  # its copies race (worker.race): one outcome, the other copy cancelled
-            eps = self.endpoints.all
-            oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
-                client, url, body, key, None if avoid is None else eps[avoid]))
+        if oc is None:
+            if self.hedger is None:
+                oc = await self._execute(client, url, body, key)
+            else:  # its copies race (worker.race): one outcome, the other copy cancelled
+                eps = self.endpoints.all
+                oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
+                    client, url, body, key, None if avoid is None else eps[avoid]))
         reasks = None
         reask_usage = None
         if hit is None and oc.error is None and checked:
