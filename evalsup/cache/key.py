@@ -3,7 +3,9 @@
 The canonical form is the request body with its keys sorted and its numbers in one format (a float that is a
 whole number is that integer: ``1``, ``1.0`` and ``1.00`` are one key; others are written as orjson writes the
 shortest round-trip repr), without what does not change the answer (``stream``, ``stream_options``, ``user``), beside
-the endpoint path and the model identity. A sampled request (temperature above 0, or none given, since the
+the endpoint path and the model identity, and the run's JSON schema (``--response-schema``, validated in the
+worker and never sent: an answer kept without it, or under another, is not this run's answer; a task's own
+``response_format`` is in its body already). A sampled request (temperature above 0, or none given, since the
 servers' default is 1; or ``n`` above 1) also carries the task's id, so each task keeps its own sample and a
 rerun gets the same samples back; ``salt`` (``--cache-salt``) asks for new ones. Pure: no I/O.
 """
@@ -52,11 +54,13 @@ def sampled(path: str, body: dict[str, Any]) -> bool:
 @dataclass(frozen=True, slots=True)
 class KeyMaker:
     """The run's way to a key: ``model_id`` (``--cache-model-id``: replaces the body's ``model``, so replicas
-    under other names share entries), the endpoints (the identity of a body without a ``model``), ``salt``."""
+    under other names share entries), the endpoints (the identity of a body without a ``model``), ``salt``,
+    ``schema`` (--response-schema when it is validated: ``schema_in_key``)."""
 
     model_id: str | None = None
     endpoints: Sequence[str] = ()
     salt: str = ""
+    schema: dict[str, Any] | None = None
 
     def identity(self, body: dict[str, Any]) -> str:
         """The model identity: --cache-model-id, else the body's ``model``, else the endpoints' public URLs
@@ -76,6 +80,8 @@ class KeyMaker:
             form["sample"] = task_id
         if self.salt:
             form["salt"] = self.salt
+        if self.schema is not None:
+            form["schema"] = self.schema
         try:
             # most bodies hold no whole-number float (orjson writes one, below 2**53, as "N.0"): without ".0" in
             # the bytes, normalising would change nothing, so the walk over the body is skipped (same bytes)
@@ -93,3 +99,8 @@ class KeyMaker:
     def key(self, path: str, body: dict[str, Any], task_id: str) -> bytes:
         """The 32-byte key of task ``task_id``'s request ``body`` at ``path``."""
         return hashlib.sha256(self.canonical(path, body, task_id)).digest()
+
+
+def schema_in_key(response_schema: dict[str, Any] | None, validate: bool) -> dict[str, Any] | None:
+    """The run's schema as the key holds it: --response-schema's, when answers are validated (else None)."""
+    return response_schema if validate else None

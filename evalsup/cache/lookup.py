@@ -23,8 +23,8 @@ class CacheReader:
     answer replaces the one kept)."""
 
     def __init__(self, directory: Path, mode: str, model_id: str | None, endpoints: Sequence[str], salt: str,
-                 keep_length: bool) -> None:
-        self.keys = KeyMaker(model_id, tuple(endpoints), salt)
+                 keep_length: bool, schema: dict[str, Any] | None = None) -> None:
+        self.keys = KeyMaker(model_id, tuple(endpoints), salt, schema)
         self.reads = mode in ("rw", "ro")
         self.keeps = mode in ("rw", "refresh")
         self.keep_length = keep_length

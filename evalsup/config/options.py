@@ -265,7 +265,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "head block may set the grade's pattern and values (README: model-graded scoring). Default: is "
                 "the answer correct given the reference, graded GRADE: C (1) or GRADE: I (0)."),
     Option("judge_concurrency", ("--judge-concurrency",), "int", 16, lo=1, hi=100_000, show_default=True,
-           help="--scorer judge: judge requests in flight at most, in all (split among the workers)."),
+           help="--scorer judge: judge requests in flight at most, in all (split among the workers running)."),
     Option("judge_max_tokens", ("--judge-max-tokens",), "int", lo=1,
            help="--scorer judge: max_tokens of the judge's requests (default: the judge's own)."),
     Option("judge_timeout", ("--judge-timeout",), "float", 900.0, show_default=True,
@@ -285,7 +285,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Scores per group too: the value of this key of each task's metadata (e.g. metadata.subject), in "
                 "the summary, summary.json, the report and Prometheus (at most 10,000 groups, then '(other)'). "
                 "Recorded in run.json: a resume without it groups as before; another value on a resume is taken "
-                "(it changes no request), 'off' stops grouping."),
+                "(it changes no request; the summary groups that session's records, the report the whole run's), "
+                "'off' stops grouping."),
     Option("response_schema", ("--response-schema",), "file", metavar="SCHEMA.json",
            help="Validate each answer's text as JSON against this JSON schema (a task's own response_format "
                 "json_schema is validated without it, by default); an invalid answer is asked again with the "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -107,6 +106,12 @@ class RunConfig:
         base, rest = divmod(self.concurrency, n)
         return [base + (1 if i < rest else 0) for i in range(n)]
 
+    def judge_share(self, workers: int) -> list[int]:
+        """--judge-concurrency (the run's) split evenly among the ``workers`` running (the first take the
+        remainder; each at least 1): the supervisor gives each its share at spawn and as workers are added."""
+        base, rest = divmod(self.worker.judge_concurrency, workers)
+        return [max(1, base + (1 if i < rest else 0)) for i in range(workers)]
+
     def window_for(self, concurrency: int) -> int:
         return self.window if self.window > 0 else max(2, 2 * concurrency)
 
@@ -187,8 +192,6 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         # no more workers than requests in flight: each holds at least one, so -c 1 would mean 4 on the wire
         workers = min(workers, kw["max_concurrency"] if adaptive else kw["concurrency"])
     shard = parse_shard(kw["shard"])
-    if wc.judge_base_url is not None:  # --judge-concurrency is the run's: each worker its share
-        wc = dataclasses.replace(wc, judge_concurrency=max(1, math.ceil(kw["judge_concurrency"] / workers)))
     try:
         caps = parse_caps(kw["max_cost"], kw["max_completion_tokens_total"], kw["max_total_tokens"], shard)
     except CapError as e:
@@ -313,7 +316,7 @@ def _with_judge(wc: WorkerConfig, kw: dict[str, Any]) -> tuple[WorkerConfig, str
     return dataclasses.replace(
         wc, judge_base_url=url, judge_model=model, judge_api_key_env=env or None,
         judge_template=None if path is None else template.text, judge_timeout_s=kw["judge_timeout"],
-        judge_max_tokens=kw["judge_max_tokens"]), path
+        judge_max_tokens=kw["judge_max_tokens"], judge_concurrency=kw["judge_concurrency"]), path
 
 
 CACHE_ENV = "EVALSUP_CACHE"  # the cache directory when --cache is left out

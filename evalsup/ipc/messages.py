@@ -42,6 +42,8 @@ class ResultMeta(TypedDict):
     st: NotRequired[int]  # attempts abandoned as stalled (timeout_stall, on the supervisor's STALL); absent: 0
     g: NotRequired[str]  # the task's group (--group-by metadata.KEY): its scores are counted per group too
     rk: NotRequired[int]  # re-asks for an answer that failed --response-schema (metrics.reasks); absent: 0
+    rpt: NotRequired[int]  # the prompt tokens of the answers asked again (metrics.reask_usage), beside ``pt``
+    rct: NotRequired[int]  # their completion tokens
     hg: NotRequired[int]  # hedged (--hedge): 1, the first copy's answer is the record; 2, the second's; absent: not
     jpt: NotRequired[int]  # the judge's prompt tokens for this task (--scorer judge), apart from ``pt``
     jct: NotRequired[int]  # the judge's completion tokens
@@ -118,6 +120,7 @@ class Leaks(TypedDict):
 
 class Limit(TypedDict):
     inflight: int  # LIMIT: cap on requests in flight in this worker
+    judge: NotRequired[int]  # its share of --judge-concurrency (--scorer judge), as workers are added
 
 
 class Rate(TypedDict):
@@ -191,7 +194,7 @@ class WorkerConfig:
     judge_model: str | None = None
     judge_api_key_env: str | None = None
     judge_template: str | None = None
-    judge_concurrency: int = 16  # judge requests in flight in this worker at most
+    judge_concurrency: int = 16  # --judge-concurrency, the run's; CONFIG at spawn: this worker's share of it
     judge_timeout_s: float = 900.0  # the most one task's judging may take (attempts, outages); then a scorer error
     judge_max_tokens: int | None = None
     # the answer cache (issue 30, evalsup.cache): its directory (None: off), --cache-mode, --cache-model-id,

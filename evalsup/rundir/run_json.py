@@ -17,7 +17,8 @@ comparison alike. The endpoint's path is not a flag that can be left out (the en
 A few settings change no request and no record, only how the summary reads them (``FREE``: ``--group-by``):
 they are recorded and, left out, restored like the others, but another value on a resume is no change to
 refuse: it is taken, and run.json keeps it for the next resume (the summary, summary.json and Prometheus group
-the whole run's records by it; ``evalsup report --group-by`` regroups any run afterwards).
+this session's records by it, as their scores are this session's; the report, which reads every record, groups
+the whole run by it, and ``evalsup report --group-by`` regroups any run afterwards).
 """
 
 from __future__ import annotations

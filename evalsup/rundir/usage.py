@@ -46,19 +46,39 @@ def _count(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
+def _reasked(u: Usage, rec: dict[str, Any], body: Any, price_of: Callable[[str | None], Priced | None],
+             fallback_model: str | None) -> None:
+    """The answers asked again for a JSON schema (``metrics.reask_usage``) were paid beside the record's own: their
+    tokens spent, priced as the record's answer (its model, else ``fallback_model``)."""
+    metrics = rec.get("metrics")
+    ru = metrics.get("reask_usage") if isinstance(metrics, dict) else None
+    if not isinstance(ru, dict):
+        return
+    pt, ct = _count(ru.get("prompt_tokens")), _count(ru.get("completion_tokens"))
+    u.prompt_tokens += pt
+    u.completion_tokens += ct
+    model = body.get("model") if isinstance(body, dict) and isinstance(body.get("model"), str) else None
+    price = price_of(model) if model else None
+    if price is None and fallback_model:
+        price = price_of(fallback_model)
+    if price is not None:
+        u.cost += price.cost(pt, ct)
+
+
 def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None],
                      fallback_model: str | None = None, judge_price: Priced | None = None) -> Usage:
     """The usage of every complete record of ``path`` (none: an empty Usage). A record's cost is priced by the
     model its answer names, else ``fallback_model`` (the run's --model); an answer from the cache is not spend.
     With ``judge_price`` (--scorer judge, a judge model with a price) the judge's tokens of each record
-    (``score_detail.judge.usage``) are spent too, as the run's budget counts them. Raises RunDirDamaged on a
-    bad line."""
+    (``score_detail.judge.usage``) are spent too, as the run's budget counts them; so are the answers asked
+    again for a JSON schema (``metrics.reask_usage``). Raises RunDirDamaged on a bad line."""
     u = Usage(unpriced_models=set())
     if not path.is_file():
         return u
     for _, _, rec in iter_records(path):
         u.records += 1
         body: Any = (rec.get("response") or {}).get("body")
+        _reasked(u, rec, body, price_of, fallback_model)
         usage = body.get("usage") if isinstance(body, dict) else None
         if not isinstance(usage, dict):
             continue

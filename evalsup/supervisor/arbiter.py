@@ -38,7 +38,7 @@ from typing import Any, cast
 import orjson
 
 from evalsup.cache.feed import CacheFeed
-from evalsup.cache.key import KeyMaker
+from evalsup.cache.key import KeyMaker, schema_in_key
 from evalsup.cache.known import CachedTally, KnownAnswers, Pending, request_key
 from evalsup.common.process import quiet_gc
 from evalsup.common.text import fmt_duration
@@ -233,7 +233,8 @@ class Supervisor:
         """The pre-scan's eye for the estimate at the start (issue 30): each of this shard's lines counted (with
         a cache, looked up in it first, in batches)."""
         shard, lookup, defaults, w = self.cfg.shard, self.prices.lookup, self.defaults, self.cfg.worker
-        keys = KeyMaker(w.cache_model_id, tuple(w.endpoints), w.cache_salt)
+        keys = KeyMaker(w.cache_model_id, tuple(w.endpoints), w.cache_salt,
+                        schema_in_key(w.response_schema, w.validate_schema))
         anthropic = w.batch is not None and w.batch.get("provider") == "anthropic"
         sent = RequestDefaults(w.model, w.max_tokens, w.temperature)  # what the batch driver fills in
 
@@ -337,6 +338,8 @@ class Supervisor:
         start = max((x.conc_limit for x in self.workers if x.slot == slot), default=0)
         config = self.cfg.worker.to_wire() | {"concurrency": conc, "limit": self._worker_cap(w),
                                               "adaptive_start": start}
+        if self.cfg.worker.judge_base_url is not None:  # its share of --judge-concurrency among the workers running
+            config["judge_concurrency"] = self.cfg.judge_share(self.active)[slot]
         await w.spawn(config, lambda kind, payload: self._on_frame(w, kind, payload), self.frame_buffers,
                       ring_size_from_env(self.active))  # a first worker alone gets all of the rings' budget
         if self.memory is not None:
@@ -566,8 +569,12 @@ class Supervisor:
             self.send(w, FrameKind.RATE, share)
 
     def _send_limits(self, workers: Iterable[WorkerHandle]) -> None:
+        judge = self.cfg.judge_share(self.active) if self.cfg.worker.judge_base_url is not None else None
         for w in workers:
-            self.send(w, FrameKind.LIMIT, {"inflight": self._worker_cap(w)})
+            limit: dict[str, int] = {"inflight": self._worker_cap(w)}
+            if judge is not None and w.slot < len(judge):  # --scorer judge: its share among the workers running
+                limit["judge"] = judge[w.slot]
+            self.send(w, FrameKind.LIMIT, limit)
 
     def _worker_cap(self, w: WorkerHandle) -> int:
         """Requests w may have in flight: its share, less under the memory control's cap."""
@@ -1005,8 +1012,9 @@ class Supervisor:
             self.log(note, "warning")
         if self.budget is not None:
             paid = meta.get("ca") != "h"  # an answer from the cache cost nothing: its reservation is given back
-            self.budget.settle(ref.offset, int(meta.get("pt") or 0) if paid else 0,
-                               int(meta.get("ct") or 0) if paid else 0)
+            # a re-asked answer's earlier requests (a JSON schema) were paid too: spent with the last one
+            self.budget.settle(ref.offset, int(meta.get("pt") or 0) + int(meta.get("rpt") or 0) if paid else 0,
+                               int(meta.get("ct") or 0) + int(meta.get("rct") or 0) if paid else 0)
             if "jpt" in meta or "jct" in meta:  # the judge's tokens (--scorer judge): spent when the judge has a price
                 jprice = self.prices.lookup(self.cfg.worker.judge_model)
                 if jprice is not None:
@@ -1018,7 +1026,7 @@ class Supervisor:
             self.metrics.on_cache(meta["ca"])
         self.stall.result(time.monotonic())
         if self.metrics is not None:
-            self.metrics.on_result(meta["ok"], float(meta["lat"]), meta.get("ttft"), int(meta["rt"]), meta.get("hg"))
+            self.metrics.on_result(meta)
         if self.memory is not None and meta["ok"]:
             self.memory.budget.observe(int(meta.get("rb", 0)))
         w.done += 1

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from evalsup.common.states import EndpointState
+from evalsup.ipc.messages import ResultMeta
 from evalsup.scoring.groups import GroupedScores
 from evalsup.scoring.scorers import ScoreStats
 from evalsup.supervisor.limits import EndpointLoad
@@ -78,14 +79,20 @@ class Metrics:
     def serve(self, host: str, port: int) -> Any:
         return start_http_server(port, addr=host, registry=self.registry)
 
-    def on_result(self, ok: bool, latency: float, ttft: float | None, retries: int, hedge: int | None = None) -> None:
-        """One record written; ``hedge``: its RESULT's ``hg`` (1: hedged, the first copy answered; 2: the second)."""
-        self.tasks.labels("succeeded" if ok else "failed").inc()
+    def on_result(self, meta: ResultMeta) -> None:
+        """One record written (its RESULT frame's meta): counted, its latency observed unless it was answered
+        from the cache (no request: the summary and the report skip it too); its ``hg`` (1: hedged, the first
+        copy answered; 2: the second)."""
+        self.tasks.labels("succeeded" if meta["ok"] else "failed").inc()
+        hedge = meta.get("hg")
         if hedge:
             self.hedges.inc()
             if hedge == 2:
                 self.hedges_won.inc()
-        self.latency.observe(latency)
+        if meta.get("ca") != "h":
+            self.latency.observe(float(meta["lat"]))
+        ttft = meta.get("ttft")
+        retries = int(meta["rt"])
         if ttft is not None:
             self.ttft.observe(ttft)
         if retries:

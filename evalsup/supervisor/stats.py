@@ -126,8 +126,9 @@ class RunStats:
             self.scores.add(scores or {}, meta.get("us", ()))
         if "chk" in meta:
             self.bodies_checked += 1
-        self.prompt_tokens += int(meta.get("pt") or 0)
-        self.completion_tokens += int(meta.get("ct") or 0)
+        # the tokens of every request the task made: a re-asked answer's earlier ones too (rpt, rct)
+        self.prompt_tokens += int(meta.get("pt") or 0) + int(meta.get("rpt") or 0)
+        self.completion_tokens += int(meta.get("ct") or 0) + int(meta.get("rct") or 0)
         if "jpt" in meta or "jct" in meta:
             self.judged += 1
             self.judge_prompt_tokens += int(meta.get("jpt") or 0)

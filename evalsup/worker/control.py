@@ -1,12 +1,12 @@
 """The supervisor's frames to a worker, one handler per kind (``Control.handlers``, a ``{FrameKind: handler}`` table).
 
 TASK queues a task (``schedule.Schedule``); the rest steer the worker: PAUSE/RESUME (the memory throttle), LIMIT
-(the supervisor's cap on requests in flight), RATE (this worker's share of the rate limits, global and per
-endpoint), BREAKER_OPEN/BREAKER_CLOSE (an endpoint ejected, left out, or back), PROBE (the breaker asks this
-worker to probe an endpoint), RELEASE (a ring line written), DRAIN (finish what is in flight, hand the rest back),
-STALL (abandon the attempts on the wire for at least so many seconds: they fail as ``timeout_stall`` and retry).
-Payloads are typed in ``ipc.messages``. No handler waits: the read loop calls them in order, then starts
-whatever may start (``Schedule.pump``).
+(the supervisor's cap on requests in flight, and the judge's share of --judge-concurrency), RATE (this worker's
+share of the rate limits, global and per endpoint), BREAKER_OPEN/BREAKER_CLOSE (an endpoint ejected, left out, or
+back), PROBE (the breaker asks this worker to probe an endpoint), RELEASE (a ring line written), DRAIN (finish what
+is in flight, hand the rest back), STALL (abandon the attempts on the wire for at least so many seconds: they fail
+as ``timeout_stall`` and retry). Payloads are typed in ``ipc.messages``. No handler waits: the read loop calls them
+in order, then starts whatever may start (``Schedule.pump``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from evalsup.worker.schedule import Schedule
 class Control:
     def __init__(self, schedule: Schedule, endpoints: EndpointPool, pacer: Pacer, outbox: Outbox,
                  probe: Callable[[int], None], drain: Callable[[], None], report: Callable[[], str],
-                 abandon: Callable[[float, float], int] = lambda age, now: 0) -> None:
+                 abandon: Callable[[float, float], int] = lambda age, now: 0,
+                 judge_limit: Callable[[int], None] = lambda n: None) -> None:
         self.schedule = schedule
         self.endpoints = endpoints
         self.pacer = pacer
@@ -34,6 +35,7 @@ class Control:
         self.drain = drain  # the worker drains: it ends once nothing is queued or in flight
         self.report = report  # the leak report's text (DRAIN with "report")
         self.abandon = abandon  # cuts the attempts on the wire that long (Client.abandon): STALL
+        self.judge_limit = judge_limit  # LIMIT's "judge": this worker's share of --judge-concurrency (Judge.resize)
         self.handlers: dict[FrameKind, Callable[[memoryview], None]] = {
             FrameKind.TASK: self.task, FrameKind.RELEASE: self.release, FrameKind.PAUSE: self.pause,
             FrameKind.RESUME: self.resume, FrameKind.RATE: self.rate, FrameKind.BREAKER_OPEN: self.breaker_open,
@@ -77,7 +79,10 @@ class Control:
         self.probe(int(decode_json(payload).get("e", 0)) if payload else 0)
 
     def limit(self, payload: memoryview) -> None:
-        self.schedule.set_limit(int(decode_json(payload)["inflight"]))
+        got = decode_json(payload)
+        self.schedule.set_limit(int(got["inflight"]))
+        if "judge" in got:
+            self.judge_limit(int(got["judge"]))
 
     def stall(self, payload: memoryview) -> None:
         """The run saw no result for --stall-after: cut every attempt on the wire that long (ipc.messages.Stall)."""

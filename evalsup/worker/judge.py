@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,44 @@ class JudgeSettings:
     max_response_bytes: int = 64 << 20
 
 
+class Slots:
+    """The judge's requests in flight in this worker: at most ``limit``, which may change while they are out (a
+    smaller limit lets no new one start until enough have ended)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.busy = 0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    def resize(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.limit - self.busy
+        while free > 0 and self._waiting:
+            f = self._waiting.popleft()
+            if not f.done():
+                f.set_result(None)
+                free -= 1
+
+    async def __aenter__(self) -> None:
+        while self.busy >= self.limit:
+            f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(f)
+            try:
+                await f
+            except asyncio.CancelledError:
+                if f.done() and not f.cancelled():
+                    self._wake()  # woken, then cancelled: the turn goes to the next one
+                raise
+        self.busy += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.busy -= 1
+        self._wake()
+
+
 class Judge:
     def __init__(self, s: JudgeSettings, session: aiohttp.ClientSession, on_fatal: Callable[[str], None],
                  seed: int = 0) -> None:
@@ -63,9 +102,9 @@ class Judge:
                              max_limited_s=s.max_rate_limited_s)
         self.client = Client(session, self.pool, policy, s.max_response_bytes, seed=seed,
                              pacer=Pacer(random.Random(seed)), on_trip=self._tripped, on_probe=self._probed,
-                             secret=s.key, on_auth=self._key_lost, on_local=on_fatal, cap=lambda: s.concurrency)
+                             secret=s.key, on_auth=self._key_lost, on_local=on_fatal, cap=lambda: self.slots.limit)
         self.client.secrets += [v.encode() for v in url_secrets(s.url)]
-        self.slots = asyncio.Semaphore(max(1, s.concurrency))
+        self.slots = Slots(s.concurrency)
         self._probe_in = PROBE_S[0]
         self._bg: set[asyncio.Task[Any]] = set()
         self.trips = 0
@@ -124,6 +163,10 @@ class Judge:
             return verdict_of(self.s.template, None, usage,
                               f"the judge's request failed: {oc.error['code']}: {oc.error.get('message', '')}")
         return verdict_of(self.s.template, response_text(oc.parsed), usage)
+
+    def resize(self, n: int) -> None:
+        """This worker's share of --judge-concurrency changed (workers added: the supervisor's LIMIT)."""
+        self.slots.resize(n)
 
     def close(self) -> None:
         for t in self._bg:

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from evalsup.cache.key import schema_in_key
 from evalsup.cache.lookup import CacheReader
 from evalsup.cache.store import Entry
 from evalsup.common.process import quiet_gc
@@ -83,11 +84,14 @@ class Worker:
             self.scoring = Scoring(specs, opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.judge: Judge | None = None
         self.judging = JUDGE in cfg.scorers
+        # an answer's body is read whole (parsed), not only checked, when something reads its text
+        self.reads_bodies = self.scoring is not None or self.plugin is not None or self.judging
         self.group_path = parse_group_by(cfg.group_by) if cfg.group_by else None  # --group-by metadata.KEY
         self.pid = os.getpid()
         # the answer cache (issue 30): read here, before a request is paced or sent; kept by the supervisor
         self.cache = CacheReader(Path(cfg.cache_dir), cfg.cache_mode, cfg.cache_model_id, cfg.endpoints,
-                                 cfg.cache_salt, cfg.cache_length) if cfg.cache_dir else None
+                                 cfg.cache_salt, cfg.cache_length,
+                                 schema_in_key(cfg.response_schema, cfg.validate_schema)) if cfg.cache_dir else None
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         # --hedge (issue 28): a task's request may get a second copy in the tail of the run (worker.race)
@@ -95,7 +99,8 @@ class Worker:
         self._bg: set[asyncio.Task[Any]] = set()
         self.control = Control(self.schedule, self.endpoints, self.pacer, self.outbox, self._probe, self._drain,
                                lambda: leak_report(self.pid, self.done),
-                               lambda age, now: self.client.abandon(age, now) if self.client else 0)
+                               lambda age, now: self.client.abandon(age, now) if self.client else 0,
+                               lambda n: self.judge.resize(n) if self.judge is not None else None)
 
     def _pump(self) -> None:
         """Start every task that may start now (``Schedule.pump``); their STARTED notes go out within the delay."""
@@ -152,18 +157,24 @@ class Worker:
             if cache.reads:
                 hit = cache.get(ck)
         hedge: bool | None = None  # hedged: whether the second copy's answer is the record
+        checked = self.cfg.validate_schema and (
+            self.cfg.response_schema is not None or "response_format" in body or "text" in body)
+        oc: Outcome | None = None
         if hit is not None:  # answered from the cache: no request, no rate budget
-            oc = from_cache(hit, whole=self.scoring is not None or self.plugin is not None)
-        elif self.hedger is None:
-            oc = await self._execute(client, url, body, key)
-        else:  # its copies race (worker.race): one outcome, the other copy cancelled
-            eps = self.endpoints.all
-            oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
-                client, url, body, key, None if avoid is None else eps[avoid]))
+            oc = from_cache(hit, whole=self.reads_bodies or checked)
+            if checked and not valid_hit(body, self.cfg.response_schema, oc):
+                oc = hit = None  # kept before the schema applied (or under another): asked again, as a miss
+        if oc is None:
+            if self.hedger is None:
+                oc = await self._execute(client, url, body, key)
+            else:  # its copies race (worker.race): one outcome, the other copy cancelled
+                eps = self.endpoints.all
+                oc, hedge = await self.hedger.run(key, lambda avoid: self._execute(
+                    client, url, body, key, None if avoid is None else eps[avoid]))
         reasks = None
-        if hit is None and oc.error is None and self.cfg.validate_schema and (
-                self.cfg.response_schema is not None or "response_format" in body or "text" in body):
-            oc, reasks = await self.structured(url, body, key, oc)
+        reask_usage = None
+        if hit is None and oc.error is None and checked:
+            oc, reasks, reask_usage = await self.structured(url, body, key, oc)
         if self.plugin is not None:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
@@ -189,32 +200,39 @@ class Worker:
             else:
                 note = records.CacheNote(ck.hex(), False)
         return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, hedge=hedge,
-                             judge_tokens=judged, group=group, reasks=reasks, cache=note)
+                             judge_tokens=judged, group=group, reasks=reasks, reask_usage=reask_usage, cache=note)
 
-    async def structured(self, url: str, body: dict[str, Any], key: int, oc: Outcome) -> tuple[Outcome, int | None]:
+    async def structured(self, url: str, body: dict[str, Any], key: int,
+                         oc: Outcome) -> tuple[Outcome, int | None, tuple[int, int] | None]:
         """An answer that must follow a JSON schema (--response-schema, or the request's own): asked again with
         the validation error (``reask``) up to --max-reasks times, through the same client; still invalid, the
         record's error is schema_invalid. Returns the last outcome (time and retries summed over all the
-        requests, attempts the most one request took) and the re-asks made (None: the task has no schema)."""
+        requests, attempts the most one request took), the re-asks made (None: the task has no schema) and the
+        (prompt, completion) tokens of the requests before the last (None: no re-ask), which the caps spend."""
         client = self.client
         assert client is not None
         try:
             schema = reask.schema_for(body, self.cfg.response_schema)
         except SchemaError as e:
-            return dataclasses.replace(oc, error=reask.bad_schema(e)), 0
+            return dataclasses.replace(oc, error=reask.bad_schema(e)), 0, None
         if schema is None:
-            return oc, None
+            return oc, None, None
         reasks = 0
+        earlier = [0, 0]  # the tokens of the answers asked again
         while True:
             parsed = oc.parsed
             if isinstance(parsed, UsageOnly) and oc.raw_json is not None:  # only checked, not built: build it
                 parsed = orjson.loads(oc.raw_json)
             verdict = reask.check(parsed, schema)
+            spent = (earlier[0], earlier[1]) if reasks else None
             if verdict.error is None:
-                return oc, reasks
+                return oc, reasks, spent
             nxt = reask.next_request(body, verdict.text, verdict.error) if reasks < self.cfg.max_reasks else None
             if nxt is None:
-                return dataclasses.replace(oc, error=reask.failure(verdict.error, reasks)), reasks
+                return dataclasses.replace(oc, error=reask.failure(verdict.error, reasks)), reasks, spent
+            pt, ct = reask.tokens_of(parsed)
+            earlier[0] += pt
+            earlier[1] += ct
             body, reasks = nxt, reasks + 1
             again = await self._execute(client, url, body, key)
             # each request has its own --max-attempts (attempts: the most one took); retries (sent - 1) add up
@@ -222,7 +240,7 @@ class Worker:
                                      latency_s=oc.latency_s + again.latency_s, queue_s=oc.queue_s + again.queue_s,
                                      stalled=oc.stalled + again.stalled)
             if oc.error is not None:  # the re-ask itself failed (after its own retries): that is the record
-                return oc, reasks
+                return oc, reasks, (earlier[0], earlier[1])
 
     @staticmethod
     async def _execute(client: Client, url: str, body: dict[str, Any], key: int,
@@ -339,8 +357,7 @@ class Worker:
                             int(cfg.max_response_mb * (1 << 20)), seed=self.pid, cap=lambda: schedule.limit,
                             pacer=self.pacer, on_trip=outbox.trip,
                             on_probe=outbox.probe_result, secret=key, on_auth=outbox.auth, on_local=outbox.fatal,
-                            whole_bodies=self.scoring is not None or self.plugin is not None or self.judging
-                            or cfg.response_schema is not None)
+                            whole_bodies=self.reads_bodies or cfg.response_schema is not None)
             client.secrets += [v.encode() for v in secret_values(cfg.headers)]
             client.secrets += [v.encode() for u in cfg.endpoints for v in url_secrets(u)]  # basic auth (issue 34)
             self.client, client.on_rest = client, self._pump
@@ -383,9 +400,20 @@ def judge_settings(cfg: WorkerConfig) -> JudgeSettings:
                          cfg.max_rate_limited_s, int(cfg.max_response_mb * (1 << 20)))
 
 
+def valid_hit(body: dict[str, Any], run_schema: dict[str, Any] | None, oc: Outcome) -> bool:
+    """Whether a kept answer (parsed: ``from_cache`` with ``whole``) follows the task's JSON schema, as a fresh
+    answer must; a schema that is not valid makes it a miss (the request then gets the schema's error)."""
+    try:
+        schema = reask.schema_for(body, run_schema)
+    except SchemaError:
+        return False
+    return schema is None or reask.check(oc.parsed, schema).error is None
+
+
 def from_cache(e: Entry, whole: bool) -> Outcome:
     """A kept answer as an outcome: its body's bytes as first written, no attempt, no time at a server. The body
-    is parsed only when a scorer or a plugin reads it (``whole``); else its usage is the one kept beside it."""
+    is parsed only when something reads it (``whole``: a scorer, the judge, a plugin, a JSON schema's check);
+    else its usage is the one kept beside it."""
     usage = {"prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens}
     parsed = orjson.loads(e.body) if whole else {"usage": usage}
     return Outcome(e.status, orjson.Fragment(e.body), len(e.body), e.request_id, None, 0, 0.0,

@@ -44,6 +44,22 @@ def check(parsed: Any, schema: dict[str, Any]) -> Verdict:
     return Verdict(text, validation_error(text, schema))
 
 
+def tokens_of(parsed: Any) -> tuple[int, int]:
+    """An answer's (prompt, completion) tokens from its body's usage (either API's names; none: 0)."""
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+
+    def count(*names: str) -> int:
+        for name in names:
+            v = usage.get(name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return max(0, v)
+        return 0
+
+    return count("prompt_tokens", "input_tokens"), count("completion_tokens", "output_tokens")
+
+
 def next_request(body: dict[str, Any], answer: str, error: str) -> dict[str, Any] | None:
     """The request that asks again after the invalid ``answer``: ``body`` with the answer as an assistant turn
     and ``error`` as a user turn after it; None when the request has no conversation to extend (a legacy

@@ -35,7 +35,7 @@ class CacheNote:
 def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any] | None,
           metadata: dict[str, Any], scored: Scored | None = None, *,
           hedge: bool | None = None, judge_tokens: tuple[int, int] | None = None,
-          group: str | None = None, reasks: int | None = None,
+          group: str | None = None, reasks: int | None = None, reask_usage: tuple[int, int] | None = None,
           cache: CacheNote | None = None) -> tuple[list[bytes], dict[str, Any]]:
     """Task ``tid`` (its key ``key``): its output line (as parts to write one after the other) and the RESULT
     meta. ``waited_s``: the time it waited in this worker's queue; ``endpoint``: the index and public URL of its
@@ -45,6 +45,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
     the record; ``judge_tokens``: the judge's (prompt, completion) tokens for it when it was asked, counted apart
     from the answer's (``jpt``, ``jct``); ``group``: its group under --group-by (meta ``g``); ``reasks``: the
     times its answer was asked again for its JSON schema (None: it has none; metrics.reasks otherwise);
+    ``reask_usage``: the (prompt, completion) tokens of the answers asked again, paid beside the record's own
+    (``metrics.reask_usage``; meta ``rpt``, ``rct``: the caps spend them);
     ``cache``: the cache's word (a hit is marked ``metrics.cache: "hit"``; an answer to keep is written as head,
     body, tail, and the meta's ``ck`` says where its body is in the line)."""
     # latency_s is the server's (the last attempt, request written to last byte); queue_s the time it waited
@@ -61,6 +63,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         metrics["itl_s"] = round(oc.itl_s, 6)
     if reasks is not None:
         metrics["reasks"] = reasks
+    if reask_usage is not None:
+        metrics["reask_usage"] = {"prompt_tokens": reask_usage[0], "completion_tokens": reask_usage[1]}
     if cache is not None and cache.hit:  # no request: no time at a server (the report's latencies skip it)
         metrics["latency_s"] = None
         metrics["cache"] = "hit"
@@ -93,6 +97,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         info["g"] = group
     if reasks:
         info["rk"] = reasks
+    if reask_usage is not None:
+        info["rpt"], info["rct"] = reask_usage
     if judge_tokens is not None:  # the judge was asked: its tokens: never added to the answer's (summary judge_usage)
         info["jpt"], info["jct"] = judge_tokens
     if oc.stalled:

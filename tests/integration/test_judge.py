@@ -109,3 +109,14 @@ def test_a_bad_template_is_refused_before_any_request(tmp_path: Path, mock: Mock
     assert r.returncode == 2
     assert f"{bad}:1: unknown variable {{reference}}" in r.stderr and "Traceback" not in r.stderr
     assert sum(mock.stats()["by_path"].values()) == 0 and sum(judge.stats()["by_path"].values()) == 0
+
+
+def test_without_workers_the_judge_gets_all_of_its_concurrency(tmp_path: Path, mock: MockThread) -> None:
+    # the default (no --workers) starts one worker: it takes the whole --judge-concurrency, not a share of the
+    # most workers the run may have
+    with MockThread(MockConfig(latency_ms=100, seed=7, judge=True, models=("judge-model",))) as slow:
+        r = run_cli("run", "--model", "mock-model", "--base-url", mock.url, "-c", "64", "--scorer", "judge",
+                    "--judge-base-url", slow.url, "--judge-model", "judge-model", "--judge-concurrency", "16",
+                    "--out", str(tmp_path / "r"), str(_tasks(tmp_path / "t.jsonl", 48)))
+        assert r.returncode == 0, r.stderr
+        assert slow.stats()["max_in_flight"] == 16

@@ -199,3 +199,47 @@ def test_the_keys_fast_path_gives_the_bytes_of_the_normalised_form() -> None:
                              "body": normalised({k: v for k, v in body.items() if k != "model"}),
                              **({"sample": "t"} if body["temperature"] else {})}, option=orjson.OPT_SORT_KEYS)
         assert keys.canonical("/v1/chat/completions", body, "t") == want
+
+
+# ----- 6. where the cache meets a JSON schema, re-asks and Prometheus -----
+
+def test_prometheus_skips_a_hits_latency_as_the_summary_does() -> None:
+    m = Metrics()
+    m.on_result({"k": 1, "ok": True, "lat": 0.0, "rt": 0, "ttft": None, "ca": "h"})
+    m.on_result({"k": 2, "ok": True, "lat": 0.25, "rt": 0, "ttft": None, "ca": "m"})
+    assert m.registry.get_sample_value("evalsup_tasks_total", {"outcome": "succeeded"}) == 2
+    assert m.registry.get_sample_value("evalsup_request_latency_seconds_count") == 1
+    assert m.registry.get_sample_value("evalsup_request_latency_seconds_sum") == 0.25
+
+
+def test_the_runs_schema_is_in_the_cache_key_when_it_is_validated() -> None:
+    from evalsup.cache.key import schema_in_key
+
+    body = {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": "q"}]}
+    plain = KeyMaker().key("/v1/chat/completions", body, "t")
+    schema = {"type": "object", "required": ["answer"]}
+    keyed = KeyMaker(schema=schema_in_key(schema, True)).key("/v1/chat/completions", body, "t")
+    other = KeyMaker(schema={"type": "object", "required": ["other"]}).key("/v1/chat/completions", body, "t")
+    assert len({plain, keyed, other}) == 3
+    assert KeyMaker(schema=schema_in_key(schema, False)).key("/v1/chat/completions", body, "t") == plain
+
+
+def test_a_reasked_answers_earlier_requests_are_in_the_meta_the_summary_and_the_resumes_spend(
+        tmp_path: Path) -> None:
+    from evalsup.worker.client import Outcome
+    from evalsup.worker.records import build
+
+    body = {"model": "m", "choices": [{"message": {"content": "{}"}}],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 5}}
+    oc = Outcome(200, body, 10, "r", None, 1, 0.1, parsed=body, sent=3)
+    out, meta = build("t1", oc, 1, 0.0, 1, None, {}, reasks=2, reask_usage=(60, 9))
+    assert (meta["pt"], meta["ct"], meta["rpt"], meta["rct"], meta["rk"]) == (40, 5, 60, 9, 2)
+    rec = orjson.loads(b"".join(out))
+    assert rec["metrics"]["reask_usage"] == {"prompt_tokens": 60, "completion_tokens": 9}
+    st = RunStats()
+    st.on_result(meta)  # type: ignore[arg-type]
+    assert (st.prompt_tokens, st.completion_tokens) == (100, 14)  # every request the task made
+    results = tmp_path / "results.jsonl"
+    results.write_bytes(b"".join(out))
+    u = usage_of_results(results, lookup)
+    assert (u.prompt_tokens, u.completion_tokens) == (100, 14) and u.cost == pytest.approx(P.cost(100, 14))

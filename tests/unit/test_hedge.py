@@ -184,7 +184,7 @@ def test_prometheus_counts_the_hedges_sent_and_won() -> None:
 
     m = Metrics()
     for hg in (None, 1, 2, 2):  # RESULT meta "hg": not hedged, the first copy answered, the second did (twice)
-        m.on_result(True, 0.1, None, 0, hg)
+        m.on_result({"k": 1, "ok": True, "lat": 0.1, "rt": 0, "ttft": None, **({} if hg is None else {"hg": hg})})
 
     def value(name: str) -> float:
         got = m.registry.get_sample_value(name)

@@ -5,6 +5,7 @@ mock's grading rule, and the settings that refuse a judge run before any request
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -139,7 +140,11 @@ def test_the_settings_refuse_a_judge_run_before_any_request(tmp_path: Path, monk
     cfg = build_config(tasks, {**base, "judge_base_url": URL + "/", "judge_api_key_env": "JUDGE_KEY_FOR_TEST",
                                "judge_concurrency": 10, "workers": 4})
     w = cfg.worker
-    assert (w.judge_base_url, w.judge_model, w.judge_concurrency) == (URL, "m", 3)  # 10 among 4 workers
+    assert (w.judge_base_url, w.judge_model, w.judge_concurrency) == (URL, "m", 10)  # the run's
+    assert cfg.judge_share(4) == [3, 3, 2, 2] and cfg.judge_share(1) == [10]  # among the workers running
+    auto = build_config(tasks, {**base, "judge_base_url": URL, "judge_concurrency": 16})  # autoscale: one at first
+    assert auto.autoscale and auto.judge_share(auto.first_workers) == [16]
+    assert build_config(tasks, {**base, "judge_base_url": URL, "judge_concurrency": 2}).judge_share(4) == [1, 1, 1, 1]
     assert "sk-judge-secret" not in repr(w.to_wire())  # the variable's name travels, never the key
 
 
@@ -211,3 +216,42 @@ def test_a_resume_without_the_judge_scorer_leaves_its_recorded_settings(tmp_path
     guard(cfg.run_dir, request_settings(cfg), resuming=False, accept=False)
     other, _ = resume_config(tasks, {"base_url": [URL], "scorers": ("exact_match",)})
     assert other.worker.judge_base_url is None and "judge_model" not in request_settings(other)
+
+
+def test_the_judges_limit_follows_the_share_the_supervisor_sends() -> None:
+    import asyncio
+
+    from evalsup.ipc import FrameKind
+    from evalsup.worker.control import Control
+    from evalsup.worker.judge import Slots
+
+    slots = Slots(4)
+    seen: list[int] = []
+    # LIMIT carries the worker's share of --judge-concurrency as workers are added
+    control = Control(SimpleNamespace(set_limit=seen.append), None, None, None, lambda e: None,  # type: ignore[arg-type]
+                      lambda: None, lambda: "", judge_limit=slots.resize)
+    control.on_frame(FrameKind.LIMIT, memoryview(b'{"inflight": 8, "judge": 2}'))
+    control.on_frame(FrameKind.LIMIT, memoryview(b'{"inflight": 6}'))
+    assert seen == [8, 6] and slots.limit == 2
+
+    async def go() -> list[int]:
+        most, now = [0], [0]
+
+        async def one() -> None:
+            async with slots:
+                now[0] += 1
+                most[0] = max(most[0], now[0])
+                await asyncio.sleep(0.01)
+                now[0] -= 1
+
+        first = [asyncio.create_task(one()) for _ in range(6)]
+        await asyncio.sleep(0)
+        slots.resize(3)  # a larger share: the waiting ones go at once
+        await asyncio.gather(*first)
+        held = most[0]
+        most[0] = 0
+        slots.resize(1)
+        await asyncio.gather(*(one() for _ in range(3)))
+        return [held, most[0], slots.busy]
+
+    assert asyncio.run(go()) == [3, 1, 0]
