@@ -151,6 +151,7 @@ class Supervisor:
         self.budget: Budget | None = None
         self._budget_wait = False  # the next task would pass a cap while requests are out: wait for them
         self.stop_reason: str | None = None  # "budget" when a cap stopped the run (summary.json's exit_reason)
+        self._start_notes: list[str] = []  # the estimate and the budget, said once the checks have passed
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
         if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
@@ -288,12 +289,14 @@ class Supervisor:
             cached = "" if hits is None else f"; {hits:,} answered from the cache (free, not counted)"
             said = one_line(tally.summary(self.prices.lookup)) if tally.requests else \
                 f"all {hits:,} requests answered from the cache: no request, no cost"
-            self.log(f"estimate for {what}: {said}{cached if tally.requests else ''} [prices: "
-                     f"{self.prices.describe()}; evalsup estimate for the endpoint's own token counts]")
+            self._start_notes.append(f"estimate for {what}: {said}{cached if tally.requests else ''} [prices: "
+                                     f"{self.prices.describe()}; evalsup estimate for the endpoint's own token "
+                                     "counts]")
         if cfg.caps.any:
             self.budget = Budget(cfg.caps, spent, unpriced_results)
             if not cfg.quiet:
-                self.log(f"budget: {self._budget_text()}" + (" (spent so far, from results.jsonl)" if resumed else ""))
+                self._start_notes.append(f"budget: {self._budget_text()}"
+                                         + (" (spent so far, from results.jsonl)" if resumed else ""))
 
     def _open(self) -> None:
         cfg = self.cfg
@@ -651,6 +654,8 @@ class Supervisor:
                     self.log("; ".join(found))
                 self._leave_out(failed)  # endpoints that failed the check: reported, the run goes on without
             self._open()
+            for note in self._start_notes:  # said once the run goes ahead: a refused run says only why
+                self.log(note)
         except BaseException:
             if check is not None:
                 check.cancel()
