@@ -9,7 +9,10 @@ run directory and its intent recorded (``journal``, fsynced) before the upload; 
 (``plan.PollBackoff``); the output and error files downloaded to the run directory, recorded; then each line
 becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume
 adopts what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of
-paying again. A chunk is marked done once the checkpoint settles every task of it (``settle``).
+paying again; a task of a collected chunk whose record is missing (a crash took it, or `evalsup repair`) is
+answered again from the chunk's files, but not one whose record from that chunk `run --retry-failed` took out
+(replaced.jsonl names the chunk): that task is sent again (``_forget_replaced``). A chunk is marked done once
+the checkpoint settles every task of it (``settle``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS
 from evalsup.rundir.checkpoint import load_checkpoint
-from evalsup.rundir.layout import CHECKPOINT
+from evalsup.rundir.layout import CHECKPOINT, REPLACED
 from evalsup.scoring.scorers import ScorerOptions
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.requests import RequestDefaults, credentials, public_url, to_request
@@ -143,6 +146,29 @@ class Driver:
             for k, _tid, att in c.keys:
                 self.key_chunk[int(k)] = c.chunk
                 self.key_att[int(k)] = int(att)
+        self._forget_replaced()
+
+    def _forget_replaced(self) -> None:
+        """The tasks whose record from a chunk still open here `run --retry-failed` took out of results.jsonl
+        (replaced.jsonl holds that record, its ``metrics.batch.chunk`` naming the chunk): they are to be sent
+        again, in a new chunk, never answered again from that chunk's files. A crash after the new chunk's intent
+        leaves that chunk the task's claim (it is younger), so the retry is sent once."""
+        collected = {c.chunk for c in open_chunks(self.chunks) if c.step is Step.COLLECTED}
+        if not collected:
+            return
+        taken: set[tuple[int, str]] = set()
+        with contextlib.suppress(FileNotFoundError), open(self.run_dir / REPLACED, "rb") as f:
+            for line in f:
+                with contextlib.suppress(orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
+                    rec = orjson.loads(line)
+                    n = rec["metrics"]["batch"].get("chunk")
+                    if n in collected:
+                        taken.add((n, str(rec["custom_id"])))
+        for n in collected:
+            for k, tid, _a in self.chunks[n].keys:
+                if (n, str(tid)) in taken and self.key_chunk.get(int(k)) == n:
+                    del self.key_chunk[int(k)]
+                    self.key_att.pop(int(k), None)
 
     # ----- tasks in -----
 
