@@ -9,7 +9,12 @@ run directory and its intent recorded (``journal``, fsynced) before the upload; 
 (``plan.PollBackoff``); the output and error files downloaded to the run directory, recorded; then each line
 becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume
 adopts what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of
-paying again. A chunk is marked done once the checkpoint settles every task of it (``settle``).
+paying again. A task's own ``response_format`` JSON schema is validated as online with ``--max-reasks 0``
+(an answer that fails it is recorded ``schema_invalid``: a batch cannot ask again), and ``--group-by`` names
+each result's group as a worker does. A task of a collected chunk whose record is missing (a crash took it, or
+`evalsup repair`) is answered again from the chunk's files, but not one whose record from that chunk `run
+--retry-failed` took out (replaced.jsonl names the chunk): that task is sent again (``_forget_replaced``). A
+chunk is marked done once the checkpoint settles every task of it (``settle``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +63,14 @@ from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS
 from evalsup.rundir.checkpoint import load_checkpoint
-from evalsup.rundir.layout import CHECKPOINT
+from evalsup.rundir.layout import CHECKPOINT, REPLACED
 from evalsup.scoring.scorers import ScorerOptions
 from evalsup.tasks.anthropic import MESSAGES_PATH, Untranslatable, custom_id, task_params
+from evalsup.tasks.group_key import group_of, parse_group_by
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.requests import RequestDefaults, credentials, public_url, to_request
+from evalsup.tasks.response_schema import SchemaError
+from evalsup.worker import reask
 from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, open_pipes
 from evalsup.worker.scoring import Scoring
 
@@ -78,6 +86,34 @@ class Held:
     metadata: dict[str, Any]
     attempts: int = 0
     chunk: int | None = None
+    schema: dict[str, Any] | None = None  # the request's own response_format JSON schema, validated on its answer
+    bad_schema: dict[str, str] | None = None  # the record's error when that schema is no JSON schema
+
+
+@dataclass
+class Invalid(Answer):
+    """A 200 whose answer fails its task's JSON schema: the record keeps the answer, its error is ``why``
+    (schema_invalid), as an online run's with --max-reasks 0."""
+
+    why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.why
+
+
+def checked(a: Answer, h: Held) -> Answer:
+    """``a`` against its task's schema (when it has one and the answer is a 200): as it is, or ``Invalid``."""
+    if a.status != 200 or (h.schema is None and h.bad_schema is None):
+        return a
+    why = h.bad_schema
+    if why is None:
+        assert h.schema is not None
+        verdict = reask.check(a.body, h.schema)
+        why = None if verdict.error is None else reask.failure(verdict.error, 0)
+    if why is None:
+        return a
+    return Invalid(**{f.name: getattr(a, f.name) for f in dataclasses.fields(Answer)}, why=why)
 
 
 class Stop(Exception):
@@ -132,6 +168,7 @@ class Driver:
         if cfg.scorers:
             opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
             self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
+        self.group_path = parse_group_by(cfg.group_by) if cfg.group_by else None  # --group-by metadata.KEY
         self.pid = os.getpid()
         self.held: dict[int, Held] = {}
         self.chunks: dict[int, ChunkInfo] = journal.chunks()
@@ -155,6 +192,29 @@ class Driver:
             for k, _tid, att in c.keys:
                 self.key_chunk[int(k)] = c.chunk
                 self.key_att[int(k)] = int(att)
+        self._forget_replaced()
+
+    def _forget_replaced(self) -> None:
+        """The tasks whose record from a chunk still open here `run --retry-failed` took out of results.jsonl
+        (replaced.jsonl holds that record, its ``metrics.batch.chunk`` naming the chunk): they are to be sent
+        again, in a new chunk, never answered again from that chunk's files. A crash after the new chunk's intent
+        leaves that chunk the task's claim (it is younger), so the retry is sent once."""
+        collected = {c.chunk for c in open_chunks(self.chunks) if c.step is Step.COLLECTED}
+        if not collected:
+            return
+        taken: set[tuple[int, str]] = set()
+        with contextlib.suppress(FileNotFoundError), open(self.run_dir / REPLACED, "rb") as f:
+            for line in f:
+                with contextlib.suppress(orjson.JSONDecodeError, KeyError, AttributeError, TypeError):
+                    rec = orjson.loads(line)
+                    n = rec["metrics"]["batch"].get("chunk")
+                    if n in collected:
+                        taken.add((n, str(rec["custom_id"])))
+        for n in collected:
+            for k, tid, _a in self.chunks[n].keys:
+                if (n, str(tid)) in taken and self.key_chunk.get(int(k)) == n:
+                    del self.key_chunk[int(k)]
+                    self.key_att.pop(int(k), None)
 
     # ----- tasks in -----
 
@@ -164,14 +224,15 @@ class Driver:
         obj = orjson.loads(line)
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
+        schema, bad = self._schema(body)
         n = self.key_chunk.get(k)
         if n is not None:  # a task of a chunk already under way (a resume): its answer comes from that chunk
-            self.held[k] = Held(tid, metadata, self.key_att.get(k, 0), n)
+            self.held[k] = Held(tid, metadata, self.key_att.get(k, 0), n, schema, bad)
             got = self.pending.get(n, {}).pop(k, None)
             if got is not None:
                 self._spawn(self._answer(n, k, got if isinstance(got, Answer) else self._reread(*got)))
             return
-        self.held[k] = Held(tid, metadata)
+        self.held[k] = Held(tid, metadata, schema=schema, bad_schema=bad)
         if self.cancel:
             return  # `evalsup cancel`: nothing new is sent; the task stays outstanding for a rerun
         if self.anthropic:  # the request translated (the pre-scan refused what cannot be, unless skipped)
@@ -195,6 +256,16 @@ class Driver:
     def _parse(self, obj: dict[str, Any]) -> Answer:
         """One line of a chunk's output or error file (``Answer.tid``: its custom_id)."""
         return parse_result(obj) if self.anthropic else parse_line(obj)
+
+    def _schema(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+        """The request's own JSON schema (--response-schema is refused with --batch-api), or the error of one that
+        is not a JSON schema; (None, None) with --no-validate-schema or without one."""
+        if not self.cfg.validate_schema:
+            return None, None
+        try:
+            return reask.schema_for(body, None), None
+        except SchemaError as e:
+            return None, reask.bad_schema(e)
 
     def _gather(self, p: Pending, url: str) -> None:
         chunker = self.chunkers.get(url)
@@ -621,6 +692,7 @@ class Driver:
         h = self.held.pop(k, None)
         if h is None:
             return
+        a = checked(a, h)
         if self.scoring is None:  # at once: nothing to wait for
             self._emit(a, k, attempts, batch, waited_s, h, None)
         else:
@@ -631,7 +703,7 @@ class Driver:
         assert self.scoring is not None
         self.sending += 1
         try:
-            scored = await self.scoring.score({"id": h.tid, **h.metadata}, a.body) if a.status == 200 else None
+            scored = await self.scoring.score({"id": h.tid, **h.metadata}, a.body) if a.error is None else None
             self._emit(a, k, attempts, batch, waited_s, h, scored)
         finally:
             self.sending -= 1
@@ -641,6 +713,8 @@ class Driver:
     def _emit(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float, h: Held,
               scored: Any) -> None:
         out_line, info = build(a, k, attempts, self.pid, self.endpoint_info, batch, h.metadata, scored, waited_s)
+        if self.group_path is not None:  # the supervisor's groups come from the meta, as a worker's (records.build)
+            info["g"] = group_of(h.metadata, self.group_path)
         self.done += 1
         self.outbox.result(out_line, info, 256, True)
 

@@ -115,11 +115,12 @@ def run(tasks: Path | None, **kw: Any) -> None:
     from evalsup.rundir.run_json import resume_config
     from evalsup.supervisor import early_signals as earlysignals
 
+    # `--retry-failed tasks.jsonl`: the flag without codes; the codes are parsed once, by build_config (before
+    # the Ray branch: a shard's command gets the file as TASKS and the bare flag)
+    tasks, kw["retry_failed"] = retry_failed_task_file(tasks, kw["retry_failed"])
     if kw["ray"] is not None or kw["shards"] is not None:
         _run_on_ray(tasks, kw)
     earlysignals.hold()  # a SIGTERM from here on still ends in a checkpoint and exit 75
-    # `--retry-failed tasks.jsonl`: the flag without codes; the codes are parsed once, by build_config
-    tasks, kw["retry_failed"] = retry_failed_task_file(tasks, kw["retry_failed"])
     if tasks is None:
         _fail("missing TASKS (the task file); see evalsup run --help")
     assert tasks is not None

@@ -295,7 +295,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("max_reasks", ("--max-reasks",), "int", 2, lo=0, hi=20, show_default=True,
            help="Times an answer that fails its JSON schema is asked again, the validation error added as a "
                 "user turn after it (chat and Responses API tasks). 0: validate, never ask again (an invalid "
-                "answer is schema_invalid at once)."),
+                "answer is schema_invalid at once), as --batch-api always does (a batch cannot ask again)."),
     Option("validate_schema", ("--validate-schema/--no-validate-schema",), "bool", True, show_default=True,
            help="Validate the answers of tasks that carry their own response_format (or text.format) JSON "
                 "schema. --no-validate-schema: the schema is only sent, the answer recorded as it comes (no "

@@ -7,10 +7,11 @@ them out.
   options, except those only the driver acts on (``DRIVER_ONLY``: --ray, --shards, --ray-retries, --out, --fresh,
   --json). Limits are shared, not multiplied: ``--concurrency``, ``--max-concurrency`` (when given) and each
   ``--max-requests-per-s`` / ``--max-tokens-per-min`` value (``N`` or ``URL=N``) are divided evenly among the N
-  shards (a shard gets at least 1 request in flight; rates are kept as fractions). The split is fixed at the
-  start: a shard that finishes early does not hand its share on, so the whole never goes faster than the limit,
-  and may go slower at its end. ``--metrics-port P`` becomes P+K, so shards on one node do not collide.
-  (Cost caps, where a run has them, are split by ``--shard`` itself.)
+  shards (a shard gets at least 1 request in flight; rates are kept as fractions), and so is the judge's
+  ``--judge-concurrency`` (its default of 16 too, when the run has a judge: else each shard would take all of it).
+  The split is fixed at the start: a shard that finishes early does not hand its share on, so the whole never goes
+  faster than the limit, and may go slower at its end. ``--metrics-port P`` becomes P+K, so shards on one node do
+  not collide. (Cost caps, where a run has them, are split by ``--shard`` itself.)
 * **A shard's exit.** 0 done; 2 bad input or settings: the whole stops with the shard's line (a retry meets it
   again); 73 the shard's directory is still held (the process of a previous attempt draining after its Ray worker
   died): wait and start again; 75 with ``exit_reason`` ``budget`` (a cost or token cap reached) is final for this
@@ -26,11 +27,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from evalsup.config.exitcodes import BAD_INPUT, LOCKED, OK, RESUMABLE
+from evalsup.config.options import DEFAULTS
 
 # Options the driver acts on itself and never passes to a shard. --fresh above all: a retried shard given
 # --fresh would move its own progress aside.
 DRIVER_ONLY = frozenset({"ray", "shards", "ray_retries", "out", "fresh", "json_summary", "shard"})
-SPLIT_INT = ("concurrency", "max_concurrency")
+SPLIT_INT = ("concurrency", "max_concurrency", "judge_concurrency")
 SPLIT_RATE = ("max_requests_per_s", "max_tokens_per_min")
 
 
@@ -77,6 +79,10 @@ def _share(value: str, n: int) -> str:
 def shard_options(given: Mapping[str, Any], k: int, n: int) -> dict[str, Any]:
     """The options shard ``k`` of ``n`` runs with, from the options the user gave (evalsup.run's keywords)."""
     out = {name: v for name, v in given.items() if name not in DRIVER_ONLY and v is not None}
+    scorers = out.get("scorers") or ()
+    judged = "judge" in ((scorers,) if isinstance(scorers, str) else tuple(scorers)) or out.get("judge_base_url")
+    if out.get("judge_concurrency") is None and judged:
+        out["judge_concurrency"] = DEFAULTS["judge_concurrency"]  # the run's limit in all, not each shard's
     for name in SPLIT_INT:
         if out.get(name) is not None:
             out[name] = max(1, math.floor(int(out[name]) / n))

@@ -1,6 +1,10 @@
 """What a run's answers have used, read back from results.jsonl (the one source of truth, so right after any
 kill): tokens, the cost at the prices given, and the completion lengths seen (issue 30). Streamed: memory flat.
 
+Spend already paid keeps counting when its record leaves results.jsonl: the records `run --retry-failed` moved
+to replaced.jsonl and those `evalsup repair` moved to damaged.jsonl (the lines of it that are records) add their
+tokens and cost, never their lengths or a record done.
+
 A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this;
 `evalsup estimate` takes the lengths seen for its band.
 """
@@ -8,11 +12,14 @@ A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-toke
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
+
+from evalsup.rundir.layout import DAMAGED, REPLACED
 from evalsup.rundir.results_file import iter_records
 
 __all__ = ["Usage", "usage_of_results"]
@@ -65,18 +72,48 @@ def _reasked(u: Usage, rec: dict[str, Any], body: Any, price_of: Callable[[str |
         u.cost += price.cost(pt, ct)
 
 
+def _taken_out(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """The records once in ``run_dir``'s results.jsonl that a rewrite took out: replaced.jsonl's lines, and the
+    lines of damaged.jsonl (``{"line", "reason", "raw"}``) whose raw text is a record. Never raises on a line
+    that is not one: these files are read for their spend only."""
+    for name in (REPLACED, DAMAGED):
+        if not (run_dir / name).is_file():
+            continue
+        with open(run_dir / name, "rb") as f:
+            for line in f:
+                try:
+                    rec = orjson.loads(line)
+                    if name == DAMAGED:
+                        raw = rec.get("raw") if isinstance(rec, dict) else None
+                        rec = orjson.loads(raw) if isinstance(raw, str) else None
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict):
+                    yield rec
+
+
+def _all_records(path: Path) -> Iterator[tuple[bool, dict[str, Any]]]:
+    """(in results.jsonl, record): the results file's records, then those taken out of it beside it."""
+    for _, _, rec in iter_records(path):
+        yield True, rec
+    for rec in _taken_out(path.parent):
+        yield False, rec
+
+
 def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None],
                      fallback_model: str | None = None, judge_price: Priced | None = None) -> Usage:
     """The usage of every complete record of ``path`` (none: an empty Usage). A record's cost is priced by the
     model its answer names, else ``fallback_model`` (the run's --model); an answer from the cache is not spend.
     With ``judge_price`` (--scorer judge, a judge model with a price) the judge's tokens of each record
     (``score_detail.judge.usage``) are spent too, as the run's budget counts them; so are the answers asked
-    again for a JSON schema (``metrics.reask_usage``). Raises RunDirDamaged on a bad line."""
+    again for a JSON schema (``metrics.reask_usage``). The records taken out of ``path`` into replaced.jsonl /
+    damaged.jsonl beside it count for the spend only (see the module). Raises RunDirDamaged on a bad line of
+    ``path``."""
     u = Usage(unpriced_models=set())
     if not path.is_file():
         return u
-    for _, _, rec in iter_records(path):
-        u.records += 1
+    for kept, rec in _all_records(path):
+        u.records += kept
         body: Any = (rec.get("response") or {}).get("body")
         _reasked(u, rec, body, price_of, fallback_model)
         usage = body.get("usage") if isinstance(body, dict) else None
@@ -111,7 +148,7 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
                 u.prompt_tokens += jp
                 u.completion_tokens += jc
                 u.cost += judge_price.cost(jp, jc)
-        if rec.get("error") is None:
+        if rec.get("error") is None and kept:
             choices = body.get("choices")
             per = ct / max(1, len(choices) if isinstance(choices, list) else 1)
             u.answers += 1

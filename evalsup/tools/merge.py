@@ -14,6 +14,7 @@ from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import LineAt, iter_records
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskError, TaskReader
+from evalsup.tools.summaries import combined
 
 
 class MergeError(Exception):
@@ -121,15 +122,19 @@ def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, t
 
 
 def merged_summary(rep: MergeReport, run_dirs: list[Path]) -> dict[str, Any]:
+    """The merge's counts, each shard's line, and the figures of the shards' summary.json summed (scores and
+    groups, budget, judge usage, structured outputs, cache: evalsup.tools.summaries)."""
     shards = []
+    found: list[dict[str, Any]] = []
     for d in run_dirs:
         p = d / layout.SUMMARY
         if p.exists():
             s = orjson.loads(p.read_bytes())
+            found.append(s)
             shards.append({"run_dir": str(d), "total": s.get("total"), "wall_s": s.get("wall_s"),
                            "worker_restarts": s.get("worker_restarts")})
         else:
             shards.append({"run_dir": str(d), "total": None})
     return {"total": rep.records, "succeeded": rep.succeeded, "failed": rep.failed,
             "duplicates": rep.duplicate_count, "missing": rep.missing_count, "complete": rep.complete,
-            "shards": shards}
+            **combined(found), "shards": shards}

@@ -27,6 +27,16 @@ def test_refused_in_one_line(tmp_path: Path, args: list[str], says: str) -> None
     assert not (tmp_path / "tasks.run").exists()
 
 
+def test_retry_failed_takes_the_task_file_as_its_value_under_ray_too(tmp_path: Path) -> None:
+    """`run --ray --shards N --retry-failed TASKS` (README's form): the file is TASKS, not a missing argument; the
+    run gets as far as the first check of its settings (no cluster needed to see that)."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
+    r = run_cli("run", "--ray", "--shards", "2", "--base-url", "http://u:secret@127.0.0.1:9/v1",
+                "--retry-failed", str(tasks))
+    assert r.returncode == 2 and "missing TASKS" not in r.stderr
+    assert "set OPENAI_BASE_URL on the nodes instead" in r.stderr and "secret" not in r.stderr
+
+
 def test_the_task_file_must_be_a_file_every_node_sees(tmp_path: Path) -> None:
     r = run_cli("run", "--ray", "--shards", "2", "-", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "not a regular file" in r.stderr and r.stderr.count("\n") == 1

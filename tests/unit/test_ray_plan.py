@@ -29,6 +29,15 @@ def test_a_shard_keeps_at_least_one_request_in_flight() -> None:
     assert shard_options({"max_concurrency": 100}, 0, 8)["max_concurrency"] == 12
 
 
+def test_the_judges_limit_is_shared_too_given_or_default() -> None:
+    given = {"scorers": ("judge",), "judge_concurrency": 32}
+    assert [shard_options(given, k, 4)["judge_concurrency"] for k in range(4)] == [8, 8, 8, 8]
+    # not given: the default (16 in all) is split as well, never 16 in each shard
+    assert shard_options({"scorers": ("judge", "contains")}, 0, 8)["judge_concurrency"] == 2
+    assert shard_options({"judge_base_url": "http://127.0.0.1:8/v1"}, 0, 4)["judge_concurrency"] == 4
+    assert "judge_concurrency" not in shard_options({"scorers": ("contains",)}, 0, 4)
+
+
 def test_a_single_rate_as_evalsup_run_takes_it() -> None:
     assert shard_options({"max_requests_per_s": 9}, 2, 3)["max_requests_per_s"] == ("3",)
 
