@@ -1,5 +1,7 @@
 """Automatic worker count: without --workers a run starts with one worker and adds workers only while each
-one is CPU-bound (supervisor.scaling). Real runs, real worker processes, CPU measured from /proc."""
+one is CPU-bound (supervisor.scaling). Real runs, real worker processes, CPU measured from /proc. In the slow
+tier, which runs one test at a time: a worker is added only while the host has a core to spare, which another
+test running beside it would take."""
 
 from __future__ import annotations
 
