@@ -1,6 +1,6 @@
 """Automatic worker count, the decisions as units (supervisor.scaling): scale up only when every worker is
 busy over a full window, a lone worker's share, and CPU seconds read from /proc for this process.
-(Real runs: integration/test_scaling.py.)"""
+(Real runs: slow/test_scaling.py.)"""
 
 from __future__ import annotations
 
