@@ -397,3 +397,48 @@ def finished_run(tmp_path: Path, mock: MockThread, n: int = 100, *extra: str,
 def fail_once(ids: set[int], status: int = 400) -> Callable[[int], dict[str, Any] | None]:
     """The mock answers these tasks' first attempt with `status` (and succeeds after)."""
     return lambda i: {"mock": {"status": status, "times": 1}} if i in ids else None
+
+
+def v1_memory_cgroup(limit: int) -> Iterator[Path | str]:
+    """A fresh cgroup v1 memory cgroup limited to ``limit`` bytes, made inside this process's own (for a fixture
+    to yield; its processes moved back and it is removed afterwards). Yields the reason instead when it cannot be
+    made (not root, no v1 memory hierarchy): the caller skips. A command joins it with ``in_cgroup``."""
+    mount = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (mount / "memory.limit_in_bytes").is_file():
+        yield "needs root and a cgroup v1 memory hierarchy at /sys/fs/cgroup/memory"
+        return
+    own = ""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            own = parts[2]
+    parent = mount / own.strip("/") if own else mount
+    if not (parent / "cgroup.procs").is_file():
+        parent = mount
+    cg = parent / f"evalsup-test-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    try:
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+    except OSError as e:
+        yield f"cannot make a memory cgroup under {parent}: {e.strerror}"
+        return
+    try:
+        yield cg
+    finally:
+        for _ in range(50):
+            pids = [x for x in (cg / "cgroup.procs").read_text().split() if x.isdigit()]
+            for pid in pids:
+                try:
+                    (parent / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def in_cgroup(cg: Path, argv: list[str]) -> list[str]:
+    """``argv`` run inside cgroup ``cg``: the child joins it before it execs, so every process it starts is in it."""
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cg / "cgroup.procs"), *argv]
