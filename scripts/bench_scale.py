@@ -167,15 +167,16 @@ def dir_bytes(d: Path, skip: str) -> int:
     return total
 
 
-def unlinked_bytes(pid: int) -> int:
-    """Disk held by the process's unlinked temporary files (the pre-scan's id index, tasks.idindex)."""
+def unlinked_bytes(pid: int, beside: Path) -> int:
+    """Disk held by the process's unlinked temporary files in ``beside`` (the pre-scan's id index, tasks.idindex;
+    an O_TMPFILE file's link reads ``DIR/#INODE (deleted)``)."""
     total = 0
     fds = Path(f"/proc/{pid}/fd")
     with contextlib.suppress(OSError):
         for fd in os.listdir(fds):
             with contextlib.suppress(OSError):
                 target = os.readlink(fds / fd)
-                if target.endswith(" (deleted)") and ".ids-" in target:
+                if target.endswith(" (deleted)") and target.startswith(f"{beside}/"):
                     total += os.stat(fds / fd).st_blocks * 512
     return total
 
@@ -220,7 +221,8 @@ def run_one(n: int, args: argparse.Namespace, work: Path, mock_url: str) -> dict
                 peak["workers"] = max(peak["workers"], len(kids))
                 peak["sup_hwm"] = max(peak["sup_hwm"], vm_hwm(proc.pid))
             peak["ws"] = max(peak["ws"], cg.working_set())
-            peak["disk"] = max(peak["disk"], dir_bytes(run_dir, "results.jsonl") + unlinked_bytes(proc.pid))
+            peak["disk"] = max(peak["disk"], dir_bytes(run_dir, "results.jsonl")
+                               + unlinked_bytes(proc.pid, run_dir.parent))
             done.wait(0.2)
 
     th = threading.Thread(target=sample, daemon=True)
