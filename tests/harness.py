@@ -4,6 +4,7 @@ tier (``from tests.harness import ...``); the fixtures built on it are in ``test
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -428,10 +429,8 @@ def v1_memory_cgroup(limit: int) -> Iterator[Path | str]:
         for _ in range(50):
             pids = [x for x in (cg / "cgroup.procs").read_text().split() if x.isdigit()]
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):
                     (parent / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass
             try:
                 cg.rmdir()
                 break
