@@ -6,7 +6,8 @@
 * requests/s (tasks over the wall time of the run, pre-scan included) and wall time;
 * supervisor peak RSS (its kernel high-water mark, VmHWM, read until it exits) and total peak RSS (the sum over
   the tree, sampled every 200 ms), with the most workers seen;
-* the cgroup's working set peak (usage less inactive file pages, sampled) and its own max_usage; OOM kills
+* the cgroup's working set peak (usage less inactive file pages, sampled; active page cache counts), its anonymous
+  memory peak (memory.stat total_rss: the processes' own) and its max_usage; OOM kills
   (memory.oom_control's oom_kill, and failcnt);
 * exactly once: every id t0..tN-1 once in results.jsonl, nothing else (a bitmap, streamed);
 * disk beside the results: the run directory less results.jsonl, plus the supervisor's unlinked temporary files
@@ -205,7 +206,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path, mock_url: str) -> dict
         cmd = [PY, "-c", TRACER]
     cmd += ["run", "--model", "mock-model", "--base-url", mock_url, "-c", str(args.concurrency), "--out",
             str(run_dir), "--no-check", "--log-interval", "30", *args.extra, str(tasks)]
-    peak = {"sup_hwm": 0, "total": 0, "ws": 0, "disk": 0, "workers": 0}
+    peak = {"sup_hwm": 0, "total": 0, "ws": 0, "anon": 0, "disk": 0, "workers": 0}
     done = threading.Event()
     t0 = time.monotonic()
     proc = subprocess.Popen(["sh", "-c", f'echo $$ > {cg.path}/cgroup.procs && exec "$@"', "sh", *cmd], env=env,
@@ -221,6 +222,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path, mock_url: str) -> dict
                 peak["workers"] = max(peak["workers"], len(kids))
                 peak["sup_hwm"] = max(peak["sup_hwm"], vm_hwm(proc.pid))
             peak["ws"] = max(peak["ws"], cg.working_set())
+            peak["anon"] = max(peak["anon"], cg.keyed("memory.stat").get("total_rss", 0))
             peak["disk"] = max(peak["disk"], dir_bytes(run_dir, "results.jsonl")
                                + unlinked_bytes(proc.pid, run_dir.parent))
             done.wait(0.2)
@@ -247,6 +249,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path, mock_url: str) -> dict
         "tasks": n, "rc": proc.returncode, "wall_s": round(wall, 1), "req_s": round(n / wall),
         "sup_peak_rss_mb": round(peak["sup_hwm"] / 1e6, 1), "total_peak_rss_mb": round(peak["total"] / 1e6, 1),
         "workers": max(0, peak["workers"]), "ws_peak_mb": round(peak["ws"] / 1e6, 1),
+        "anon_peak_mb": round(peak["anon"] / 1e6, 1),
         "cg_max_usage_mb": round(max_usage / 1e6, 1), "oom_kills": oom, "failcnt": failcnt,
         "exactly_once": ok, "records": recs, "duplicates": dups, "missing": missing,
         "input_mb": round(size / 1e6, 1), "disk_peak_mb": round(peak["disk"] / 1e6, 2),
