@@ -4,6 +4,7 @@ tier (``from tests.harness import ...``); the fixtures built on it are in ``test
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -420,3 +421,45 @@ def assert_no_chunk_twice(mock: MockThread) -> None:
     made = Counter((b["metadata"] or {}).get("evalsup_chunk") for b in batches_of(mock))
     assert made and max(made.values()) == 1, f"a chunk was created twice: {made}"
 
+
+def v1_memory_cgroup(limit: int) -> Iterator[Path | str]:
+    """A fresh cgroup v1 memory cgroup limited to ``limit`` bytes, made inside this process's own (for a fixture
+    to yield; its processes moved back and it is removed afterwards). Yields the reason instead when it cannot be
+    made (not root, no v1 memory hierarchy): the caller skips. A command joins it with ``in_cgroup``."""
+    mount = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (mount / "memory.limit_in_bytes").is_file():
+        yield "needs root and a cgroup v1 memory hierarchy at /sys/fs/cgroup/memory"
+        return
+    own = ""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            own = parts[2]
+    parent = mount / own.strip("/") if own else mount
+    if not (parent / "cgroup.procs").is_file():
+        parent = mount
+    cg = parent / f"evalsup-test-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    try:
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+    except OSError as e:
+        yield f"cannot make a memory cgroup under {parent}: {e.strerror}"
+        return
+    try:
+        yield cg
+    finally:
+        for _ in range(50):
+            pids = [x for x in (cg / "cgroup.procs").read_text().split() if x.isdigit()]
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.procs").write_text(pid)
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def in_cgroup(cg: Path, argv: list[str]) -> list[str]:
+    """``argv`` run inside cgroup ``cg``: the child joins it before it execs, so every process it starts is in it."""
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cg / "cgroup.procs"), *argv]

@@ -226,6 +226,12 @@ class Journal:
         with open(self.ids_path, "rb") as f:
             return f.read(length)
 
+    def read_ids_at(self, offset: int, size: int) -> bytes:
+        """``size`` bytes of ids.bin from ``offset`` (a resume reads it a chunk at a time)."""
+        with open(self.ids_path, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
     # ----- writing (event loop side) -----
 
     def append(self, line: bytes | memoryview) -> None:

@@ -79,7 +79,7 @@ from evalsup.supervisor.view import RunView
 from evalsup.supervisor.workers import Exit, State, WorkerHandle
 from evalsup.tasks.anthropic import task_params
 from evalsup.tasks.fingerprint import fingerprint, grew_at_line_end, same_input
-from evalsup.tasks.idset import IdSet
+from evalsup.tasks.idindex import IdIndex, IndexBuilder
 from evalsup.tasks.prescan import prescan
 from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
 from evalsup.tasks.records import output_line
@@ -125,7 +125,8 @@ class Supervisor:
         self.hang = HangWatch(cfg.hang_timeout_s, TICK_S)
         self.stall = StallWatch(cfg.stall_after_s, time.monotonic())  # its clock starts again with the run
         self.reader: TaskReader | None = None
-        self._scanned: tuple[tuple[int, int, int], IdSet] | None = None  # the pre-scan's start and id set
+        self._scanned: tuple[tuple[int, int, int], IdIndex] | None = None  # the pre-scan's start and id index
+        self.ids: IdIndex | None = None  # the reader's id index (temporary files, closed with the reader)
         self.fp: dict[str, Any] = {}
         self.credit = asyncio.Event()  # set when a credit returns or the set of workers changes
         self.stopping: StopMode | None = None  # None until the run stops
@@ -184,7 +185,7 @@ class Supervisor:
         self.fp = fingerprint(cfg.tasks_path, cp.fingerprint if cp is not None else None)  # hash only if written
         if cfg.shard is not None:
             self.fp["shard"] = list(cfg.shard)
-        ids = IdSet()
+        ids = IndexBuilder(cfg.run_dir)  # its temporary files go beside the run directory, unlinked
         start = (0, 0, 0)
         if cp is not None:
             how = same_input(cp.fingerprint, self.fp, cfg.tasks_path)
@@ -194,7 +195,11 @@ class Supervisor:
                 return
             start = (cp.frontier, cp.line_no, cp.index)
             if cp.ids_len:
-                ids.load(self.journal.read_ids(cp.ids_len))
+                try:
+                    await asyncio.to_thread(ids.add_logged, self.journal.read_ids_at, cp.ids_len)
+                except OSError:
+                    ids.close()
+                    return  # unreadable ids.bin: _open reads it again and says so
         skip = cfg.on_invalid == "skip"
         tally = Tally()
         look = self._cache_tally(tally)
@@ -207,10 +212,13 @@ class Supervisor:
                 await asyncio.to_thread(look.finish)
                 hits = look.hits
         finally:
+            ids.close()
             if look is not None:
                 look.known.close()
+        assert scan.index is not None
         verdict = judge(scan, str(cfg.tasks_path), skip)
         if not verdict.go:
+            scan.index.close()
             assert verdict.say is not None
             if cp is not None:  # the run directory says why this session ended (evalsup status)
                 log = EventLog(cfg.run_dir / EVENTS)
@@ -220,7 +228,7 @@ class Supervisor:
         if verdict.say:
             self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
         await self._start_budget(tally, cp is not None, hits)
-        self._scanned = (start, ids)
+        self._scanned = (start, scan.index)
 
     def _cache_tally(self, tally: Tally) -> CachedTally | None:
         """With a cache that is read (--cache, mode rw or ro): the estimate at the start counts the requests it
@@ -313,12 +321,15 @@ class Supervisor:
         cp = state.checkpoint if state is not None else None
         start = (cp.frontier, cp.line_no, cp.index) if cp is not None else (0, 0, 0)
         scanned = self._scanned
-        if scanned is not None and scanned[0] == start:  # the pre-scan's id set: every id up to the end
-            self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start, ids=scanned[1])
-        else:  # no pre-scan from here: ids up to the frontier, the rest checked as read
-            self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start)
+        if scanned is not None and scanned[0] == start:  # the pre-scan's id index: every id up to its end
+            self.ids = scanned[1]
+        else:  # no pre-scan from here: ids up to the frontier in memory, the rest checked as read
+            if scanned is not None:
+                scanned[1].close()
+            self.ids = IdIndex.empty()
             if cp is not None and cp.ids_len:
-                self.reader.ids.load(self.journal.read_ids(cp.ids_len))
+                self.ids.load(self.journal.read_ids(cp.ids_len))
+        self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start, ids=self.ids)
         self._scanned = None
         if state is None or cp is None:
             return
@@ -557,6 +568,10 @@ class Supervisor:
         self.events.close()
         if self.reader is not None:
             self.reader.close()
+        if self.ids is not None:
+            self.ids.close()  # the pre-scan's temporary files: their disk is freed
+        if self._scanned is not None:
+            self._scanned[1].close()
 
     # helpers of the verbs (they act only through them)
 

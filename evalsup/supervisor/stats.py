@@ -49,6 +49,9 @@ class Histogram:
                 for k, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
 
 
+POISONED_KEPT = 1000  # ids of tasks written as worker_crashed kept for the summary: memory bounded in N
+
+
 @dataclass
 class RunStats:
     succeeded: int = 0  # records in results.jsonl, all sessions
@@ -154,7 +157,8 @@ class RunStats:
     def on_poisoned(self, task_id: str) -> None:
         self.failed += 1
         self.session_done += 1
-        self.poisoned.append(task_id)
+        if len(self.poisoned) < POISONED_KEPT:  # the first ones name them; their records say the rest
+            self.poisoned.append(task_id)
 
     def on_memory(self, supervisor_rss: int, worker_rss: list[int]) -> None:
         self.peak_rss["worker_max"] = max(self.peak_rss["worker_max"], *worker_rss, 0)
@@ -165,7 +169,7 @@ class RunStats:
         """What the checkpoint keeps: what carries over a resume, and (not carried over) the recent history of
         the done count, sampled at each call, that `evalsup status` computes a rate and an ETA from."""
         self.history.append((round(time.time(), 3), self.done))
-        return {"restarts": self.restarts, "recycles": self.recycles, "poisoned": self.poisoned[:1000],
+        return {"restarts": self.restarts, "recycles": self.recycles, "poisoned": self.poisoned[:POISONED_KEPT],
                 "history": list(self.history)}
 
     def progress(self) -> dict[str, Any]:
@@ -180,4 +184,4 @@ class RunStats:
             self.restarts[k] = self.restarts.get(k, 0) + int(v)
         for k, v in counters.get("recycles", {}).items():
             self.recycles[k] = self.recycles.get(k, 0) + int(v)
-        self.poisoned.extend(counters.get("poisoned", []))
+        self.poisoned.extend(counters.get("poisoned", [])[: POISONED_KEPT - len(self.poisoned)])

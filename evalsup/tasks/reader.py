@@ -12,15 +12,25 @@ supervisor reads and validates with this module; the worker never reads the file
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import orjson
 
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.requests import BATCH_URLS, metadata_problem
 from evalsup.tasks.routes import DEFAULT
+
+
+class IdCheck(Protocol):
+    """What the reader checks ids with: ``IdSet`` (in memory), ``tasks.idindex.IdIndex`` (the run's, on disk) or
+    the pre-scan's ``IndexBuilder`` (collects, finds duplicates afterwards)."""
+
+    def add(self, task_id: str, offset: int, id_at: Callable[[int], str | None], log: bool = True) -> int | None: ...
+
+    def take_log(self) -> bytes: ...
 
 
 class TaskError(Exception):
@@ -96,7 +106,7 @@ class TaskReader:
     """
 
     def __init__(self, path: Path, max_line_bytes: int, start_offset: int = 0, start_line: int = 0,
-                 start_index: int = 0, ids: IdSet | None = None, log_ids: bool = True) -> None:
+                 start_index: int = 0, ids: IdCheck | None = None, log_ids: bool = True) -> None:
         self.path = path
         self.name = str(path)
         self.max_line_bytes = max_line_bytes
@@ -106,7 +116,7 @@ class TaskReader:
         self.offset = start_offset  # every line before it has been read
         self.line_no = start_line  # physical lines read (1-based numbering of the last one)
         self.index = start_index  # non-blank lines read, counting from 0 (for sharding)
-        self.ids = ids if ids is not None else IdSet()
+        self.ids: IdCheck = ids if ids is not None else IdSet()
         self.log_ids = log_ids  # False for the pre-scan: ids.bin logs the ids of the lines the run itself read
         self.exhausted = False
         self._last = (start_offset, start_line, start_index)
@@ -129,7 +139,8 @@ class TaskReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _id_at(self, offset: int) -> str | None:
+    def id_at(self, offset: int) -> str | None:
+        """The id of the line at ``offset`` (None if it has none), read again from the file."""
         if self._peek is None:
             self._peek = open(self.path, "rb")  # noqa: SIM115 - closed in close()
         self._peek.seek(offset)
@@ -175,7 +186,7 @@ class TaskReader:
                 tid = validate(obj)
             except ValueError as e:
                 raise TaskError(self.name, self.line_no, start, str(e), body) from None
-            earlier = self.ids.add(tid, start, self._id_at, self.log_ids)
+            earlier = self.ids.add(tid, start, self.id_at, self.log_ids)
             if earlier is not None:
                 raise TaskError(self.name, self.line_no, start, f"duplicate id {tid!r} (first seen at byte {earlier})",
                                 body)

@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 
 from evalsup.supervisor.input_check import judge
+from evalsup.tasks.idindex import IndexBuilder
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.prescan import Scan, prescan
 from evalsup.tasks.reader import TaskError, TaskReader
@@ -26,16 +27,16 @@ def _task(i: int | str) -> bytes:
 
 def test_a_clean_file_is_counted_and_its_ids_kept_out_of_the_log(tmp_path: Path) -> None:
     f = _write(tmp_path / "t.jsonl", [_task(i) for i in range(100)] + [b"", b"  "])
-    ids = IdSet()
-    scan = prescan(f, MAX, ids)
+    scan = prescan(f, MAX, IndexBuilder(tmp_path / "run"))
     assert (scan.tasks, scan.invalid, scan.first_bad, scan.end, scan.lines) == (100, 0, None, f.stat().st_size, 102)
-    assert len(ids) == 100 and ids.take_log() == b""  # ids.bin logs only what the run itself reads
+    assert scan.index is not None and len(scan.index) == 100
+    assert scan.index.take_log() == b""  # ids.bin logs only what the run itself reads
 
 
 def test_the_runs_reader_finds_each_scanned_line_its_own_and_logs_it_as_it_reads(tmp_path: Path) -> None:
     f = _write(tmp_path / "t.jsonl", [_task(i) for i in range(50)])
-    ids = IdSet()
-    prescan(f, MAX, ids)
+    ids = prescan(f, MAX, IndexBuilder(tmp_path / "run")).index
+    assert ids is not None
     with TaskReader(f, MAX, ids=ids) as r:
         got = [r.next() for _ in range(50)]
         assert r.next() is None
@@ -45,7 +46,7 @@ def test_the_runs_reader_finds_each_scanned_line_its_own_and_logs_it_as_it_reads
 
 def test_the_first_bad_line_stops_the_scan_as_the_reader_names_it(tmp_path: Path) -> None:
     f = _write(tmp_path / "t.jsonl", [_task(0), _task(1), _task(0), b"{", _task(2)])
-    scan = prescan(f, MAX, IdSet())
+    scan = prescan(f, MAX, IndexBuilder(tmp_path / "run"))
     assert scan.tasks == 2 and scan.invalid == 1 and scan.first_bad is not None
     assert str(scan.first_bad) == f"{f}:3: duplicate id 't0' (first seen at byte 0)"
 
@@ -54,7 +55,7 @@ def test_keep_going_counts_every_bad_line(tmp_path: Path) -> None:
     long = orjson.dumps({"id": "long", "prompt": "x" * 2000})
     f = _write(tmp_path / "t.jsonl", [_task(0), b"{", b"[1]", _task(0), long, b'{"id": "u", "url": "/v1/x"}',
                                       b'{"custom_id": "c", "url": "/v1/nope", "body": {}}', _task(1)])
-    scan = prescan(f, 1000, IdSet(), keep_going=True)
+    scan = prescan(f, 1000, IndexBuilder(tmp_path / "run"), keep_going=True)
     assert (scan.tasks, scan.invalid) == (2, 6)
     assert scan.first_bad is not None and scan.first_bad.line_no == 2
 
@@ -66,8 +67,9 @@ def test_a_resume_scans_from_the_frontier_with_the_ids_read_before_it(tmp_path: 
         for _ in range(5):
             r.next()
         frontier = (r.offset, r.line_no, r.index)
-    ids = IdSet()
-    ids.load(before.take_log())
+    ids = IndexBuilder(tmp_path / "run")
+    log = before.take_log()
+    ids.add_logged(lambda at, size: log[at:at + size], len(log), chunk=48)  # read as from ids.bin, in chunks
     scan = prescan(f, MAX, ids, start=frontier)
     assert scan.start == frontier[0] and scan.tasks == 5
     assert scan.first_bad is not None and scan.first_bad.line_no == 11 and "duplicate id 't3'" in str(scan.first_bad)
@@ -75,15 +77,26 @@ def test_a_resume_scans_from_the_frontier_with_the_ids_read_before_it(tmp_path: 
 
 def test_a_stop_asked_ends_the_scan_early(tmp_path: Path) -> None:
     f = _write(tmp_path / "t.jsonl", [_task(i) for i in range(10)])
-    scan = prescan(f, MAX, IdSet(), should_stop=lambda: True)
+    scan = prescan(f, MAX, IndexBuilder(tmp_path / "run"), should_stop=lambda: True)
     assert scan.stopped and scan.tasks == 0
 
 
-def test_the_id_set_is_sized_once_from_the_files_lines(tmp_path: Path) -> None:
-    f = _write(tmp_path / "t.jsonl", [_task(i) for i in range(20_000)])
-    ids = IdSet()
-    prescan(f, MAX, ids)
-    assert ids.nbytes == 2 * 8 * 32768  # 20,000 ids at most 3/4 full: 32,768 slots, not more
+def test_skip_counts_each_duplicate_once_and_the_run_reads_them_as_bad_lines(tmp_path: Path) -> None:
+    f = _write(tmp_path / "t.jsonl", [_task(0), _task(1), b"{", _task(0), _task(2), _task(1), _task(0)])
+    scan = prescan(f, MAX, IndexBuilder(tmp_path / "run"), keep_going=True)
+    assert (scan.tasks, scan.invalid) == (3, 4) and scan.first_bad is not None and scan.first_bad.line_no == 3
+    assert scan.index is not None
+    bad: list[str] = []
+    with TaskReader(f, MAX, ids=scan.index) as r:
+        while True:
+            try:
+                if r.next() is None:
+                    break
+            except TaskError as e:
+                bad.append(str(e).split(": ", 1)[1])
+    assert bad == ["malformed JSON (unexpected end of data: line 1 column 2 (char 1))",
+                   "duplicate id 't0' (first seen at byte 0)", "duplicate id 't1' (first seen at byte 25)",
+                   "duplicate id 't0' (first seen at byte 0)"]
 
 
 # ----- the verdict -----
