@@ -95,15 +95,9 @@ class Cgroup:
     """A fresh v1 memory cgroup under this process's own, limited to ``limit`` bytes."""
 
     def __init__(self, limit: int) -> None:
-        mount = Path("/sys/fs/cgroup/memory")
-        own = ""
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            parts = line.split(":", 2)
-            if len(parts) == 3 and "memory" in parts[1].split(","):
-                own = parts[2]
-        parent = mount / own.strip("/") if own else mount
-        if not (parent / "cgroup.procs").is_file():
-            parent = mount
+        from evalsup.config.cgroup import own_v1_memory_cgroup
+
+        parent = own_v1_memory_cgroup()
         self.parent = parent
         self.path = parent / f"evalsup-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.path.mkdir()

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 import psutil
 
+from evalsup.config.cgroup import own_v1_memory_cgroup
 from evalsup.mock.server import MockConfig, MockThread
 from evalsup.rundir.lock import LOCK_NAME
 
@@ -430,14 +431,7 @@ def v1_memory_cgroup(limit: int) -> Iterator[Path | str]:
     if os.geteuid() != 0 or not (mount / "memory.limit_in_bytes").is_file():
         yield "needs root and a cgroup v1 memory hierarchy at /sys/fs/cgroup/memory"
         return
-    own = ""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and "memory" in parts[1].split(","):
-            own = parts[2]
-    parent = mount / own.strip("/") if own else mount
-    if not (parent / "cgroup.procs").is_file():
-        parent = mount
+    parent = own_v1_memory_cgroup(mount)
     cg = parent / f"evalsup-test-{os.getpid()}-{time.monotonic_ns() % 10**9}"
     try:
         cg.mkdir()

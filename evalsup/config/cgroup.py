@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 __all__ = [
@@ -73,6 +74,21 @@ def parse_proc_cgroup(text: str) -> tuple[str | None, str | None]:
         elif "memory" in controllers.split(","):
             v1_memory = path
     return v2, v1_memory
+
+
+V1_MEMORY_MOUNT = Path("/sys/fs/cgroup/memory")
+
+
+def own_v1_memory_cgroup(mount: Path = V1_MEMORY_MOUNT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> Path:
+    """This process's own cgroup v1 memory cgroup, the directory a child cgroup of ours is made in (the tests' and
+    the benchmarks' memory-limited runs): its path from ``/proc/self/cgroup`` under ``mount``, or ``mount``
+    itself where that path is not there (a namespaced or bind-mounted view)."""
+    try:
+        _v2, own = parse_proc_cgroup(proc_cgroup.read_text())
+    except OSError:
+        own = None
+    parent = mount / own.strip("/") if own else mount
+    return parent if (parent / "cgroup.procs").is_file() else mount
 
 
 def parse_limit(text: str) -> int | None:

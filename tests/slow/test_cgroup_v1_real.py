@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from evalsup.config.cgroup import parse_keyed, parse_proc_cgroup
+from evalsup.config.cgroup import own_v1_memory_cgroup, parse_keyed
 from evalsup.mock.server import MockThread
 from tests.harness import Run, assert_exactly_once, evalsup_cmd, memory_samples, summary, write_tasks
 
@@ -61,10 +61,7 @@ def v1_cgroup() -> Iterator[Path]:
     mount = v1_memory_mount()
     if not (mount / "memory.limit_in_bytes").is_file() or not (mount / "cgroup.procs").is_file():
         pytest.skip(f"no cgroup v1 memory hierarchy at {mount}")
-    _v2, own = parse_proc_cgroup(_read(Path("/proc/self/cgroup")))
-    parent = mount / own.strip("/") if own else mount
-    if not (parent / "cgroup.procs").is_file():  # a namespaced or bind-mounted view: use the mount's root
-        parent = mount
+    parent = own_v1_memory_cgroup(mount)
     cg = parent / f"evalsup-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         cg.mkdir()

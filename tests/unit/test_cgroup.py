@@ -395,3 +395,18 @@ def test_rss_self_and_tree() -> None:
     own = rss_bytes(os.getpid())
     assert own is not None and own > 1_000_000
     assert tree_rss_bytes([os.getpid(), os.getpid()]) >= 2 * own * 0.9
+
+
+def test_own_v1_memory_cgroup_is_ours_or_the_mount_where_ours_is_not_there(tmp_path: Path) -> None:
+    from evalsup.config.cgroup import own_v1_memory_cgroup
+
+    mount = tmp_path / "memory"
+    (mount / "job" / "step").mkdir(parents=True)
+    (mount / "cgroup.procs").write_text("")
+    (mount / "job" / "step" / "cgroup.procs").write_text("")
+    proc = tmp_path / "cgroup"
+    proc.write_text("12:pids:/job\n4:memory:/job/step\n0::/job\n")
+    assert own_v1_memory_cgroup(mount, proc) == mount / "job" / "step"
+    proc.write_text("4:memory:/elsewhere\n")  # a namespaced view: our path is not under this mount
+    assert own_v1_memory_cgroup(mount, proc) == mount
+    assert own_v1_memory_cgroup(mount, tmp_path / "missing") == mount
