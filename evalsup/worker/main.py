@@ -199,8 +199,9 @@ class Worker:
                                                            url])
             else:
                 note = records.CacheNote(ck.hex(), False)
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, hedge=hedge,
-                             judge_tokens=judged, group=group, reasks=reasks, reask_usage=reask_usage, cache=note)
+        extras = records.Extras(hedge=hedge, judge_tokens=judged, group=group, reasks=reasks,
+                                reask_usage=reask_usage, cache=note)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, extras)
 
     async def structured(self, url: str, body: dict[str, Any], key: int,
                          oc: Outcome) -> tuple[Outcome, int | None, tuple[int, int] | None]:

@@ -32,23 +32,39 @@ class CacheNote:
     model: str | None = None  # a hit's model, as kept (the summary's tokens saved, by model)
 
 
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """What a task's record may carry beyond its answer, each part from one feature (None: not used).
+
+    ``hedge``: whether the second copy's answer is the record (--hedge; meta ``hg``); ``judge_tokens``: the
+    judge's (prompt, completion) tokens, counted apart from the answer's (--scorer judge; meta ``jpt``, ``jct``);
+    ``group``: its group under --group-by (meta ``g``); ``reasks``: the times its answer was asked again for its
+    JSON schema (``metrics.reasks``); ``reask_usage``: the (prompt, completion) tokens of the answers asked
+    again, paid beside the record's own (``metrics.reask_usage``; meta ``rpt``, ``rct``: the caps spend them);
+    ``cache``: the cache's word (a hit is marked ``metrics.cache: "hit"``; an answer to keep is written as head,
+    body, tail, and the meta's ``ck`` says where its body is in the line)."""
+
+    hedge: bool | None = None
+    judge_tokens: tuple[int, int] | None = None
+    group: str | None = None
+    reasks: int | None = None
+    reask_usage: tuple[int, int] | None = None
+    cache: CacheNote | None = None
+
+
+NONE = Extras()
+
+
 def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any] | None,
-          metadata: dict[str, Any], scored: Scored | None = None, *,
-          hedge: bool | None = None, judge_tokens: tuple[int, int] | None = None,
-          group: str | None = None, reasks: int | None = None, reask_usage: tuple[int, int] | None = None,
-          cache: CacheNote | None = None) -> tuple[list[bytes], dict[str, Any]]:
+          metadata: dict[str, Any], scored: Scored | None = None,
+          extras: Extras = NONE) -> tuple[list[bytes], dict[str, Any]]:
     """Task ``tid`` (its key ``key``): its output line (as parts to write one after the other) and the RESULT
     meta. ``waited_s``: the time it waited in this worker's queue; ``endpoint``: the index and public URL of its
     last attempt's endpoint (``endpoint_of``; None for an answer from the cache); ``scored``: its scores, when
     the run scores (a scorer that left it unscored is absent from the record's scores and named in the meta's
-    ``us``); ``hedge``: None when its request was not hedged (--hedge), else whether the second copy's answer is
-    the record; ``judge_tokens``: the judge's (prompt, completion) tokens for it when it was asked, counted apart
-    from the answer's (``jpt``, ``jct``); ``group``: its group under --group-by (meta ``g``); ``reasks``: the
-    times its answer was asked again for its JSON schema (None: it has none; metrics.reasks otherwise);
-    ``reask_usage``: the (prompt, completion) tokens of the answers asked again, paid beside the record's own
-    (``metrics.reask_usage``; meta ``rpt``, ``rct``: the caps spend them);
-    ``cache``: the cache's word (a hit is marked ``metrics.cache: "hit"``; an answer to keep is written as head,
-    body, tail, and the meta's ``ck`` says where its body is in the line)."""
+    ``us``); ``extras``: what the features that touched it add (``Extras``)."""
+    hedge, judge_tokens, group = extras.hedge, extras.judge_tokens, extras.group
+    reasks, reask_usage, cache = extras.reasks, extras.reask_usage, extras.cache
     # latency_s is the server's (the last attempt, request written to last byte); queue_s the time it waited
     # here (a slot under the limit, the pacer); total_s from the first attempt's start to the end
     metrics: dict[str, Any] = {"latency_s": round(oc.server_s, 6), "queue_s": round(waited_s + oc.queue_s, 6),

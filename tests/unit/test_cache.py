@@ -199,21 +199,21 @@ def test_cache_settings_without_a_cache_are_refused(tmp_path: Path, monkeypatch:
 @pytest.mark.parametrize("size", [10, 40_000])
 def test_a_kept_answer_says_where_its_body_is_in_the_line(size: int) -> None:
     from evalsup.worker.client import Outcome
-    from evalsup.worker.records import CacheNote, build
+    from evalsup.worker.records import CacheNote, Extras, build
 
     raw = orjson.dumps({"choices": [{"message": {"content": "x" * size}, "finish_reason": "stop"}],
                         "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
     oc = Outcome(200, orjson.Fragment(raw), len(raw), "req-1", None, 1, 0.5, parsed=orjson.loads(raw),
                  raw_json=raw)
     parts, info = build("t1", oc, 7, 0.0, 1, {"index": 0, "url": "u"}, {},
-                        cache=CacheNote("ab" * 32, False, ["req-1", "m", CHAT]))
+                        extras=Extras(cache=CacheNote("ab" * 32, False, ["req-1", "m", CHAT])))
     line = b"".join(parts)
     key, off, n, rid, model, path = info["ck"]
     assert line[off:off + n] == raw and (key, rid, model, path) == ("ab" * 32, "req-1", "m", CHAT)
     assert orjson.loads(line)["response"]["body"] == orjson.loads(raw) and info["ca"] == "m"
     # the hit: the same body bytes, no request
     hit = Outcome(200, orjson.Fragment(raw), len(raw), "req-1", None, 0, 0.0, parsed={"usage": {}}, raw_json=raw)
-    parts, info = build("t1", hit, 8, 0.0, 1, None, {}, cache=CacheNote("ab" * 32, True, model="m"))
+    parts, info = build("t1", hit, 8, 0.0, 1, None, {}, extras=Extras(cache=CacheNote("ab" * 32, True, model="m")))
     rec = orjson.loads(b"".join(parts))
     assert raw in b"".join(parts) and rec["metrics"]["cache"] == "hit" and rec["metrics"]["latency_s"] is None
     assert (info["ca"], info["ch"], info["cm"], info["rt"]) == ("h", "ab" * 32, "m", 0)

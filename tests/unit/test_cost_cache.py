@@ -227,12 +227,12 @@ def test_the_runs_schema_is_in_the_cache_key_when_it_is_validated() -> None:
 def test_a_reasked_answers_earlier_requests_are_in_the_meta_the_summary_and_the_resumes_spend(
         tmp_path: Path) -> None:
     from evalsup.worker.client import Outcome
-    from evalsup.worker.records import build
+    from evalsup.worker.records import Extras, build
 
     body = {"model": "m", "choices": [{"message": {"content": "{}"}}],
             "usage": {"prompt_tokens": 40, "completion_tokens": 5}}
     oc = Outcome(200, body, 10, "r", None, 1, 0.1, parsed=body, sent=3)
-    out, meta = build("t1", oc, 1, 0.0, 1, None, {}, reasks=2, reask_usage=(60, 9))
+    out, meta = build("t1", oc, 1, 0.0, 1, None, {}, extras=Extras(reasks=2, reask_usage=(60, 9)))
     assert (meta["pt"], meta["ct"], meta["rpt"], meta["rct"], meta["rk"]) == (40, 5, 60, 9, 2)
     rec = orjson.loads(b"".join(out))
     assert rec["metrics"]["reask_usage"] == {"prompt_tokens": 60, "completion_tokens": 9}
