@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from evalsup.batch.client import ProviderError
+from evalsup.batch.client import ProviderError, download
 from evalsup.tasks.anthropic import ANTHROPIC_VERSION
 from evalsup.tasks.requests import join_url
 
@@ -92,15 +92,7 @@ class AnthropicClient:
 
     async def download(self, results_url: str, path: Path) -> None:
         """A batch's results to ``path`` (streamed; the caller renames it into place)."""
-        try:
-            async with self.session.get(results_url, headers=self.headers) as r:
-                if r.status != 200:
-                    raise refused(r.status, await r.read())
-                with open(path, "wb") as f:
-                    async for piece in r.content.iter_chunked(1 << 20):
-                        f.write(piece)
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise ProviderError(None, f"GET results: {type(e).__name__}: {e}") from None
+        await download(self.session, results_url, self.headers, path, "GET results", refused)
 
 
 def refused(status: int, raw: bytes) -> ProviderError:

@@ -3,7 +3,7 @@ driver decides whether to try again). The base URL is the run's first ``--base-u
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +83,24 @@ class BatchClient:
 
     async def download(self, file_id: str, path: Path) -> None:
         """A file's content to ``path`` (streamed; the caller renames it into place)."""
-        try:
-            async with self.session.get(self.url(f"/files/{file_id}/content"), headers=self.headers) as r:
-                if r.status != 200:
-                    raise _refused(r.status, await r.read())
-                with open(path, "wb") as f:
-                    async for piece in r.content.iter_chunked(1 << 20):
-                        f.write(piece)
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise ProviderError(None, f"GET /files/{file_id}/content: {type(e).__name__}: {e}") from None
+        await download(self.session, self.url(f"/files/{file_id}/content"), self.headers, path,
+                       f"GET /files/{file_id}/content", _refused)
+
+
+async def download(session: aiohttp.ClientSession, url: str, headers: dict[str, str], path: Path, what: str,
+                   refused: Callable[[int, bytes], ProviderError]) -> None:
+    """GET ``url`` into ``path``, streamed a MiB at a time (either provider's results: the caller renames the file
+    into place); a non-200 answer is ``refused(status, body)``, a failed connection a ProviderError naming
+    ``what``."""
+    try:
+        async with session.get(url, headers=headers) as r:
+            if r.status != 200:
+                raise refused(r.status, await r.read())
+            with open(path, "wb") as f:
+                async for piece in r.content.iter_chunked(1 << 20):
+                    f.write(piece)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise ProviderError(None, f"{what}: {type(e).__name__}: {e}") from None
 
 
 def _refused(status: int, raw: bytes) -> ProviderError:
