@@ -58,7 +58,7 @@ from evalsup.batch.plan import (
 from evalsup.batch.records import Answer, build, not_run, parse_line
 from evalsup.common.process import quiet_gc
 from evalsup.config import exitcodes as ex
-from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame, split_meta
+from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, split_meta
 from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.ipc.ring import POS
@@ -71,7 +71,7 @@ from evalsup.tasks.headers import api_key, build_headers, key_source, request_he
 from evalsup.tasks.requests import RequestDefaults, credentials, public_url, to_request
 from evalsup.tasks.response_schema import SchemaError
 from evalsup.worker import reask
-from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, open_pipes
+from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, fatal_start, open_pipes, read_config
 from evalsup.worker.scoring import Scoring
 
 CRASH_ENV = "EVALSUP_BATCH_CRASH_AT"  # testing hook: kill -9 the run at this step (see ``_crash_at``)
@@ -833,13 +833,9 @@ class Driver:
 
 async def amain() -> int:
     reader, out = await open_pipes(FLUSH_DELAY_S)
-    frame = await read_frame(reader)
-    if frame is None:
-        return 0
-    kind, payload = frame
-    if kind is not FrameKind.CONFIG:
-        print(f"evalsup batch: expected CONFIG, got {kind.name}", file=sys.stderr)
-        return 2
+    payload = await read_config(reader, "evalsup batch")
+    if isinstance(payload, int):
+        return payload
     try:
         cfg = WorkerConfig.from_wire(decode_json(payload))
         if cfg.batch is None:
@@ -847,9 +843,7 @@ async def amain() -> int:
         journal = await asyncio.to_thread(Journal, Path(cfg.batch["run_dir"]))  # waits for a predecessor
         driver = Driver(cfg, reader, out, journal)
     except Exception as e:
-        out.send(encode_json(FrameKind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
-        await out.finish()
-        return 2
+        return await fatal_start(out, e)
     quiet_gc()
     out.send(encode_json(FrameKind.READY, {"pid": driver.pid, "concurrency": 1}))
     try:

@@ -28,7 +28,7 @@ from evalsup.cache.key import schema_in_key
 from evalsup.cache.lookup import CacheReader
 from evalsup.cache.store import Entry
 from evalsup.common.process import quiet_gc
-from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json, read_frame
+from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json
 from evalsup.ipc.frames import FrameParser
 from evalsup.ipc.messages import WIRE_TOP, WorkerConfig
 from evalsup.scoring.judge import JUDGE, load_template, parse_template
@@ -48,7 +48,7 @@ from evalsup.worker.endpoints import Endpoint, EndpointPool
 from evalsup.worker.hedge import Tail, tick_s
 from evalsup.worker.judge import Judge, JudgeSettings
 from evalsup.worker.pacing import Pacer
-from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, open_pipes
+from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, fatal_start, open_pipes, read_config
 from evalsup.worker.race import Hedger
 from evalsup.worker.retry import RetryPolicy
 from evalsup.worker.schedule import Schedule
@@ -423,13 +423,9 @@ def from_cache(e: Entry, whole: bool) -> Outcome:
 
 async def amain() -> int:
     reader, out = await open_pipes(FLUSH_DELAY_S)
-    frame = await read_frame(reader)
-    if frame is None:
-        return 0
-    kind, payload = frame
-    if kind is not FrameKind.CONFIG:
-        print(f"evalsup worker: expected CONFIG, got {kind.name}", file=sys.stderr)
-        return 2
+    payload = await read_config(reader, "evalsup worker")
+    if isinstance(payload, int):
+        return payload
     try:
         cfg = WorkerConfig.from_wire(decode_json(payload))
         if cfg.trace_memory:
@@ -438,9 +434,7 @@ async def amain() -> int:
             tracemalloc.start(10)
         worker = Worker(cfg, reader, out)
     except Exception as e:
-        out.send(encode_json(FrameKind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
-        await out.finish()
-        return 2
+        return await fatal_start(out, e)
     quiet_gc()
     out.send(encode_json(FrameKind.READY, {"pid": worker.pid, "concurrency": worker.concurrency}))
     await worker.run()

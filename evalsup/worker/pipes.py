@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from typing import Any
 
-from evalsup.ipc import FrameKind, FrameWriter, encode_json
+from evalsup.ipc import FrameKind, FrameWriter, encode_json, read_frame
 from evalsup.ipc.frames import KEY, encode_frame, encode_meta, encode_meta_head, widen_pipe
 from evalsup.ipc.ring import RING_MIN, WorkerRing
 
@@ -124,3 +125,23 @@ class Outbox:
 
     def probe_result(self, e: int, ok: bool, detail: str) -> None:
         self.out.send(encode_json(FrameKind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))
+
+
+async def read_config(reader: asyncio.StreamReader, who: str) -> bytes | int:
+    """The payload of the supervisor's first frame, CONFIG (a worker's and the batch driver's start); else the
+    exit code: 0 when the pipe closed first, 2 (one line on stderr, naming ``who``) for any other frame."""
+    frame = await read_frame(reader)
+    if frame is None:
+        return 0
+    kind, payload = frame
+    if kind is not FrameKind.CONFIG:
+        print(f"{who}: expected CONFIG, got {kind.name}", file=sys.stderr)
+        return 2
+    return payload
+
+
+async def fatal_start(out: FrameWriter, e: Exception) -> int:
+    """A start that failed (its settings, its state): FATAL to the supervisor with why, and the exit code, 2."""
+    out.send(encode_json(FrameKind.FATAL, {"message": f"{type(e).__name__}: {e}"}))
+    await out.finish()
+    return 2
