@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from evalsup.scoring import verify
+
 ScoreFn = Callable[[dict[str, Any], Any], Any]
 
 
@@ -175,7 +177,10 @@ _CUE = re.compile(
 # the whole answer is one letter, wrapped or not: "d", "(D)", "**B**", "B.", "[C]"
 _ONLY = re.compile(r"^[\s\(\[\{\*_\"'`]*([A-Za-z])[\s\)\]\}\*_\"'`\.:;!]*$")
 # the answer starts with an option's label: "B) Paris", "**C.** 42", "(A) the first", "d) none"
-_LABEL = re.compile(r"^[\s\*_]*(?:\(([A-Za-z])\)|([A-Z])[\.\):]|([a-z])\))[\*_]*(?:\s|$)")
+# (issue 43) or opens with its letter alone on the first line, or in bold: "B\n\nExplanation: A and C are wrong",
+# "**B** because ..." (read as B, as a person reads it, not as the last letter standing alone)
+_LABEL = re.compile(r"^[\s\*_]*(?:\(([A-Za-z])\)|([A-Z])[\.\):]|([a-z])\))[\*_]*(?:\s|$)"
+                    r"|^\s*(?:([A-Z])[ \t]*\n|(?:\*\*|__)\(?([A-Za-z])\)?[\.\):]?(?:\*\*|__)(?:\s|$))")
 _ANY = re.compile(_ALONE)
 # after "I" or "A" these words still read as an option: "A is wrong", "I and J"
 _OPTION_WORDS = frozenset(("is", "was", "and", "or", "seems", "would", "could", "can", "has", "fits", "looks",
@@ -216,7 +221,8 @@ def _lower_ok(text: str, m: re.Match[str]) -> bool:
 def extract_choice(text: str, options: str = LETTERS) -> str | None:
     """The option letter an answer gives (upper case), or None. In order: the last explicit statement ("Answer:
     X", "the answer is (X)", "\\boxed{X}"); an answer that is only a letter ("d", "(D)", "**B**"); an answer that
-    starts with an option's label ("B) Paris"); else the last letter standing alone (upper case, not the word "I"
+    starts with an option's label ("B) Paris") or with its letter alone on a line or in bold ("B\\n\\nExplanation:
+    ...", "**B** because ..."); else the last letter standing alone (upper case, not the word "I"
     or "A") that is one of ``options``. A letter that is not an option never counts."""
     found = None
     for m in _CUE.finditer(text):
@@ -230,7 +236,7 @@ def extract_choice(text: str, options: str = LETTERS) -> str | None:
         return only.group(1).upper()
     label = _LABEL.match(text)
     if label:
-        letter = (label.group(1) or label.group(2) or label.group(3)).upper()
+        letter = next(g for g in label.groups() if g).upper()
         if letter in options:
             return letter
     for m in reversed(list(_ANY.finditer(text))):
@@ -299,9 +305,61 @@ def _boxed(text: str) -> str | None:
     return None
 
 
+# thousands grouped by spaces as SI and many locales write them: "1 000", "1\u2009000 000", LaTeX "1\\,000",
+# "1{,}000" (a group of 1-3 digits, then groups of exactly 3; a fourth digit means two numbers: "12 3456")
+_SEP = r"(?:\\[,;: !]|\{,\}|[ \u00a0\u2009\u202f])"
+_GROUPED = re.compile(r"(?<![\d.,])\d{1,3}(?:" + _SEP + r"\d{3})+(?![\d]|" + _SEP + r"\d)")
+_SEP_RE = re.compile(_SEP)
+# a power of ten as answers write it: "1.5 \\times 10^3", "2 \\cdot 10^{-2}", "3×10^{4}", "1.5e3"
+_SCI = re.compile(r"(?<![\w.])([-−]?(?:\d+(?:\.\d+)?|\.\d+))\s*(?:\\times|\\cdot|×|·|\*|x)\s*10\s*\^\s*"
+                  r"(?:\{\s*([-−]?\d{1,3})\s*\}|([-−]?\d{1,3}))"
+                  r"|(?<![\w.])([-−]?(?:\d+(?:\.\d+)?|\.\d+))[eE]([-+]?\d{1,3})(?![\w.])")
+# a power: "2^{10}", "2^10", "(-3)^3" (the exponent an integer of at most 3 digits)
+_POW = re.compile(r"(?<![\w.^])(\d+(?:\.\d+)?|\(\s*[-−]?\d+(?:\.\d+)?\s*\))\s*\^\s*"
+                  r"(?:\{\s*([-−]?\d{1,3})\s*\}|([-−]?\d{1,3}))(?![\d.])")
+_MAX_DIGITS = 400  # a power past this many digits is left as written (no answer is a 10^400-digit number)
+
+
+def _exact(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def _power(base: Fraction, exp: int) -> Fraction | None:
+    if base == 0 and exp < 0:
+        return None
+    if abs(exp) * max(1, len(str(abs(base.numerator))), len(str(base.denominator))) > _MAX_DIGITS:
+        return None
+    return base ** exp
+
+
+def _sci(m: re.Match[str]) -> str:
+    mant, exp = (m.group(1), m.group(2) or m.group(3)) if m.group(1) else (m.group(4), m.group(5))
+    value = _power(Fraction(10), int(exp.replace("−", "-")))
+    return m.group(0) if value is None else _exact(Fraction(mant.replace("−", "-")) * value)
+
+
+def _pow(m: re.Match[str]) -> str:
+    base = Fraction(m.group(1).strip("() ").replace("−", "-"))
+    value = _power(base, int((m.group(2) or m.group(3)).replace("−", "-")))
+    return m.group(0) if value is None else _exact(value)
+
+
+def numbers_as_written(text: str) -> str:
+    """A text with the ways of writing one number that the number reader does not follow rewritten as plain
+    numbers: space-grouped thousands ("1 000" -> "1000"), powers of ten ("1.5 \\times 10^{3}", "1.5e3" ->
+    "1500") and integer powers ("2^{10}" -> "1024"), exactly (a negative power of ten gives a fraction)."""
+    if not any(c.isdigit() for c in text):
+        return text
+    text = _GROUPED.sub(lambda m: _SEP_RE.sub("", m.group(0)), text)
+    text = _SCI.sub(_sci, text)
+    return _POW.sub(_pow, text)
+
+
 def parse_number(s: str) -> Fraction | None:
-    """The value of one number as written ("1,234", "$12.50", "-3/4", "\\frac{1}{2}", "50%": 50), or None."""
-    s = s.strip().replace("−", "-").replace("$", "").replace("\\!", "").replace("\\,", "").rstrip("%").strip()
+    """The value of one number as written ("1,234", "$12.50", "-3/4", "\\frac{1}{2}", "50%": 50, "1 000",
+    "2^{10}", "1.5 \\times 10^3"), or None."""
+    s = numbers_as_written(s.strip())
+    s = s.replace("−", "-").replace("$", "").replace("\\!", "").replace("\\,", "").rstrip("%").strip()
     m = _FRAC.fullmatch(s)
     if m:
         s = f"{m.group(1)}/{m.group(2)}"
@@ -330,6 +388,7 @@ def _last_number(text: str) -> Fraction | None:
 def extract_number(text: str) -> Fraction | None:
     """The final number of an answer: in the last \\boxed{}, else after the last "####" / "answer is" /
     "Answer:", else the last number of the text (thousands separators, $ and % aside; fractions exact)."""
+    text = numbers_as_written(text)
     boxed = _boxed(text)
     if boxed is not None:
         return _last_number(boxed.replace("\\text", " ").replace("\\%", "%"))
@@ -342,7 +401,19 @@ def extract_number(text: str) -> Fraction | None:
 
 
 def math_match(task: dict[str, Any], body: Any, o: ScorerOptions) -> float | None:
-    """1 when the answer's final number equals ``expected``'s (exactly, as fractions: 0.5 == 1/2 == 1/2.0)."""
+    """1 when the answer's final expression equals ``expected``'s: read by math-verify when it is installed
+    (``evalsup[math]``: LaTeX, symbolic answers), else by the built-in reader (``builtin_math_match``)."""
+    expected = _expected_all(task)
+    if expected is None:
+        return None
+    if verify.version() is None:
+        return builtin_math_match(task, body, o)
+    return float(verify.matches(response_text(body), expected))
+
+
+def builtin_math_match(task: dict[str, Any], body: Any, o: ScorerOptions) -> float | None:
+    """The built-in reader: 1 when the answer's final number (``extract_number``) equals ``expected``'s, exactly
+    as fractions (0.5 == 1/2 == 1/2.0; "1 000" == 1000; "1.5 \\times 10^{3}" == 1500; "2^{10}" == 1024)."""
     expected = _expected_all(task)
     if expected is None:
         return None
@@ -471,6 +542,8 @@ class ScoreStats:
                 lo, hi = wilson(self.total[k], n)
                 d["accuracy"] = d["mean"]
                 d["ci95"] = [round(lo, 6), round(hi, 6)]
+            if k == "math":  # which reading scored: math-verify's or the built-in one (issue 43)
+                d["implementation"] = verify.implementation()
             out[k] = d
         return out
 

@@ -256,7 +256,8 @@ def score_rows(scores: dict[str, Any]) -> list[tuple[str, str]]:
     for name, sc in scores.items():
         # unscored tasks (no 'expected') are neither wrong nor errors: counted apart, outside n
         errs = (f", {sc['unscored']:,} unscored" if sc.get("unscored") else "") + (
-            f", {sc['errors']:,} errors" if sc["errors"] else "")
+            f", {sc['errors']:,} errors" if sc["errors"] else "") + (
+            f" (read by {sc['implementation']})" if sc.get("implementation") else "")
         if sc.get("accuracy") is not None:
             lo, hi = sc["ci95"]
             rows.append((f"score {name}", f"accuracy {sc['accuracy']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "

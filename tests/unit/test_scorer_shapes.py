@@ -13,6 +13,7 @@ import pytest
 
 from evalsup.scoring.scorers import (
     ScorerOptions,
+    builtin_math_match,
     choice,
     contains,
     exact_match,
@@ -22,6 +23,7 @@ from evalsup.scoring.scorers import (
     options_of,
     regex,
 )
+from evalsup.scoring.verify import implementation
 
 
 def _body(text: str) -> dict[str, Any]:
@@ -98,6 +100,15 @@ CHOICE_SHAPES: list[tuple[str, str, str | None]] = [
     ("Answer - B", ABCD, "B"),
     ("answer = C", ABCD, "C"),
     ("Therefore, the correct answer is **(A)**.", ABCD, "A"),
+    # issue 43: an answer that opens with its letter, then explains (the last letter alone was read before)
+    ("B\n\nExplanation: A and C are wrong because they ignore friction.", ABCD, "B"),
+    ("B\nA and C are wrong", ABCD, "B"),
+    ("**B** because A and C fail", ABCD, "B"),
+    ("**(B)**\nnot C", ABCD, "B"),
+    ("(B) as A is wrong, C too", ABCD, "B"),
+    ("B. Explanation: not C", ABCD, "B"),
+    ("A\nC is wrong", ABCD, "A"),
+    ("A good one is C", ABCD, "C"),
 ]
 
 
@@ -142,6 +153,19 @@ MATH_SHAPES: list[tuple[str, Fraction | None]] = [
     ("3-5", Fraction(5)),
     ("Answer: 0", Fraction(0)),
     ("The value is 1,2345", Fraction(2345)),  # not a thousands grouping: the last number written
+    # issue 43: LaTeX powers and space-grouped thousands (each read as its last number before)
+    ("$1.5 \\times 10^3$", Fraction(1500)),
+    ("The mass is $2 \\cdot 10^{-2}$ kg.", Fraction(1, 50)),
+    ("3×10^{4}", Fraction(30000)),
+    ("1.5e3", Fraction(1500)),
+    ("$2^{10}$", Fraction(1024)),
+    ("\\boxed{2^{10}}", Fraction(1024)),
+    ("(-3)^3", Fraction(-27)),
+    ("1 000", Fraction(1000)),
+    ("The answer is 1\u2009000 000.", Fraction(1000000)),
+    ("\\boxed{1\\,000}", Fraction(1000)),
+    ("1{,}000", Fraction(1000)),
+    ("12 3456", Fraction(3456)),  # a group of four digits: two numbers
 ]
 
 
@@ -208,6 +232,28 @@ def test_scorers_score(fn: Any, task: dict[str, Any], text: str, opts: ScorerOpt
     assert fn(task, _body(text), opts) == score
 
 
+# the math rows again, read by each implementation: the built-in reader always, math-verify where installed
+MATH_SCORES = [(t, x, s) for f, t, x, _, s in SCORE_SHAPES if f is math_match] + [
+    ({"expected": "1500"}, "$1.5 \\times 10^3$", 1.0),
+    ({"expected": "1024"}, "So $2^{10}$ ways.", 1.0),
+    ({"expected": "1000"}, "1 000", 1.0),
+    ({"expected": "1500"}, "It is 1500 or $1.5 \\times 10^3$: \\boxed{1500}", 1.0),
+    ({"expected": "3"}, "$1.5 \\times 10^3$", 0.0),  # the power's 3 was the last number it read before
+]
+
+
+@pytest.mark.parametrize(("task", "text", "score"), MATH_SCORES)
+def test_builtin_math_scores(task: dict[str, Any], text: str, score: float | None) -> None:
+    assert builtin_math_match(task, _body(text), S) == score
+
+
+@pytest.mark.parametrize(("task", "text", "score"), MATH_SCORES)
+def test_math_verify_scores(task: dict[str, Any], text: str, score: float | None) -> None:
+    pytest.importorskip("math_verify")
+    assert math_match(task, _body(text), S) == score
+    assert implementation().startswith("math-verify ")
+
+
 def test_the_table_is_large() -> None:
     assert len(CHOICE_SHAPES) + len(MATH_SHAPES) + len(SCORE_SHAPES) >= 100
 
@@ -223,3 +269,5 @@ def test_a_non_letter_expected_is_an_error_not_a_wrong_answer() -> None:
         choice({"expected": "Paris"}, _body("B"), S)
     with pytest.raises(ValueError, match="not a number"):
         math_match({"expected": "many"}, _body("3"), S)
+    with pytest.raises(ValueError, match="not a number"):
+        builtin_math_match({"expected": "many"}, _body("3"), S)
