@@ -10,6 +10,7 @@ import pytest
 
 from evalsup.api.results import Record, _flat
 from evalsup.scoring.scorers import Scored, ScoreStats, load_scorer, score_sync, to_scores
+from evalsup.scoring.verify import implementation
 from evalsup.supervisor.summary import score_rows
 from evalsup.tasks.reader import validate
 from evalsup.tasks.requests import RequestDefaults, to_request
@@ -84,7 +85,7 @@ def test_a_task_without_expected_is_unscored_not_an_error() -> None:
     assert s["choice"] == {"count": 6, "mean": 1.0, "errors": 0, "unscored": 4, "accuracy": 1.0,
                            "ci95": s["choice"]["ci95"]}
     assert s["math"] == {"count": 6, "mean": 0.0, "errors": 0, "unscored": 4, "accuracy": 0.0,
-                         "ci95": s["math"]["ci95"]}
+                         "ci95": s["math"]["ci95"], "implementation": implementation()}
     assert s["regex"] == {"count": 0, "mean": None, "errors": 0, "unscored": 10}
     rows = dict(score_rows(s))
     assert rows["score choice"].startswith("accuracy 1.000") and rows["score choice"].endswith("n=6, 4 unscored")
