@@ -56,6 +56,8 @@ from evalsup.rundir.layout import EVENTS, MEMORY, RESULTS
 from evalsup.rundir.results_file import ResumeState
 from evalsup.rundir.usage import usage_of_results
 from evalsup.scoring.groups import GroupedScores
+from evalsup.scoring.selection import FIELD
+from evalsup.scoring.selection import check as check_scorers
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.breaker import PAUSED_PROBE_S
@@ -83,7 +85,7 @@ from evalsup.tasks.idindex import IdIndex, IndexBuilder
 from evalsup.tasks.prescan import prescan
 from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
 from evalsup.tasks.records import output_line
-from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.requests import RequestDefaults, to_request
 from evalsup.tasks.tokens import Tally, figures, fmt_tokens, fmt_usd, one_line
 
 MIB = 1 << 20
@@ -248,6 +250,8 @@ class Supervisor:
         sent = RequestDefaults(w.model, w.max_tokens, w.temperature)  # what the batch driver fills in
 
         def each(obj: dict[str, Any], index: int) -> None:
+            if FIELD in obj or (isinstance(obj.get("metadata"), dict) and FIELD in obj["metadata"]):
+                check_scorers(to_request(obj, sent)[2], w.scorers)  # a task's own scorers (issue 43)
             if anthropic:  # --batch-provider anthropic: a request with no Anthropic form is refused now, by line
                 task_params(obj, sent)  # raises Untranslatable (a ValueError): the pre-scan names the line
             if shard is None or index % shard[1] == shard[0]:

@@ -14,16 +14,17 @@ from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import iter_records
 from evalsup.scoring.groups import GroupedScores
-from evalsup.scoring.scorers import Scored, ScoreFn, ScorerOptions, ScoreStats, load_scorer, score_sync
+from evalsup.scoring.scorers import Scored, ScorerOptions, ScoreStats, score_sync
+from evalsup.scoring.selection import Loaded
 from evalsup.tasks.group_key import group_of, parse_group_by
 
 BATCH = 500
-_scorers: list[tuple[str, ScoreFn]] = []
+_scorers: list[Loaded] = []  # this process's: the run's --scorer list and those the tasks name (issue 43)
 _group_path: list[tuple[str, ...] | None] = [None]
 
 
 def _init(specs: list[str], options: ScorerOptions, group_by: str | None = None) -> None:
-    _scorers[:] = [load_scorer(s, options) for s in specs]
+    _scorers[:] = [Loaded(specs, options)]
     _group_path[0] = parse_group_by(group_by) if group_by else None
 
 
@@ -41,7 +42,7 @@ def _score_batch(lines: list[bytes]) -> list[Scoring]:
         scored: Scored | None = None
         if rec.get("error") is None and rec.get("response"):
             task = {"id": rec["custom_id"], **(rec.get("metadata") or {})}
-            scored = score_sync(_scorers, task, rec["response"].get("body"))
+            scored = score_sync(_scorers[0].for_task(task), task, rec["response"].get("body"))
             rec["scores"] = scored.scores  # a scorer that left the task unscored is absent, as in a run
             if scored.errors:
                 rec["score_errors"] = scored.errors

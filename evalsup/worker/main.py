@@ -34,6 +34,7 @@ from evalsup.ipc.messages import WIRE_TOP, WorkerConfig
 from evalsup.scoring.judge import JUDGE, load_template, parse_template
 from evalsup.scoring.plugin import load_callable
 from evalsup.scoring.scorers import Scored, ScorerOptions, response_text
+from evalsup.scoring.selection import judged as judged_by
 from evalsup.tasks.group_key import group_of, parse_group_by
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers, secret_values, url_secrets
 from evalsup.tasks.requests import RequestDefaults, to_request
@@ -77,15 +78,15 @@ class Worker:
         self.finished = asyncio.Event()
         self.defaults = RequestDefaults(cfg.model, cfg.max_tokens, cfg.temperature, cfg.stream)
         self.plugin = load_callable(cfg.plugin) if cfg.plugin else None
-        self.scoring: Scoring | None = None
-        specs = [s for s in cfg.scorers if s != JUDGE]  # the judge is asked here, after them (worker.judge)
-        if specs:
-            opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
-            self.scoring = Scoring(specs, opts, cfg.scorer_timeout_s, cfg.scorer_threads)
+        # the run's scorers, and those a task names itself (issue 43: scoring.selection); the judge is asked
+        # after them (worker.judge)
+        opts = ScorerOptions(cfg.score_strip, cfg.score_ignore_case, cfg.score_pattern, cfg.score_normalize)
+        self.scoring = Scoring(list(cfg.scorers), opts, cfg.scorer_timeout_s, cfg.scorer_threads)
         self.judge: Judge | None = None
         self.judging = JUDGE in cfg.scorers
-        # an answer's body is read whole (parsed), not only checked, when something reads its text
-        self.reads_bodies = self.scoring is not None or self.plugin is not None or self.judging
+        # an answer's body is read whole (parsed), not only checked, when something reads its text (a task that
+        # names its own scorers has its body read whole then: _whole)
+        self.reads_bodies = (any(s != JUDGE for s in cfg.scorers) or self.plugin is not None or self.judging)
         self.group_path = parse_group_by(cfg.group_by) if cfg.group_by else None  # --group-by metadata.KEY
         self.pid = os.getpid()
         # the answer cache (issue 30): read here, before a request is paced or sent; kept by the supervisor
@@ -179,11 +180,13 @@ class Worker:
             self.outbox.before_user_code(key)
             self.plugin(obj, oc)
         scored = None
-        if self.scoring is not None and oc.error is None:
+        task = {"id": tid, **metadata}
+        if oc.error is None and self.scoring.applies(task):
             self.outbox.before_user_code(key)
-            scored = await self.scoring.score({"id": tid, **metadata}, oc.parsed)
+            scored = await self.scoring.score(task, _whole(oc))
         judged = None
-        if self.judge is not None and oc.error is None:  # after the answer; one record with both (exactly once)
+        if (self.judge is not None and oc.error is None  # after the answer; one record with both (exactly once)
+                and judged_by(task, self.scoring.loaded.specs)):
             scored = scored or Scored({}, {}, [])
             judged = await self.judge_one(tid, body, oc.parsed, metadata, key, scored)
         # which endpoint served it (its last attempt): index and URL without credentials (issue 21)
@@ -457,3 +460,11 @@ def main() -> None:
         code = 0
     sys.stdout.flush()
     os._exit(code)
+
+
+def _whole(oc: Outcome) -> Any:
+    """The answer's body for a scorer: parsed whole (a large one only checked, when the run's own settings read
+    no body, is parsed now for a task that names its own scorers)."""
+    if isinstance(oc.parsed, UsageOnly) and oc.raw_json is not None:
+        return orjson.loads(oc.raw_json)
+    return oc.parsed

@@ -12,19 +12,27 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from evalsup.scoring.scorers import Scored, ScoreFn, ScorerOptions, load_scorer
+from evalsup.scoring.scorers import Scored, ScorerOptions
+from evalsup.scoring.selection import Loaded
 
 
 class Scoring:
+    """The run's ``--scorer`` list (the judge aside: ``worker.judge``) and the scorers tasks name themselves
+    (``scoring.selection``): each task is scored by its own, else by the run's."""
+
     def __init__(self, specs: list[str], options: ScorerOptions, timeout_s: float, threads: int) -> None:
-        self.scorers: list[tuple[str, ScoreFn]] = [load_scorer(s, options) for s in specs]
+        self.loaded = Loaded(specs, options)
         self.timeout_s = timeout_s
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="evalsup-scorer")
+
+    def applies(self, task: dict[str, Any]) -> bool:
+        """Whether a scorer other than the judge scores this task (else no thread is woken for it)."""
+        return bool(self.loaded.for_task(task))
 
     async def score(self, task: dict[str, Any], body: Any) -> Scored:
         loop = asyncio.get_running_loop()
         out = Scored({}, {}, [])
-        for name, fn in self.scorers:
+        for name, fn in self.loaded.for_task(task):
             try:
                 value = await asyncio.wait_for(loop.run_in_executor(self.pool, fn, task, body), self.timeout_s)
             except TimeoutError:
