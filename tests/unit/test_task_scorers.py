@@ -40,8 +40,8 @@ def test_what_a_task_may_not_name(task: dict[str, object], specs: list[str], say
 
 
 def test_a_task_may_name_the_run_s_own_code_and_judge() -> None:
-    check({"scorer": ["tests/plugins/score_user.py:length_and_hit", "judge"]}, ["tests/plugins/score_user.py:length_and_hit",
-                                                                         "judge"])
+    user = "tests/plugins/score_user.py:length_and_hit"
+    check({"scorer": [user, "judge"]}, [user, "judge"])
 
 
 def test_loaded_scores_each_task_with_its_own_and_options_over_the_run_s() -> None:
