@@ -7,12 +7,23 @@ index (``tasks.idset.IdSet``, 16 bytes an id; the file is read once to build it)
 ``worker.judge`` (the workers' client: retries, its breaker, the key kept out of every output), at most
 ``concurrency`` requests in flight, and the records go out in order with at most twice that many held.
 Nothing is sent to the run's answer endpoints.
+
+A rescoring is a run of its own (issue 43): the judge is checked first (reachable, its key taken, its model
+served: one line, exit 2, before any answer is judged); each record goes to results.scored.jsonl.partial in one
+write as soon as it is in order (it reaches the OS: a kill -9 loses none of it), beside
+results.scored.jsonl.partial.json, the settings it was scored with. A rerun with the same settings reads the
+partial file back in step with results.jsonl, keeps every complete line whose record is the same task (their
+scores and judge tokens counted again, not asked again), cuts a torn last line, and judges from there; with other
+settings it starts over and says so. On a terminal, a progress line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import sys
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,10 +38,10 @@ from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import iter_records
 from evalsup.scoring.judge import JUDGE, TemplateError, Verdict, load_template
 from evalsup.scoring.scorers import Scored, ScoreFn, ScorerOptions, ScoreStats, load_scorer, response_text, score_sync
-from evalsup.tasks.headers import api_key, key_source
+from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskError, TaskReader, read_line_at, task_id_of
-from evalsup.tasks.requests import url_problem
+from evalsup.tasks.requests import credentials, join_url, public_url, url_problem
 from evalsup.worker.judge import Judge, JudgeSettings
 
 MAX_LINE = 1 << 30
@@ -148,8 +159,64 @@ async def _one(line: bytes, scorers: list[tuple[str, ScoreFn]], judge: Judge, ta
     return Rescored(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), scored, verdict)
 
 
+async def check_judge(settings: JudgeSettings, session: aiohttp.ClientSession) -> None:
+    """The judge before any answer is judged, as `evalsup run` checks it (GET /v1/models with the judge's key):
+    reachable, its key taken, its model served. Raises JudgeStopped with one line."""
+    base = public_url(settings.url)
+    headers = request_headers(settings.url, build_headers(()), settings.key, settings.key_source)
+    try:
+        async with session.get(join_url(credentials(settings.url)[0], "/v1/models"), headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=30, sock_connect=10)) as r:
+            status, data = r.status, await r.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        why = type(e).__name__ if isinstance(e, TimeoutError) else (getattr(e, "strerror", None) or type(e).__name__)
+        raise JudgeStopped(f"cannot reach the judge {base}: {why} (is --judge-base-url right?)") from None
+    if status in (401, 403):
+        raise JudgeStopped(f"the judge {base} refused its API key ({settings.key_source}; --judge-api-key-env NAME "
+                           f"names another) (HTTP {status})")
+    served: list[str] = []
+    if status == 200:
+        try:
+            served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            served = []
+    if served and settings.model not in served:
+        raise JudgeStopped(f"the judge's model {settings.model!r} is not served by {base}; it serves: "
+                           f"{', '.join(served[:10])} (--judge-model)")
+
+
+class Progress:
+    """The progress line on a terminal (stderr), at most twice a second; nothing elsewhere."""
+
+    def __init__(self, kept: int) -> None:
+        self.on = sys.stderr.isatty()
+        self.kept = kept
+        self.done = 0
+        self.judged = 0
+        self.t0 = self.last = time.monotonic()
+
+    def tick(self, judged: bool) -> None:
+        self.done += 1
+        self.judged += judged
+        now = time.monotonic()
+        if self.on and now - self.last >= 0.5:
+            self.last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            kept = f", {self.kept:,} kept from before" if self.kept else ""
+            sys.stderr.write(f"\r{self.done + self.kept:,} records scored ({self.judged:,} judged, {rate:,.1f}/s"
+                             f"{kept})   ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.on and self.done:
+            sys.stderr.write("\n")
+
+
 async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings,
-               tasks: TaskIndex, stats: ScoreStats, usage: dict[str, int], insecure: bool) -> None:
+               tasks: TaskIndex, stats: ScoreStats, usage: dict[str, int], insecure: bool,
+               keep: int = 0, check: bool = True) -> None:
+    """Score ``src``'s records into ``dest`` (appended: its first ``keep`` lines are the first ``keep`` records',
+    kept from a killed rescoring, and are not judged again)."""
     fatal: list[str] = []
     stop = asyncio.Event()
 
@@ -159,18 +226,22 @@ async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settin
 
     timeout = aiohttp.ClientTimeout(total=600, sock_connect=10, sock_read=120)
     connector = aiohttp.TCPConnector(limit=settings.concurrency, ssl=not insecure)
+    progress = Progress(keep)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if check:
+            await check_judge(settings, session)
         judge = Judge(settings, session, told)
         pending: deque[asyncio.Task[Rescored]] = deque()
 
         def done(r: Rescored) -> None:
-            w.write(r.line)
+            w.write(r.line)  # unbuffered: one write, in the OS at once (a kill -9 keeps it)
             if r.scored is not None:
                 stats.add(r.scored.scores, r.scored.unscored)
             if r.judged is not None:
                 usage["requests"] += 1
                 usage["prompt"] += r.judged.prompt_tokens
                 usage["completion"] += r.judged.completion_tokens
+            progress.tick(r.judged is not None)
 
         async def first() -> Rescored:
             """The oldest record's result, or JudgeStopped as soon as the judge cannot be used."""
@@ -184,8 +255,10 @@ async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settin
             return head.result()
 
         try:
-            with open(dest, "wb") as w:
+            with open(dest, "ab", buffering=0) as w:
                 for key, line in enumerate(_records(src)):
+                    if key < keep:
+                        continue
                     pending.append(asyncio.create_task(_one(line, scorers, judge, tasks, key)))
                     while len(pending) >= 2 * settings.concurrency:
                         done(await first())
@@ -194,10 +267,53 @@ async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settin
                 while pending:
                     done(await first())
         finally:
+            progress.close()
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             judge.close()
+
+
+def _identity(scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings) -> dict[str, Any]:
+    """What a partial rescoring was scored with: the same again, its lines are kept; else it starts over."""
+    t = settings.template
+    return {"scorers": [name for name, _ in scorers], "judge": public_url(settings.url), "model": settings.model,
+            "template": hashlib.sha256(repr(t).encode()).hexdigest()[:16], "max_tokens": settings.max_tokens}
+
+
+def _kept(src: Path, partial: Path, stats: ScoreStats, usage: dict[str, int]) -> int:
+    """The complete lines of a killed rescoring that are, in order, the same tasks as results.jsonl's first
+    records: counted into ``stats``/``usage``; the rest of the partial file (a torn line, or lines of records
+    that changed) cut off. Returns how many were kept."""
+    kept = 0
+    good = 0  # the partial file's byte offset after the last line kept
+    with open(partial, "rb") as f:
+        records = _records(src)
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # torn by the kill: judged again
+            try:
+                rec = orjson.loads(raw)
+                same = orjson.loads(next(records)).get("custom_id") == rec.get("custom_id")
+            except (orjson.JSONDecodeError, StopIteration, AttributeError):
+                break
+            if not same:
+                break
+            scores = rec.get("scores")
+            if isinstance(scores, dict):
+                stats.add({str(k): (float(v) if isinstance(v, int | float) else None) for k, v in scores.items()})
+            jd = (rec.get("score_detail") or {}).get(JUDGE)
+            u = jd.get("usage") if isinstance(jd, dict) else None
+            if isinstance(jd, dict):
+                usage["requests"] += 1
+                if isinstance(u, dict):
+                    usage["prompt"] += int(u.get("prompt_tokens") or 0)
+                    usage["completion"] += int(u.get("completion_tokens") or 0)
+            kept += 1
+            good += len(raw)
+    with open(partial, "r+b") as f:
+        f.truncate(good)
+    return kept
 
 
 def rescore_judge(run_dir: Path, scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings,
@@ -212,16 +328,31 @@ def rescore_judge(run_dir: Path, scorers: list[tuple[str, ScoreFn]], settings: J
     index = TaskIndex(task_file(run_dir, tasks))
     dest = output or run_dir / layout.SCORED
     tmp = dest.with_name(dest.name + ".partial")
+    marker = dest.with_name(dest.name + ".partial.json")
     stats = ScoreStats()
     usage = {"prompt": 0, "completion": 0, "requests": 0}
+    ident = _identity(scorers, settings)
+    keep = 0
     try:
-        asyncio.run(_run(src, tmp, scorers, settings, index, stats, usage, insecure))
+        if tmp.exists() and marker.exists() and orjson.loads(marker.read_bytes()) == ident:
+            keep = _kept(src, tmp, stats, usage)
+            if keep:
+                print(f"resuming: {keep:,} records scored before are kept ({usage['requests']:,} judged), "
+                      "not judged again", file=sys.stderr)
+        else:
+            if tmp.exists():
+                print(f"{tmp.name}: scored with other settings; starting over", file=sys.stderr)
+            tmp.write_bytes(b"")
+            marker.write_bytes(orjson.dumps(ident))
+        asyncio.run(_run(src, tmp, scorers, settings, index, stats, usage, insecure, keep))
     except JudgeStopped as e:
-        tmp.unlink(missing_ok=True)
-        raise ValueError(str(e)) from None
+        raise ValueError(str(e)) from None  # what was scored stays, for the rerun
+    except orjson.JSONDecodeError:
+        raise ValueError(f"{marker}: damaged; delete it and {tmp.name} to score again from the start") from None
     finally:
         index.close()
     os.replace(tmp, dest)
+    marker.unlink(missing_ok=True)
     summary: dict[str, Any] = stats.summary()
     (run_dir / layout.SCORES).write_bytes(orjson.dumps({**summary, "judge_usage": usage},
                                                        option=orjson.OPT_INDENT_2))

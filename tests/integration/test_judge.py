@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from evalsup.mock.server import MockConfig, MockThread
-from tests.harness import chat_requests, lines, read_results, run_cli, summary
+from tests.harness import Run, chat_requests, complete_lines, lines, read_results, run_cli, summary, wait_until
 
 ANSWERS = ["Paris", "London", "Paris", "[no grade]", "paris"]  # by task index, in turn
 
@@ -120,3 +120,53 @@ def test_without_workers_the_judge_gets_all_of_its_concurrency(tmp_path: Path, m
                     "--out", str(tmp_path / "r"), str(_tasks(tmp_path / "t.jsonl", 48)))
         assert r.returncode == 0, r.stderr
         assert slow.stats()["max_in_flight"] == 16
+
+
+def test_score_with_a_judge_resumes_after_kill_9_and_checks_the_judge_first(tmp_path: Path, mock: MockThread) -> None:
+    """Issue 43 item 4: `evalsup score --scorer judge` killed -9 part way, run again: every answer judged, none
+    twice but those that were on the wire; the judge's tokens counted once. A judge that refuses connections:
+    one line and exit 2 before anything is scored."""
+    n = 120
+    tasks = _tasks(tmp_path / "tasks.jsonl", n)
+    r = run_cli("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "tasks.run"
+    asked = sum(1 for i in range(n) if i % 10 != 9)
+    with MockThread(MockConfig(latency_ms=40, seed=7, judge=True, models=("judge-model",))) as slow:
+        judge_args = ("--scorer", "judge", "--judge-base-url", slow.url, "--judge-model", "judge-model",
+                      "--judge-concurrency", "2")
+        p = Run(tmp_path, "score", str(run_dir), *judge_args)
+        partial = run_dir / "results.scored.jsonl.partial"
+        wait_until(lambda: partial.exists() and complete_lines(partial) >= 30, "30 records scored", proc=p)
+        p.kill_group()
+        p.wait()
+        before = slow.stats()["by_path"]["/v1/chat/completions"]
+        kept = complete_lines(partial)
+        assert 30 <= kept < n
+        r = run_cli("score", str(run_dir), *judge_args)
+        assert r.returncode == 0, r.stderr
+        assert f"{kept:,} records scored before are kept" in r.stderr
+        total = slow.stats()["by_path"]["/v1/chat/completions"]
+        # the kept records are not judged again: only those after them, and the few on the wire at the kill
+        assert total - before <= asked - sum(1 for i in range(kept) if i % 10 != 9) + 2 * 2
+        assert total >= asked
+    scored = read_results_file(run_dir / "results.scored.jsonl")
+    assert sorted(rec["custom_id"] for rec in scored) == sorted(f"t{i}" for i in range(n))
+    assert not (run_dir / "results.scored.jsonl.partial").exists()
+    s = orjson.loads((run_dir / "scores.json").read_bytes())
+    assert s["judge_usage"]["requests"] == asked  # the kept records' judge tokens counted again, once
+    assert s["judge"]["count"] + s["judge"]["errors"] == asked
+    # the report shows the judge's scores beside the run's own (here: none in the run)
+    r = run_cli("report", str(run_dir))
+    assert r.returncode == 0, r.stderr
+    page = (run_dir / "report.html").read_text()
+    table = page[page.index('id="scores"'):]
+    table = table[:table.index("</table>")]
+    assert "evalsup score (the judge asked" in table and ">judge</td>" in table, table
+    assert f"{s['judge']['accuracy']:.3f}" in table
+
+    with MockThread(MockConfig(latency_ms=1, seed=7, judge=True, models=("judge-model",))) as gone:
+        url = gone.url
+    r = run_cli("score", str(run_dir), "--scorer", "judge", "--judge-base-url", url, "--judge-model", "judge-model")
+    assert r.returncode == 2 and "cannot reach the judge" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

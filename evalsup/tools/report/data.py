@@ -100,6 +100,9 @@ class RunData:
     sessions: list[Session] = field(default_factory=list)
     progress: list[Progress] = field(default_factory=list)
     results: ResultScan = field(default_factory=ResultScan)
+    # `evalsup score`'s records (results.scored.jsonl), when the run was scored again: shown beside the run's
+    rescored: ResultScan | None = None
+    rescored_by: str | None = None  # what scored them again (scores.json's scorers), for the table
     t0: float = 0.0
     t1: float = 1.0
     endpoints: list[str] = field(default_factory=list)  # several endpoints: their URLs, in the order first seen
@@ -217,4 +220,10 @@ def load(run_dir: Path, group_by: str | None = None) -> RunData:
     d.throttled = intervals(paused, d.t1)
     d.down = intervals(breaker, d.t1)
     d.results = scan_results(run_dir / layout.RESULTS, group_by)
+    if (run_dir / layout.SCORED).is_file():  # every set of scores the run has, side by side (issue 43)
+        d.rescored = scan_results(run_dir / layout.SCORED, group_by)
+        scores = _json_file(run_dir / layout.SCORES)
+        judge = scores.get("judge_usage") if scores is not None else None
+        if isinstance(judge, dict) and judge.get("requests"):
+            d.rescored_by = f"evalsup score (the judge asked {int(judge['requests']):,} times)"
     return d

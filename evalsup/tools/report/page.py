@@ -185,24 +185,37 @@ def _score_cells(sc: dict[str, Any]) -> list[Any]:
 
 
 def _scores(d: RunData) -> str:
-    """Per scorer: n, accuracy (0/1 scores) or mean, the 95 % Wilson interval, unscored, errors; by group too
-    (a chart per 0/1 scorer, the largest groups; a table of every group), read from every record."""
-    r = d.results
-    overall = r.scores.summary()
-    if not overall:
+    """Every set of scores the run has, side by side (issue 43): the run's own (results.jsonl) and `evalsup
+    score`'s (results.scored.jsonl), per scorer n, accuracy (0/1 scores) or mean, the 95 % Wilson interval,
+    unscored, errors; by group too (a chart per 0/1 scorer, the largest groups; a table of every group)."""
+    sets = [("the run", "results.jsonl", d.results)]
+    if d.rescored is not None and d.rescored.scores:
+        sets.append((d.rescored_by or "evalsup score", "results.scored.jsonl", d.rescored))
+    overall = [(label, src, r, r.scores.summary()) for label, src, r in sets]
+    if not any(o for _, _, _, o in overall):
         return ('<p id="scores" class="muted">No scores in the records (run with --scorer, or score a finished '
                 "run with evalsup score).</p>")
-    head = ["scorer", "n", "accuracy / mean", "95% CI (Wilson)", "unscored", "errors"]
-    out = [_table("scores", head, [[k, *_score_cells(v)] for k, v in overall.items()], {1, 2, 3, 4, 5}),
+    head = ["scored by", "scorer", "n", "accuracy / mean", "95% CI (Wilson)", "unscored", "errors"]
+    rows = [[label if i == 0 else "", k, *_score_cells(v)] for label, _, _, o in overall
+            for i, (k, v) in enumerate(o.items())]
+    out = [_table("scores", head, rows, {2, 3, 4, 5, 6}),
            '<p class="muted">Accuracy and its 95% Wilson score interval for scores that are all 0 or 1; the mean '
            "otherwise. n counts the tasks scored; unscored tasks (without what the scorer needs) and scorer errors "
-           "are apart, in no n. From every record of results.jsonl (all sessions).</p>"]
+           "are apart, in no n. From every record of "
+           + " and of ".join(f"{src} ({esc(label)})" for label, src, _, o in overall if o) + ".</p>"]
+    for n, (label, _, r, o) in enumerate(overall):
+        if r.groups is not None and o:
+            out.append(_groups(r, o, "" if n == 0 else f" ({esc(label)})", "" if n == 0 else f"-{n}"))
+    return "".join(out)
+
+
+def _groups(r: Any, overall: dict[str, Any], title: str, suffix: str) -> str:
+    """One set's scores by group: a chart per 0/1 scorer (the largest groups), a table of every group."""
     g = r.groups
-    if g is None:
-        return "".join(out)
+    out = []
     groups = g.summary()["groups"]
     largest = sorted(groups, key=lambda k: -int(groups[k]["tasks"]))
-    out.append(f"<h3>By {esc(g.by)}</h3><p>{len(groups):,} group(s)"
+    out.append(f"<h3>By {esc(g.by)}{title}</h3><p>{len(groups):,} group(s)"
                + (f"; more than {g.max_groups:,}: {g.overflowed:,} task(s) counted in (other)" if g.overflowed else "")
                + "</p>")
     binary = [k for k, v in overall.items() if v.get("accuracy") is not None][:CHART_SCORERS]
@@ -213,7 +226,7 @@ def _scores(d: RunData) -> str:
         if rows:
             more = f" (the {SHOW_GROUPS} largest groups)" if len(groups) > SHOW_GROUPS else ""
             out.append(f'<p class="muted">{esc(name)} by {esc(g.by)}{more}, best first.</p>')
-            out.append(charts.score_chart(f"score-chart-{binary.index(name)}", rows, f"{name} by {g.by}"))
+            out.append(charts.score_chart(f"score-chart{suffix}-{binary.index(name)}", rows, f"{name} by {g.by}"))
     head = ["group", "tasks", "failed", "scorer", "n", "accuracy / mean", "95% CI (Wilson)", "unscored", "errors"]
     table_rows: list[list[Any]] = []
     for k in sorted(largest[:SHOW_GROUPS]) + sorted(largest[SHOW_GROUPS:]):
@@ -223,10 +236,10 @@ def _scores(d: RunData) -> str:
             table_rows.append([*first, name, *(_score_cells(sc) if sc else ["0", "-", "", "0", "0"])])
     shown = sum(max(1, len(groups[k]["scores"])) for k in largest[:SHOW_GROUPS])
     numeric = {1, 2, 4, 5, 6, 7, 8}
-    out.append(_table("scores-by-group", head, table_rows[:shown], numeric))
+    out.append(_table(f"scores-by-group{suffix}", head, table_rows[:shown], numeric))
     if len(table_rows) > shown:
         out.append(f"<details><summary>{len(groups) - SHOW_GROUPS:,} smaller group(s)</summary>"
-                   + _table("scores-by-group-more", head, table_rows[shown:], numeric) + "</details>")
+                   + _table(f"scores-by-group-more{suffix}", head, table_rows[shown:], numeric) + "</details>")
     return "".join(out)
 
 
