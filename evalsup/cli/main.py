@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+import cloup
 
 from evalsup.cli.cache import cache_command
+from evalsup.cli.config_file import META_KEY as CONFIG_META
+from evalsup.cli.config_file import config_option
 from evalsup.cli.mock import mock_command
-from evalsup.config.options import RUN_OPTIONS, Option
+from evalsup.config.options import BY_NAME, GROUPS, Option, env_var
 from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
 
 
@@ -22,7 +25,37 @@ def _fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class Evalsup(cloup.Group):
+    """The `evalsup` group: a usage error (a flag misspelt, a value refused) is one line naming the command's
+    --help, exit 2 (click's own is three lines of usage first)."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        standalone = standalone_mode
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+            if standalone and isinstance(rv, int):  # click's own exit (--help, --version, a bare group): its code
+                sys.exit(rv)
+            return rv
+        except click.UsageError as e:
+            if not standalone:
+                raise
+            where = e.ctx.command_path if e.ctx is not None else "evalsup"
+            click.echo(f"evalsup: {e.format_message()} (see {where} --help)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            if not standalone:
+                raise
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            if not standalone:
+                raise
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+
+
+@cloup.group(cls=Evalsup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="evalsup")
 def main() -> None:
     """Push 10k-1M requests through an OpenAI-compatible endpoint without running out of memory,
@@ -37,8 +70,11 @@ def main() -> None:
 
 
 def _click_option(o: Option) -> Any:
-    """The click decorator for one run option of the table in evalsup/config/options.py."""
+    """The click decorator for one run option of the table in evalsup/config/options.py (its value may also come
+    from $EVALSUP_<OPTION>, or from a --config file)."""
     kw: dict[str, Any] = {"help": o.help, "hidden": o.hidden}
+    if env_var(o) is not None:
+        kw["envvar"] = env_var(o)
     if o.show_default:
         kw["show_default"] = True
     if o.metavar:
@@ -59,9 +95,11 @@ def _click_option(o: Option) -> Any:
 
 
 def run_options(f: Any) -> Any:
-    """Every option of `evalsup run`, from evalsup.config.options.RUN_OPTIONS (the one definition)."""
-    for o in reversed(RUN_OPTIONS):
-        f = _click_option(o)(f)
+    """Every option of `evalsup run`, from evalsup.config.options.RUN_OPTIONS (the one definition), in the help's
+    sections (GROUPS: by what a person wants to do), then --config."""
+    f = cloup.option_group("Settings from a file", config_option(), help="any option above, kept in TOML")(f)
+    for g in reversed(GROUPS):
+        f = cloup.option_group(g.title, *(_click_option(BY_NAME[n]) for n in g.names), help=g.help)(f)
     return f
 
 
@@ -88,11 +126,14 @@ def _move_aside(run_dir: Path, quiet: bool = False) -> None:
         click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
 
 
-@main.command()
+@main.command(formatter_settings=cloup.HelpFormatter.settings(col2_min_width=50))
 @click.argument("tasks", type=click.Path(path_type=Path, dir_okay=False), required=False)
 @run_options
 def run(tasks: Path | None, **kw: Any) -> None:
     """Send every task in TASKS (JSONL) to the endpoint; results go to TASKS.run/results.jsonl.
+
+    \b
+    evalsup run --base-url http://localhost:8000/v1 --model MODEL tasks.jsonl
 
     TASKS holds OpenAI Batch API lines ({"custom_id", "method", "url", "body"}) or simple lines
     ({"id", "messages"} or {"id", "prompt"}, sent to /v1/chat/completions with --model). Other keys of
@@ -131,6 +172,17 @@ def run(tasks: Path | None, **kw: Any) -> None:
             raise ConfigError("reading tasks from stdin (-) needs --out RUN_DIR (where its copy and the results go)")
     except (ConfigError, InputError) as e:
         _fail(str(e))
+    if kw["resume"]:
+        from evalsup.rundir.layout import is_run_dir
+
+        if kw["fresh"]:
+            _fail("--resume and --fresh: one resumes the run, the other starts it over; give one")
+        if not is_run_dir(cfg.run_dir):
+            _fail(f"--resume: nothing to resume in {cfg.run_dir} (no checkpoint, results or events there); leave "
+                  "--resume out to start the run" + ("" if kw["out"] else ", or give --out RUN_DIR if it is elsewhere"))
+    config_used = click.get_current_context().meta.get(CONFIG_META)
+    if config_used and not cfg.quiet:
+        _note(f"settings from {config_used}", cfg.log_format)
     if resumed is not None and not cfg.quiet:  # request flags left out: the run's own settings, from run.json
         _note(resumed, cfg.log_format)
     if cfg.fresh:

@@ -95,7 +95,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("out", ("--out", "-o"), "path",
            help="Run directory (default: TASKS.run beside the task file)."),
     Option("fresh", ("--fresh",), "flag", False,
-           help="Start over: move an existing run directory aside (never deleted) instead of resuming."),
+           help="Start over: move an existing run directory aside (never deleted) instead of resuming. Without "
+                "it, rerunning the same command resumes where the run stopped."),
+    Option("resume", ("--resume",), "flag", False,
+           help="Resume the run in the run directory, and refuse (one line, saying where it looked) when there is "
+                "none. A plain rerun of the same command resumes too; --resume only makes sure it does."),
     Option("retry_failed", ("--retry-failed",), "str", None, flag_value="*", metavar="[CODE,...]",
            help="Send again the tasks whose record is an error (only those with these error codes, e.g. "
                 "http_500,timeout_total, when given): their records are replaced, not duplicated (the old ones go "
@@ -336,6 +340,63 @@ RUN_OPTIONS: tuple[Option, ...] = (
 BY_NAME: dict[str, Option] = {o.name: o for o in RUN_OPTIONS}
 DEFAULTS: dict[str, Any] = {o.name: o.default for o in RUN_OPTIONS}
 API_OPTIONS: tuple[Option, ...] = tuple(o for o in RUN_OPTIONS if o.api)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A section of `evalsup run --help`: what a person wants to do, and its options in the order shown."""
+
+    key: str
+    title: str
+    help: str
+    names: tuple[str, ...]
+
+
+# `evalsup run --help`, by what a person wants to do (issue 44); the first options of the first groups are the
+# handful a first run needs. Every option of RUN_OPTIONS is in exactly one group (tests/unit/test_cli_help.py).
+GROUPS: tuple[Group, ...] = (
+    Group("endpoint", "Endpoint and model", "where requests go, and what they ask for",
+          ("base_url", "model", "max_tokens", "temperature", "stream", "api_key_env", "api_key_file", "headers",
+           "check", "insecure")),
+    Group("io", "Input and output", "the task file, the run directory, resuming and starting over",
+          ("out", "resume", "fresh", "retry_failed", "accept_changed_settings", "on_invalid", "max_line_mb",
+           "max_response_mb", "arrivals")),
+    Group("speed", "Speed", "workers, requests in flight, rates",
+          ("workers", "concurrency", "max_concurrency", "server_metrics", "max_requests_per_s",
+           "max_tokens_per_min", "window", "hedge", "hedge_factor")),
+    Group("retries", "Retries and timeouts", "how long to wait, how often to try again, when to give up",
+          ("max_attempts", "timeout", "connect_timeout", "read_timeout", "max_rate_limited_wait", "max_wait_down",
+           "stall_after", "hang_timeout", "max_task_crashes", "max_restarts", "grace")),
+    Group("cost", "Cost and cache", "caps on spending, prices, answers kept across runs",
+          ("max_cost", "max_total_tokens", "max_completion_tokens_total", "prices", "self_hosted", "cache",
+           "cache_mode", "cache_model_id", "cache_salt", "cache_length", "cache_max_gb")),
+    Group("scoring", "Scoring", "scorers, the judge, structured answers",
+          ("scorers", "group_by", "scorer_timeout", "ignore_case", "no_strip", "normalize", "regex",
+           "judge_base_url", "judge_model", "judge_api_key_env", "judge_template", "judge_concurrency",
+           "judge_max_tokens", "judge_timeout", "response_schema", "max_reasks", "validate_schema",
+           "worker_plugin")),
+    Group("batch", "Provider Batch APIs", "send the tasks as OpenAI's or Anthropic's batches instead",
+          ("batch_api", "batch_provider", "batch_max_requests", "batch_max_bytes", "batch_poll_interval",
+           "batch_poll_max", "batch_fallback", "batch_cancel")),
+    Group("memory", "Memory", "the container's limit, the workers' size, recycling",
+          ("memory_limit_mb", "memory_high_mb", "max_worker_rss_mb", "max_tasks_per_worker", "max_tasks_jitter",
+           "monitor_interval", "trace_memory")),
+    Group("scale", "Scale-out", "shards on Kubernetes, Slurm or Ray",
+          ("shard", "ray", "shards", "ray_retries")),
+    Group("logging", "Logging", "what is printed, and where metrics go",
+          ("quiet", "json_summary", "log_interval", "log_format", "metrics_port", "metrics_host")),
+)
+GROUP_OF: dict[str, str] = {n: g.key for g in GROUPS for n in g.names}
+
+# EVALSUP_<OPTION> in the environment sets a run option (issue 44), but for these, whose variable already
+# means something else: $EVALSUP_CACHE is --cache's own default (read with the cache's rules), $EVALSUP_SHARDS is
+# the shard count of an indexed Kubernetes Job for --shard auto (not --shards, which starts Ray)
+NO_ENV = frozenset(("cache", "shards", "shard"))
+
+
+def env_var(o: Option) -> str | None:
+    """The environment variable that sets ``o`` (None: none does)."""
+    return None if o.name in NO_ENV else f"EVALSUP_{o.name.upper()}"
 
 
 def with_defaults(given: dict[str, Any]) -> dict[str, Any]:

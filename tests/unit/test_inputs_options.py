@@ -18,7 +18,7 @@ def test_every_run_option_comes_from_the_one_table() -> None:
     from evalsup.cli.main import run as run_command
 
     params = {p.name: p for p in run_command.params if p.name != "tasks"}
-    assert set(params) == {o.name for o in RUN_OPTIONS}
+    assert set(params) == {o.name for o in RUN_OPTIONS} | {"config"}  # --config: where the others come from
     for o in RUN_OPTIONS:
         got = params[o.name].default
         assert (tuple(got) if o.multiple else got) == o.default, o.name
