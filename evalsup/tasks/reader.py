@@ -19,6 +19,7 @@ from typing import IO, Any, Protocol
 
 import orjson
 
+from evalsup.tasks.body_types import body_problem, messages_problem
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.requests import BATCH_URLS, metadata_problem
 from evalsup.tasks.routes import DEFAULT
@@ -82,6 +83,9 @@ def validate(obj: Any) -> str:
         method = obj.get("method", "POST")
         if method != "POST":
             raise ValueError(f"method {method!r} is not supported (only POST)")
+        problem = body_problem(url, obj["body"])  # a type the endpoint would refuse (issue 44)
+        if problem:
+            raise ValueError(problem)
         return tid
     if "id" not in obj:
         raise ValueError("missing id: a line needs 'custom_id' (batch form) or 'id' (simple form)")
@@ -89,8 +93,9 @@ def validate(obj: Any) -> str:
     if tid is None or tid == "":
         raise ValueError("id must be a non-empty string")
     if "messages" in obj:
-        if not isinstance(obj["messages"], list) or not obj["messages"]:
-            raise ValueError("'messages' must be a non-empty list")
+        problem = messages_problem(obj["messages"], "'messages'")
+        if problem:
+            raise ValueError(problem)
     elif "prompt" in obj:
         if not isinstance(obj["prompt"], str):
             raise ValueError("'prompt' must be a string")

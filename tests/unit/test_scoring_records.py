@@ -25,7 +25,8 @@ D = RequestDefaults()
      {"subject": "law", "level": {"n": 2}}),
     ({"id": "a", "prompt": "q", "expected": "B"}, {"expected": "B"}),
     ({"id": "a", "prompt": "q", "metadata": {}}, {}),
-    ({"custom_id": "a", "body": {"messages": []}, "metadata": {"k": 1}, "expected": 2}, {"k": 1, "expected": 2}),
+    ({"custom_id": "a", "body": {"messages": [{"role": "user", "content": "q"}]}, "metadata": {"k": 1},
+      "expected": 2}, {"k": 1, "expected": 2}),
 ])
 def test_a_lines_metadata_is_kept_as_given_its_other_keys_beside_it(line: dict[str, Any],
                                                                    metadata: dict[str, Any]) -> None:
