@@ -45,7 +45,9 @@ def why_not(parsed: Any, raw: bytes | None, keep_length: bool = False) -> str | 
 def why_unfit(status: Any, body: bytes, path: str | None, keep_length: bool = False) -> tuple[Any, str | None]:
     """An answer from elsewhere (a cache entry about to become a record, an import's line) checked as an online
     answer is (``worker.client``: status 200, JSON, an object with the route's answer key) and as a run keeps
-    one (``why_not``), and no error body: (its body parsed, None), or (None, why it is no answer to serve)."""
+    one (``why_not``), and no error body: (its body parsed, None), or (None, why it is no answer to serve).
+    The body is built whole (orjson): checking a large one without building it (simdjson) and searching its
+    bytes for a cut costs as much here."""
     if type(status) is not int or status != 200:
         return None, f"status {status}"
     try:
@@ -60,5 +62,5 @@ def why_unfit(status: Any, body: bytes, path: str | None, keep_length: bool = Fa
     need = answer_key(path) if path else None
     if need is not None and need not in parsed:
         return None, f"no {need!r}: not an answer for {path}"
-    why = why_not(parsed, None, keep_length)
+    why = why_not(parsed, body, keep_length)
     return (parsed, None) if why is None else (None, f"cut ({why})" if why == "length" else why)

@@ -85,8 +85,8 @@ class CacheReader:
         parsed, why = why_unfit(e.status, e.body, path, self.keep_length)
         if why is not None:
             return why
-        body = e.body if b"\n" not in e.body and b"\r" not in e.body else orjson.dumps(parsed)
-        return Hit(e, body, parsed)
+        single = b"\n" not in e.body and b"\r" not in e.body
+        return Hit(e, e.body if single else orjson.dumps(parsed), parsed)
 
     def keep(self, parsed: Any, raw: bytes | None) -> bool:
         """Whether an answer (a 200 without error) may be kept."""

@@ -40,7 +40,7 @@ def bodies_by_key(cache: Path) -> list[tuple[bytes, bytes]]:
 
 
 def test_damaged_or_unfit_entries_are_misses_sent_again(tmp_path: Path, mock: MockThread) -> None:
-    tasks = write_tasks(tmp_path / "tasks.jsonl", N)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", N, extra={"expected": "zzz"})
     cache = tmp_path / "cache"
     cached_run(mock, tasks, cache, tmp_path / "r1")
     kept = bodies_by_key(cache)
@@ -65,11 +65,11 @@ def test_damaged_or_unfit_entries_are_misses_sent_again(tmp_path: Path, mock: Mo
     bad = 9
 
     mock.reset_stats()
-    s, err = cached_run(mock, tasks, cache, tmp_path / "r2")
+    s, err = cached_run(mock, tasks, cache, tmp_path / "r2", "--scorer", "exact_match")  # a scorer reads each body
     recs = valid_lines(tmp_path / "r2")
     assert sum(r["metrics"].get("cache") == "hit" for r in recs) == N - bad
     assert chat_requests(mock) == bad  # each unfit entry asked again, as a miss
-    assert all(r["error"] is None for r in recs) and s["succeeded"] == N
+    assert all(r["error"] is None and r["scores"] == {"exact_match": 0.0} for r in recs) and s["succeeded"] == N
     assert s["cache"]["hits"] == N - bad and s["cache"]["misses"] == bad and s["cache"]["unusable"] == bad
     said = [x for x in err.splitlines() if "cache" in x and "unusable" in x]
     assert len(said) == 1, err  # said once for the run, not once an entry

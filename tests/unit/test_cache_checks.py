@@ -44,6 +44,7 @@ def test_only_an_answer_passes_the_checks() -> None:
     assert why_unfit(200, b'{"error": {"message": "overloaded"}}', CHAT)[1] == "an error body"
     assert why_unfit(200, b'{"data": []}', CHAT)[1] == f"no 'choices': not an answer for {CHAT}"
     assert why_unfit(200, b'{"data": []}', "/v1/embeddings")[1] is None
+    assert why_unfit(200, b'{"result": 1}', "/v1/rerank")[1] is None  # a route evalsup has no row for: an object
     assert why_unfit(200, orjson.dumps(answer("length")), CHAT)[1] == "cut (length)"
     assert why_unfit(200, orjson.dumps(answer("length")), CHAT, keep_length=True)[1] is None
     assert why_unfit(200, orjson.dumps(answer("content_filter")), CHAT, keep_length=True)[1] == "content_filter"
