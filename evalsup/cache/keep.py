@@ -48,7 +48,9 @@ def why_unfit(status: Any, body: bytes, path: str | None, keep_length: bool = Fa
     one (``why_not``), and no error body: (its body parsed, None), or (None, why it is no answer to serve).
     The body is built whole (orjson): checking a large one without building it (simdjson) and searching its
     bytes for a cut costs as much here."""
-    if type(status) is not int or status != 200:
+    if type(status) is not int:
+        return None, "status: not a number"
+    if status != 200:
         return None, f"status {status}"
     try:
         parsed = orjson.loads(body)
@@ -61,6 +63,6 @@ def why_unfit(status: Any, body: bytes, path: str | None, keep_length: bool = Fa
         return None, "an error body"
     need = answer_key(path) if path else None
     if need is not None and need not in parsed:
-        return None, f"no {need!r}: not an answer for {path}"
+        return None, f"no {need!r}, not an answer for its route"
     why = why_not(parsed, body, keep_length)
     return (parsed, None) if why is None else (None, f"cut ({why})" if why == "length" else why)

@@ -4,6 +4,7 @@ looked at and tended offline. Safe while runs use the same cache (every change i
 from __future__ import annotations
 
 import math
+import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,7 +159,7 @@ def import_(directory: Path, source: Path, cache_length: bool, max_line_mb: floa
     --cache-length) is left out and counted; a line that is not an entry (not JSON, a field of the wrong kind,
     a number out of range, a line past --max-line-mb) refuses the whole import, exit 2."""
     from evalsup.cache.keep import why_unfit
-    from evalsup.cache.store import BadEntry, Entry, Store, entry_from_json
+    from evalsup.cache.store import BadEntry, Entry, Store, describe, entry_from_json
 
     if str(source) != "-" and not source.exists():
         _fail(f"{source}: no such file")
@@ -192,6 +193,8 @@ def import_(directory: Path, source: Path, cache_length: bool, max_line_mb: floa
         added = store.add_missing(read())
     except BadEntry as e:
         _fail(str(e))
+    except sqlite3.Error as e:  # (one transaction: nothing was added)
+        _fail(f"the cache {store.path} cannot be written ({describe(e)}); nothing was imported")
     finally:
         if f is not sys.stdin.buffer:
             f.close()

@@ -42,7 +42,8 @@ def test_only_an_answer_passes_the_checks() -> None:
     assert why_unfit(200, b"null", CHAT)[1] == "null, not an answer"
     assert why_unfit(200, b"[]", CHAT)[1] == "a list, not an answer"
     assert why_unfit(200, b'{"error": {"message": "overloaded"}}', CHAT)[1] == "an error body"
-    assert why_unfit(200, b'{"data": []}', CHAT)[1] == f"no 'choices': not an answer for {CHAT}"
+    assert why_unfit(200, b'{"data": []}', CHAT)[1] == "no 'choices', not an answer for its route"
+    assert why_unfit("200", GOOD, CHAT)[1] == "status: not a number"
     assert why_unfit(200, b'{"data": []}', "/v1/embeddings")[1] is None
     assert why_unfit(200, b'{"result": 1}', "/v1/rerank")[1] is None  # a route evalsup has no row for: an object
     assert why_unfit(200, orjson.dumps(answer("length")), CHAT)[1] == "cut (length)"
@@ -211,3 +212,11 @@ def test_a_routing_header_changes_the_key_and_a_secret_never_enters_it() -> None
     assert KeyMaker(headers=key_headers(secret)).key(CHAT, body, "t") == plain
     canonical = KeyMaker(headers=key_headers([*secret, "X-Route: a"])).canonical(CHAT, body, "t")
     assert b"abcdef" not in canonical and b"sk-live" not in canonical and b"x-route" in canonical
+
+
+def test_the_summary_line_says_the_unusable_entries() -> None:
+    from evalsup.cache.text import cache_text
+
+    line = cache_text({"hits": 17, "misses": 3, "unusable": 3, "written": 3})
+    assert line.startswith("17 answered from it, 3 sent (3 of them had an unusable entry); 3 answers kept")
+    assert "unusable" not in cache_text({"hits": 17, "misses": 3, "written": 3})
