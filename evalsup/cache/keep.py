@@ -1,10 +1,18 @@
 """Which answers may be kept: a 200 with no error, not filtered, not cut at its token limit (unless the run
-asks to keep those, ``--cache-length``). A refusal to keep is never wrong: it costs a request next time."""
+asks to keep those, ``--cache-length``). A refusal to keep is never wrong: it costs a request next time.
+
+The same rules hold on the way out (issue 39): an entry becomes a record only when it still passes the checks
+an online answer passes (``why_unfit``): the file may have been damaged, edited or imported since it was kept.
+"""
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+import orjson
+
+from evalsup.tasks.routes import answer_key
 
 # a large body checked without being built (worker.bodies.UsageOnly) is searched instead; inside a JSON string
 # every quote is escaped, so these can only match the body's own keys
@@ -32,3 +40,29 @@ def why_not(parsed: Any, raw: bytes | None, keep_length: bool = False) -> str | 
         return "content_filter" if _FILTERED.search(raw) else None
     m = _CUT.search(raw)
     return None if m is None else (m.group(1) or b"incomplete").decode()
+
+
+def why_unfit(status: Any, body: bytes, path: str | None, keep_length: bool = False) -> tuple[Any, str | None]:
+    """An answer from elsewhere (a cache entry about to become a record, an import's line) checked as an online
+    answer is (``worker.client``: status 200, JSON, an object with the route's answer key) and as a run keeps
+    one (``why_not``), and no error body: (its body parsed, None), or (None, why it is no answer to serve).
+    The body is built whole (orjson): checking a large one without building it (simdjson) and searching its
+    bytes for a cut costs as much here."""
+    if type(status) is not int:
+        return None, "status: not a number"
+    if status != 200:
+        return None, f"status {status}"
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, "not JSON"
+    if not isinstance(parsed, dict):
+        what = "null" if parsed is None else "a list" if isinstance(parsed, list) else f"a {type(parsed).__name__}"
+        return None, f"{what}, not an answer"
+    if parsed.get("error") is not None:
+        return None, "an error body"
+    need = answer_key(path) if path else None
+    if need is not None and need not in parsed:
+        return None, f"no {need!r}, not an answer for its route"
+    why = why_not(parsed, body, keep_length)
+    return (parsed, None) if why is None else (None, f"cut ({why})" if why == "length" else why)

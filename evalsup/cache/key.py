@@ -7,24 +7,55 @@ the endpoint path and the model identity, and the run's JSON schema (``--respons
 worker and never sent: an answer kept without it, or under another, is not this run's answer; a task's own
 ``response_format`` is in its body already). A sampled request (temperature above 0, or none given, since the
 servers' default is 1; or ``n`` above 1) also carries the task's id, so each task keeps its own sample and a
-rerun gets the same samples back; ``salt`` (``--cache-salt``) asks for new ones. Pure: no I/O.
+rerun gets the same samples back; ``salt`` (``--cache-salt``) asks for new ones. The run's extra request headers
+(``--header``) that are not secrets are in the key too (``key_headers``, issue 39): a gateway may route on one
+to another model or provider, so a changed header is a new key; a secret's value (given as ``env:VAR`` or
+``@file``, or under a name such as Authorization or api-key) is never in it. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from evalsup.tasks.headers import HeaderError, split_spec
 from evalsup.tasks.requests import public_url
 from evalsup.tasks.routes import BY_PATH, route_of
 
 # fields that change how an answer is delivered or attributed, never what it says
 LEFT_OUT = frozenset({"stream", "stream_options", "user"})
 VERSION = 1  # of the canonical form: a change of it makes every old entry a miss, never a wrong answer
+# a header whose name has one of these words (split at - _ .) carries a credential, whatever its value's source:
+# never in the key (Authorization, api-key, X-Api-Key, Ocp-Apim-Subscription-Key, X-Auth-Token, Cookie, ...;
+# not X-Portkey-Config, a gateway's routing)
+SECRET_WORDS = frozenset({"auth", "authorization", "key", "apikey", "token", "secret", "password", "passwd",
+                          "cookie", "session", "signature", "sig", "credential", "credentials", "bearer"})
+
+
+def secret_name(name: str) -> bool:
+    return any(w in SECRET_WORDS for w in re.split(r"[-_.]", name.lower()))
+
+
+def key_headers(specs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """The --header specs that are in the key: (name lower-cased, value) of each given as a plain value under a
+    name that is not a credential's, the last of a name winning (as the request sends it), sorted; a value
+    from ``env:VAR`` or ``@file`` (a secret, never read here) and a spec that cannot be used are left out."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        try:
+            name, value = split_spec(spec)
+        except HeaderError:
+            continue
+        lower = name.lower()
+        out.pop(lower, None)
+        if not value.startswith(("env:", "@")) and not secret_name(lower):
+            out[lower] = value
+    return tuple(sorted(out.items()))
 
 
 def normalised(value: Any) -> Any:
@@ -55,12 +86,13 @@ def sampled(path: str, body: dict[str, Any]) -> bool:
 class KeyMaker:
     """The run's way to a key: ``model_id`` (``--cache-model-id``: replaces the body's ``model``, so replicas
     under other names share entries), the endpoints (the identity of a body without a ``model``), ``salt``,
-    ``schema`` (--response-schema when it is validated: ``schema_in_key``)."""
+    ``schema`` (--response-schema when it is validated: ``schema_in_key``), ``headers`` (``key_headers``)."""
 
     model_id: str | None = None
     endpoints: Sequence[str] = ()
     salt: str = ""
     schema: dict[str, Any] | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # key_headers(--header): not secrets
 
     def identity(self, body: dict[str, Any]) -> str:
         """The model identity: --cache-model-id, else the body's ``model``, else the endpoints' public URLs
@@ -82,6 +114,8 @@ class KeyMaker:
             form["salt"] = self.salt
         if self.schema is not None:
             form["schema"] = self.schema
+        if self.headers:  # (absent without --header: the keys of runs without one are as before)
+            form["headers"] = [list(h) for h in self.headers]
         try:
             # most bodies hold no whole-number float (orjson writes one, below 2**53, as "N.0"): without ".0" in
             # the bytes, normalising would change nothing, so the walk over the body is skipped (same bytes)

@@ -15,6 +15,7 @@ set when written and when a run hits them) go in batches, down to ``PRUNE_TO`` o
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -164,7 +165,7 @@ class Store:
         if not rows:
             return None
         r = rows[0]
-        return Entry(key, bytes(r[0]), *r[1:])
+        return Entry(key, blob(r[0]), *r[1:])
 
     # ----- writing -----
 
@@ -246,9 +247,60 @@ class Store:
         cur = self.conn.execute(f"SELECT {', '.join(COLUMNS)} FROM entries ORDER BY atime")
         try:
             for r in cur:
-                yield Entry(bytes(r[0]), bytes(r[1]), *r[2:])
+                yield Entry(blob(r[0]), blob(r[1]), *r[2:])
         finally:
             cur.close()
+
+
+def blob(value: Any) -> bytes:
+    """A BLOB column's value as bytes, whatever SQLite holds there (a file edited by hand may hold text, a
+    number or NULL: their bytes, or none, and the checks that follow refuse them)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, memoryview | bytearray):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace")
+    return b""
+
+
+MAX_INT = (1 << 63) - 1  # SQLite's INTEGER
+
+
+def field_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be an entry's ``name`` (one of COLUMNS but key and body), or None."""
+    if name in ("prompt_tokens", "completion_tokens", "status"):
+        low, high = (100, 599) if name == "status" else (0, MAX_INT)
+        if type(value) is not int:
+            return f"a whole number expected, got {_kind(value)}"
+        if not low <= value <= high:
+            return f"{value} is out of range ({low} to {high})"
+    elif name in ("request_id", "model", "path"):
+        if value is not None and not isinstance(value, str):
+            return f"a string or null expected, got {_kind(value)}"
+    elif name in ("created", "atime"):
+        if type(value) not in (int, float):
+            return f"a time in seconds expected, got {_kind(value)}"
+        if not math.isfinite(value) or value < 0:
+            return f"{value} is not a time"
+    return None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", str: "a string", dict: "an object", list: "a list", float: "a fraction"}.get(
+        type(value), type(value).__name__)
+
+
+def shape_problem(e: Entry) -> str | None:
+    """Why a row read back cannot be a record's (a value of another kind than evalsup writes: the file was
+    edited), or None."""
+    for name in COLUMNS[2:]:
+        problem = field_problem(name, getattr(e, name))
+        if problem is not None:
+            return f"{name}: {problem}"
+    return None
 
 
 def entry_json(e: Entry) -> bytes:
@@ -259,15 +311,45 @@ def entry_json(e: Entry) -> bytes:
                         option=orjson.OPT_APPEND_NEWLINE)
 
 
-def entry_from_json(line: bytes) -> Entry:
-    """An export's line back (ValueError, KeyError, TypeError when it is not one)."""
-    d = orjson.loads(line)
-    key = bytes.fromhex(d["key"])
-    if len(key) != 32 or not isinstance(d["body"], str):
-        raise ValueError("not a cache entry")
-    body = d["body"].encode()
-    orjson.loads(body)  # a body is JSON
-    now = time.time()
-    return Entry(key, body, int(d.get("status") or 200), d.get("request_id"), d.get("model"), d.get("path"),
-                 int(d.get("prompt_tokens") or 0), int(d.get("completion_tokens") or 0),
-                 float(d.get("created") or now), float(d.get("atime") or now))
+class BadEntry(ValueError):
+    """An import's line that is not a cache entry: the message says why, in one line (no value quoted whole)."""
+
+
+def entry_from_json(line: bytes, now: float | None = None) -> Entry:
+    """An export's line back, its body stored as compact JSON (parsed and written again: a body edited into
+    several lines can never make a record of several lines); a field left out or null takes its default
+    (status 200, no tokens, the times ``now``). Raises BadEntry."""
+    try:
+        d = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise BadEntry(f"not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise BadEntry(f"a JSON object expected, got {_kind(d)}")
+    key = d.get("key")
+    if not isinstance(key, str) or len(key) != 64:
+        raise BadEntry("key: 64 hex digits expected")
+    try:
+        raw_key = bytes.fromhex(key)
+    except ValueError:
+        raise BadEntry("key: 64 hex digits expected") from None
+    text = d.get("body")
+    if not isinstance(text, str):
+        raise BadEntry(f"body: the answer's JSON as a string expected, got {_kind(text)}")
+    try:
+        body = orjson.dumps(orjson.loads(text))
+    except orjson.JSONDecodeError as e:
+        raise BadEntry(f"body: not JSON ({e})") from None
+    now = time.time() if now is None else now
+    defaults: dict[str, Any] = {"status": 200, "prompt_tokens": 0, "completion_tokens": 0, "created": now,
+                                "atime": now}
+    v: dict[str, Any] = {}
+    for name in COLUMNS[2:]:
+        value = d.get(name)
+        if value is None:
+            value = defaults.get(name)
+        problem = field_problem(name, value)
+        if problem is not None:
+            raise BadEntry(f"{name}: {problem}")
+        v[name] = value
+    return Entry(raw_key, body, v["status"], v["request_id"], v["model"], v["path"], v["prompt_tokens"],
+                 v["completion_tokens"], float(v["created"]), float(v["atime"]))

@@ -20,7 +20,9 @@ def cache_text(c: dict[str, Any]) -> str:
     """summary.json's ``cache`` in one line: hits, requests sent, answers kept, tokens and money saved."""
     t = c.get("tokens_saved") or {}
     usd = saved_text(c)
-    return (f"{int(c.get('hits') or 0):,} answered from it, {int(c.get('misses') or 0):,} sent; "
+    bad = int(c.get("unusable") or 0)
+    return (f"{int(c.get('hits') or 0):,} answered from it, {int(c.get('misses') or 0):,} sent"
+            + (f" ({bad:,} of them had an unusable entry)" if bad else "") + "; "
             f"{int(c.get('written') or 0):,} answers kept; {int(t.get('prompt') or 0):,} prompt + "
             f"{int(t.get('completion') or 0):,} completion tokens saved" + (f"; {usd}" if usd else "")
             + (f" (not written: {c['error']})" if c.get("error") else ""))

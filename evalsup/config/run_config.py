@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -125,8 +126,8 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     if kw["retry_failed"] is not None and kw["fresh"]:  # refused before --fresh moves anything aside
         raise ConfigError("--retry-failed needs the run to retry; it cannot go with --fresh")
     urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
-    if kw["cache_max_gb"] is not None and not kw["cache_max_gb"] > 0:
-        raise ConfigError(f"--cache-max-gb must be more than 0, got {kw['cache_max_gb']:g}")
+    if kw["cache_max_gb"] is not None and not (math.isfinite(kw["cache_max_gb"]) and kw["cache_max_gb"] > 0):
+        raise ConfigError(f"--cache-max-gb must be a number of GB more than 0, got {kw['cache_max_gb']:g}")
     cache_flags = [f"--{k.replace('_', '-')}" for k in CACHE_OPTIONS if kw[k] != OPT[k]]
     if cache_flags and cache_dir(kw["cache"]) is None:
         raise ConfigError(f"{', '.join(cache_flags)} without a cache: give --cache DIR (or set ${CACHE_ENV})")
@@ -207,12 +208,14 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     run_dir = run_dir_of(tasks, kw["out"], shard)
     window = kw["window"]
     if kw["batch_api"] or kw["batch_cancel"]:  # one batch driver in the workers' place (issue 31)
-        online_only = [flag for flag, on in (("--hedge", kw["hedge"]), ("--cache", wc.cache_dir is not None),
+        cache_from = "--cache" if kw["cache"] is not None else f"${CACHE_ENV} (a cache)"  # whence it came
+        online_only = [flag for flag, on in (("--hedge", kw["hedge"]), (cache_from, wc.cache_dir is not None),
                                              ("--scorer judge", "judge" in wc.scorers),
                                              ("--response-schema", wc.response_schema is not None)) if on]
         if online_only:  # each acts on a request as it is answered, which a provider's batch does not let it do
             judge = "judge" in online_only[0]
-            after = " (grade a batch run afterwards: evalsup score RUN --scorer judge)" if judge else ""
+            after = " (grade a batch run afterwards: evalsup score RUN --scorer judge)" if judge else (
+                f" (unset {CACHE_ENV}, or give --cache off)" if online_only[0] == cache_from != "--cache" else "")
             raise ConfigError(f"{online_only[0]} works on requests sent one by one and cannot go with "
                               f"--batch-api{after}")
         if kw["batch_poll_interval"] <= 0 or kw["batch_poll_max"] < kw["batch_poll_interval"]:

@@ -53,6 +53,7 @@ class ResultMeta(TypedDict):
     ch: NotRequired[str]
     ck: NotRequired[list[Any]]
     cm: NotRequired[str | None]  # a hit's model (the summary's tokens saved by model)
+    cu: NotRequired[str]  # a miss whose entry failed an answer's checks (damaged, no answer): why (issue 39)
 
 
 class Heartbeat(TypedDict):

@@ -38,7 +38,7 @@ from typing import Any, cast
 import orjson
 
 from evalsup.cache.feed import CacheFeed
-from evalsup.cache.key import KeyMaker, schema_in_key
+from evalsup.cache.key import KeyMaker, key_headers, schema_in_key
 from evalsup.cache.known import CachedTally, KnownAnswers, Pending, request_key
 from evalsup.common.process import quiet_gc
 from evalsup.common.text import fmt_duration
@@ -245,7 +245,7 @@ class Supervisor:
         a cache, looked up in it first, in batches)."""
         shard, lookup, defaults, w = self.cfg.shard, self.prices.lookup, self.defaults, self.cfg.worker
         keys = KeyMaker(w.cache_model_id, tuple(w.endpoints), w.cache_salt,
-                        schema_in_key(w.response_schema, w.validate_schema))
+                        schema_in_key(w.response_schema, w.validate_schema), key_headers(w.headers))
         anthropic = w.batch is not None and w.batch.get("provider") == "anthropic"
         sent = RequestDefaults(w.model, w.max_tokens, w.temperature)  # what the batch driver fills in
 

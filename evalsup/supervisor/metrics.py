@@ -69,6 +69,8 @@ class Metrics:
         # --cache (issue 30): answers from the cache, and requests sent with it on (a miss each)
         self.cache_hits = Counter("evalsup_cache_hits", "Tasks answered from the cache (--cache)", registry=r)
         self.cache_misses = Counter("evalsup_cache_misses", "Requests sent with the cache on (--cache)", registry=r)
+        self.cache_unusable = Counter("evalsup_cache_unusable", "Of the misses: an entry kept failed an answer's "
+                                      "checks (damaged, no answer) and was asked again (--cache)", registry=r)
         for outcome in ("succeeded", "failed"):
             self.tasks.labels(outcome)
         for cause in ("crashed", "hung"):
@@ -91,6 +93,8 @@ class Metrics:
                 self.hedges_won.inc()
         if meta.get("ca") != "h":
             self.latency.observe(float(meta["lat"]))
+        if "cu" in meta:  # (a miss: on_cache counts it with the others)
+            self.cache_unusable.inc()
         ttft = meta.get("ttft")
         retries = int(meta["rt"])
         if ttft is not None:

@@ -86,6 +86,8 @@ class RunStats:
     # hits by model (what they would have cost)
     cache_hits: int = 0
     cache_misses: int = 0
+    cache_unusable: int = 0  # of the misses: an entry was there but failed an answer's checks (issue 39)
+    unusable_said: bool = False
     saved_tokens: dict[str, list[int]] = field(default_factory=dict)
     # (unix time, done) at each of the last checkpoints of this session: `evalsup status` takes its rate from it
     history: collections.deque[tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=31))
@@ -109,6 +111,8 @@ class RunStats:
         else:
             if cached == "m":
                 self.cache_misses += 1
+                if "cu" in meta:
+                    self.cache_unusable += 1
             self.latency.add(float(meta["lat"]))
             ep = meta.get("ep", 0)
             self.by_endpoint[ep] = self.by_endpoint.get(ep, 0) + 1
@@ -143,6 +147,10 @@ class RunStats:
         if group is not None and self.groups is not None and self.groups.add(
                 str(group), bool(meta["ok"]), scores, meta.get("us", ())):
             return self.groups.overflow_note()
+        if "cu" in meta and not self.unusable_said:  # the first this session: said once, the rest counted
+            self.unusable_said = True
+            return (f"cache entries unusable (the first: {str(meta['cu'])[:200]}): each is a miss, sent as usual, "
+                    "and its answer replaces the entry; counted in the summary (cache.unusable)")
         return None
 
     def _saved(self, meta: ResultMeta) -> None:

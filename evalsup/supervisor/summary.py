@@ -44,13 +44,14 @@ def money_saved(tokens: dict[str, list[int]], price: PriceOf | None = None) -> t
 
 
 def cache_summary(run: RunView, price: PriceOf | None = None) -> dict[str, Any]:
-    """summary.json's ``cache``: hits, misses (requests sent with the cache on), answers kept and pruned this
+    """summary.json's ``cache``: hits, misses (requests sent with the cache on; ``unusable``: of them, entries
+    found but failing an answer's checks, issue 39), answers kept and pruned this
     session, the tokens the hits saved (by model) and what they would have cost at the run's prices
     (``saved_usd``; ``saved_usd_no_price``: the models whose hits it leaves out, having no price)."""
     st = run.stats
     saved = st.saved_tokens
     usd, unpriced = money_saved(saved, price)
-    return {"hits": st.cache_hits, "misses": st.cache_misses, **(run.cache or {}),
+    return {"hits": st.cache_hits, "misses": st.cache_misses, "unusable": st.cache_unusable, **(run.cache or {}),
             "tokens_saved": {"prompt": sum(t[0] for t in saved.values()),
                              "completion": sum(t[1] for t in saved.values())},
             "tokens_saved_by_model": {m: {"prompt": t[0], "completion": t[1]} for m, t in saved.items()},

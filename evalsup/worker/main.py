@@ -24,9 +24,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from evalsup.cache.key import schema_in_key
-from evalsup.cache.lookup import CacheReader
-from evalsup.cache.store import Entry
+from evalsup.cache.key import key_headers, schema_in_key
+from evalsup.cache.lookup import CacheReader, Hit
 from evalsup.common.process import quiet_gc
 from evalsup.ipc import FrameKind, FrameWriter, decode_json, encode_json
 from evalsup.ipc.frames import FrameParser
@@ -92,7 +91,8 @@ class Worker:
         # the answer cache (issue 30): read here, before a request is paced or sent; kept by the supervisor
         self.cache = CacheReader(Path(cfg.cache_dir), cfg.cache_mode, cfg.cache_model_id, cfg.endpoints,
                                  cfg.cache_salt, cfg.cache_length,
-                                 schema_in_key(cfg.response_schema, cfg.validate_schema)) if cfg.cache_dir else None
+                                 schema_in_key(cfg.response_schema, cfg.validate_schema),
+                                 key_headers(cfg.headers)) if cfg.cache_dir else None
         self.pacer = Pacer(random.Random(self.pid))
         self.client: Client | None = None
         # --hedge (issue 28): a task's request may get a second copy in the tail of the run (worker.race)
@@ -152,11 +152,12 @@ class Worker:
         url, body, metadata = to_request(obj, self.defaults)
         key = meta["k"]
         cache = self.cache
-        ck = hit = None
+        ck = hit = unfit = None
         if cache is not None:
             ck = cache.key(url, body, tid)
-            if cache.reads:
-                hit = cache.get(ck)
+            if cache.reads:  # an entry that fails an answer's checks is a miss, and says why (issue 39)
+                found = cache.lookup(ck, url)
+                hit, unfit = (None, found) if isinstance(found, str) else (found, None)
         hedge: bool | None = None  # hedged: whether the second copy's answer is the record
         checked = self.cfg.validate_schema and (
             self.cfg.response_schema is not None or "response_format" in body or "text" in body)
@@ -165,6 +166,7 @@ class Worker:
             oc = from_cache(hit, whole=self.reads_bodies or checked)
             if checked and not valid_hit(body, self.cfg.response_schema, oc):
                 oc = hit = None  # kept before the schema applied (or under another): asked again, as a miss
+                unfit = "not valid for the JSON schema"
         if oc is None:
             if self.hedger is None:
                 oc = await self._execute(client, url, body, key)
@@ -195,13 +197,13 @@ class Worker:
         note = None
         if cache is not None and ck is not None:
             if hit is not None:
-                note = records.CacheNote(ck.hex(), True, model=hit.model)
+                note = records.CacheNote(ck.hex(), True, model=hit.entry.model)
             elif oc.error is None and oc.status == 200 and cache.keep(oc.parsed, oc.raw_json):
                 model = body.get("model")
                 note = records.CacheNote(ck.hex(), False, [oc.request_id, model if isinstance(model, str) else None,
-                                                           url])
+                                                           url], unfit=unfit)
             else:
-                note = records.CacheNote(ck.hex(), False)
+                note = records.CacheNote(ck.hex(), False, unfit=unfit)
         extras = records.Extras(hedge=hedge, judge_tokens=judged, group=group, reasks=reasks,
                                 reask_usage=reask_usage, cache=note)
         return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, extras)
@@ -414,14 +416,14 @@ def valid_hit(body: dict[str, Any], run_schema: dict[str, Any] | None, oc: Outco
     return schema is None or reask.check(oc.parsed, schema).error is None
 
 
-def from_cache(e: Entry, whole: bool) -> Outcome:
-    """A kept answer as an outcome: its body's bytes as first written, no attempt, no time at a server. The body
-    is parsed only when something reads it (``whole``: a scorer, the judge, a plugin, a JSON schema's check);
-    else its usage is the one kept beside it."""
+def from_cache(hit: Hit, whole: bool) -> Outcome:
+    """A kept answer (checked: ``CacheReader.lookup``) as an outcome: its body's bytes as first written, no
+    attempt, no time at a server. The parsed body is kept only when something reads it (``whole``: a scorer,
+    the judge, a plugin, a JSON schema's check); else its usage is the one kept beside it."""
+    e = hit.entry
     usage = {"prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens}
-    parsed = orjson.loads(e.body) if whole else {"usage": usage}
-    return Outcome(e.status, orjson.Fragment(e.body), len(e.body), e.request_id, None, 0, 0.0,
-                   parsed=parsed, raw_json=e.body, sent=1)
+    return Outcome(e.status, orjson.Fragment(hit.body), len(hit.body), e.request_id, None, 0, 0.0,
+                   parsed=hit.parsed if whole else {"usage": usage}, raw_json=hit.body, sent=1)
 
 
 async def amain() -> int:

@@ -30,6 +30,7 @@ class CacheNote:
     hit: bool
     keep: list[Any] | None = None
     model: str | None = None  # a hit's model, as kept (the summary's tokens saved, by model)
+    unfit: str | None = None  # a miss because the entry kept failed an answer's checks: why (issue 39)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,5 +131,7 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
             info["cm"] = cache.model
         if ck is not None:
             info["ck"] = ck
+        if cache.unfit is not None:
+            info["cu"] = cache.unfit
     return out, info
 

@@ -1,6 +1,7 @@
 """The answer cache across runs (issue 30 item 3), with real processes against the mock on 127.0.0.1: a second
 run sends nothing and writes the same bodies byte for byte, two runs share one cache at once, a kill -9 leaves
-a readable cache, sampled tasks keep a sample each, a damaged cache file is one warning."""
+a readable cache, sampled tasks keep a sample each, a damaged cache file is one warning, a --header that may
+route elsewhere keys its own answers."""
 
 from __future__ import annotations
 
@@ -153,3 +154,21 @@ def test_a_damaged_cache_file_is_one_warning(tmp_path: Path, mock: MockThread) -
     assert len(said) == 1, r.stderr
     assert "Traceback" not in r.stderr and chat_requests(mock) == 20
     assert "cache" not in summary(tmp_path / "tasks.run")
+
+
+def test_a_routing_header_keeps_answers_of_its_own(tmp_path: Path, mock: MockThread) -> None:
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 10)
+    cache = tmp_path / "cache"
+    routed = ("--header", "X-Route-To: other-provider", "--header", "X-Api-Key: env:ROUTE_KEY")
+    r = run_cli(*run_args(mock, tasks, "-w", "1", "--cache", str(cache), "--out", str(tmp_path / "r1"), *routed),
+                env={"ROUTE_KEY": "sekrit-route-key"})
+    assert r.returncode == 0, r.stderr
+    mock.reset_stats()
+    s = cached_run(mock, tasks, cache, tmp_path / "r2")  # the plain endpoint: not the routed one's answers
+    assert chat_requests(mock) == 10 and s["cache"]["hits"] == 0
+    mock.reset_stats()  # the same header again (its secret changed: the key does not hold it) is answered
+    r = run_cli(*run_args(mock, tasks, "-w", "1", "--cache", str(cache), "--out", str(tmp_path / "r3"), *routed),
+                env={"ROUTE_KEY": "another-key"})
+    assert r.returncode == 0, r.stderr
+    assert chat_requests(mock) == 0 and summary(tmp_path / "r3")["cache"]["hits"] == 10
+    assert b"sekrit-route-key" not in (cache / "cache.sqlite").read_bytes()

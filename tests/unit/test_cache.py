@@ -132,7 +132,10 @@ def test_store_round_trip_budget_and_lru(tmp_path: Path) -> None:
 
 def test_export_lines_keep_the_bodies_exactly(tmp_path: Path) -> None:
     e = Entry(b"k" * 32, b'{"a":1.50,"s":"\\u00e9"}', 200, None, "m", CHAT, 1, 2, 5.0, 6.0)
-    back = entry_from_json(entry_json(e))
+    assert orjson.loads(entry_json(e))["body"].encode() == e.body  # the export: the exact text
+    back = entry_from_json(entry_json(e))  # an import stores it as compact JSON (issue 39)
+    assert back.body == '{"a":1.5,"s":"é"}'.encode() and orjson.loads(back.body) == orjson.loads(e.body)
+    back.body = e.body
     assert back == e
     with pytest.raises(ValueError):
         entry_from_json(b'{"key": "00", "body": "{}"}')
