@@ -71,6 +71,26 @@ class Usage:
         """(shortest, mean) completion tokens a choice, or None before any answer with usage."""
         return (self.low, self.sum_per_choice / self.answers) if self.answers else None
 
+    def said(self) -> str:
+        """What a resume says at its start (issue 40): the answers so far, what they spent and how long they were,
+        as read back from results.jsonl, the figures the estimate's band then starts from."""
+        if not self.records and not self.prompt_tokens:
+            return "resumed: no answer in results.jsonl yet"
+        text = (f"resumed: {self.records:,} record(s) so far in results.jsonl; spent {self.prompt_tokens:,} prompt "
+                f"and {self.completion_tokens:,} completion tokens")
+        names = ", ".join(sorted(self.unpriced_models or ())) or "a model"
+        if self.unpriced and not self.cost:
+            text += f", cost unknown (no price for {names})"
+        else:
+            text += f", ${self.cost:,.4f}" if self.cost >= 0.1 or not self.cost else f", ${self.cost:,.6f}"
+            if self.unpriced:
+                text += f" plus {self.unpriced:,} answer(s) of unknown cost (no price for {names})"
+        seen = self.seen
+        if seen is not None:
+            text += (f"; their answers were {seen[1]:,.1f} completion tokens on average (shortest {seen[0]:,.0f}), "
+                     "which the estimate below assumes")
+        return text
+
 
 def _count(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0

@@ -1,0 +1,78 @@
+"""What bounds an estimate (issue 40): a request without max_tokens is bounded by the model's largest answer or
+its context window, or said to be unbounded ("set --max-tokens") with no made-up figure; lengths learnt after
+the pass (a resume's answers read back) band every request and are labelled as seen; the line reads as a
+sentence."""
+
+from __future__ import annotations
+
+from evalsup.config.prices import Price, PriceTable
+from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.tokens import Tally, figures, one_line, start_line
+
+PRICES = PriceTable({"known-max": Price(1.0, 2.0, None, 1000, "t"), "known-context": Price(1.0, 2.0, None, None,
+                                                                                             "t", None, 8000),
+                     "no-bound": Price(1.0, 2.0, None, None, "t")}, "2025-06-15", maintained=False)
+
+
+def tally(model: str, n: int = 10, seen: tuple[float, float] | None = None, max_tokens: int | None = None) -> Tally:
+    t = Tally(seen=seen)
+    for i in range(n):
+        f = figures({"id": str(i), "messages": [{"role": "user", "content": "x" * 40}]},
+                    RequestDefaults(model=model, max_tokens=max_tokens))
+        p = PRICES.lookup(f.model)
+        t.add(f, p.completion_bound if p is not None else None)
+    return t
+
+
+def test_the_models_largest_answer_then_its_context_bound_a_request_without_max_tokens() -> None:
+    s = tally("known-max").summary(PRICES.lookup)
+    assert s["completion_tokens"]["high"] == 10 * 1000 and s["unbounded"] == []
+    s = tally("known-context").summary(PRICES.lookup)
+    assert s["completion_tokens"]["high"] == 10 * 8000 and s["cost_usd"]["high"] is not None
+
+
+def test_nothing_bounds_it_no_figure_is_made_up() -> None:
+    s = tally("no-bound").summary(PRICES.lookup)
+    assert s["completion_tokens"]["high"] is None and s["completion_tokens"]["expected"] is None
+    assert s["cost_usd"]["high"] is None and s["cost_usd"]["low"] > 0  # the prompt is still paid for
+    assert s["unbounded"] == ["no-bound"] and s["models"]["no-bound"]["unbounded"] == 10
+    line = one_line(s)
+    assert "answers of unknown length: 10 request(s) of no-bound have no max_tokens" in line
+    assert "unbounded: set --max-tokens" in line and "cost at least $" in line and "no upper bound" in line
+    # a max_tokens given bounds it again
+    s = tally("no-bound", max_tokens=50).summary(PRICES.lookup)
+    assert s["completion_tokens"] == {"low": 0, "expected": 250, "high": 500} and s["unbounded"] == []
+
+
+def test_with_answers_seen_an_unbounded_request_has_an_expected_length_and_still_no_high_end() -> None:
+    s = tally("no-bound", seen=(2.0, 6.0)).summary(PRICES.lookup)
+    assert s["completion_tokens"] == {"low": 20, "expected": 60, "high": None}
+    assert "≈ 60 tokens in all (the mean length of the answers seen so far), with no upper bound" in one_line(s)
+
+
+def test_lengths_learnt_after_the_pass_band_every_request_and_are_called_seen() -> None:
+    """A resume reads its answers back after the pre-scan has counted the lines: the band must be made with them
+    (the start line once called half of max_tokens 'seen': 50,560 tokens where the answers were 4,916)."""
+    before = tally("known-max", n=4, max_tokens=100)
+    assert before.summary(PRICES.lookup)["completion_tokens"] == {"low": 0, "expected": 200, "high": 400}
+    before.seen = (3.0, 5.0)  # what results.jsonl says, learnt after the pass
+    s = before.summary(PRICES.lookup)
+    assert s["completion_tokens"] == {"low": 12, "expected": 20, "high": 400}
+    assert s["completion_from"] == "seen" and "(the mean length of the answers seen so far)" in one_line(s)
+    # the same as a tally that knew the lengths from the start (evalsup estimate of the same run)
+    assert tally("known-max", n=4, max_tokens=100, seen=(3.0, 5.0)).summary(PRICES.lookup) == s
+    half = before.scaled(0.5).summary(PRICES.lookup)
+    assert half["completion_tokens"] == {"low": 6, "expected": 10, "high": 200}
+
+
+def test_the_start_line_names_the_prices_and_is_quiet_about_them_when_nothing_is_paid() -> None:
+    s = tally("known-max", max_tokens=10).summary(PRICES.lookup)
+    line = start_line(s, "this run", "genai-prices 9.9 (latest price change 2026-12-01)")
+    assert line.startswith("estimate for this run: 10 requests; prompts ≈ ")
+    assert "answers at most 100 tokens in all, ≈ 50 expected (half of max_tokens: no answer seen yet)" in line
+    assert "(prices: genai-prices 9.9 (latest price change 2026-12-01)" in line
+    free = PriceTable({}, "x", self_hosted=True)
+    t = Tally()
+    t.add(figures({"id": "a", "prompt": "hi"}, RequestDefaults(model="m", max_tokens=8)), None)
+    line = start_line(t.summary(free.lookup), "this run", free.describe())
+    assert line.endswith("; no cost") and "prices" not in line
