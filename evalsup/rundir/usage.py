@@ -27,6 +27,7 @@ import orjson
 
 from evalsup.rundir.layout import DAMAGED, REPLACED
 from evalsup.rundir.results_file import iter_records
+from evalsup.tasks.tokens import fmt_usd
 
 __all__ = ["Usage", "usage_of_results"]
 
@@ -82,7 +83,7 @@ class Usage:
         if self.unpriced and not self.cost:
             text += f", cost unknown (no price for {names})"
         else:
-            text += f", ${self.cost:,.4f}" if self.cost >= 0.1 or not self.cost else f", ${self.cost:,.6f}"
+            text += f", {fmt_usd(self.cost)}"
             if self.unpriced:
                 text += f" plus {self.unpriced:,} answer(s) of unknown cost (no price for {names})"
         seen = self.seen
