@@ -231,6 +231,7 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
         out["completion_from"] = f"seen ({from_cache})"
     out.update({
         "tasks": str(tasks), "total_requests": tally.requests + hits, "done": done, "prices": prices.describe(),
+        "price_sources": prices.to_json(),  # which source priced each model, with its date
         "tokenizer": "none" if tok is None else ("absent (404): ≈ chars/4" if tok.absent and not counted else
                                                  f"{tok.path} ({tally.exact:,} counted"
                                                  + (", the rest scaled by their ratio)" if tally.exact < tally.requests

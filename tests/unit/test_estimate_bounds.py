@@ -5,9 +5,14 @@ sentence."""
 
 from __future__ import annotations
 
-from evalsup.config.prices import Price, PriceTable
+from pathlib import Path
+
+import orjson
+
+from evalsup.config.prices import Price, PriceTable, load_prices
 from evalsup.tasks.requests import RequestDefaults
 from evalsup.tasks.tokens import Tally, figures, one_line, start_line
+from evalsup.tools.estimate import estimate, estimate_text
 
 PRICES = PriceTable({"known-max": Price(1.0, 2.0, None, 1000, "t"), "known-context": Price(1.0, 2.0, None, None,
                                                                                              "t", None, 8000),
@@ -76,3 +81,22 @@ def test_the_start_line_names_the_prices_and_is_quiet_about_them_when_nothing_is
     t.add(figures({"id": "a", "prompt": "hi"}, RequestDefaults(model="m", max_tokens=8)), None)
     line = start_line(t.summary(free.lookup), "this run", free.describe())
     assert line.endswith("; no cost") and "prices" not in line
+
+
+def test_evalsup_estimate_of_a_file_without_max_tokens(tmp_path: Path) -> None:
+    """`evalsup estimate` of tasks with no max_tokens: a known model's requests bounded by its largest answer,
+    an unknown one's said unbounded, by model, and the prices' sources named."""
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps({"id": f"{m}-{i}", "model": m, "messages": [
+        {"role": "user", "content": "Say hello."}]}) + b"\n" for m in ("gpt-4o-mini", "my-model") for i in range(5)))
+    table = load_prices(maintained=False)
+    s = estimate(tasks, table, RequestDefaults())
+    known, mine = s["models"]["gpt-4o-mini"], s["models"]["my-model"]
+    assert known["completion_tokens"]["high"] == 5 * 16384 and "unbounded" not in known  # its largest answer
+    assert mine["unbounded"] == 5 and mine["completion_tokens"]["high"] is None
+    assert s["completion_tokens"]["high"] is None and s["unbounded"] == ["my-model"]
+    assert s["price_sources"]["by_model"] == {"gpt-4o-mini": f"evalsup table {table.as_of}", "my-model": "no price"}
+    text = estimate_text(s)
+    assert "5 request(s) of my-model have no max_tokens and no known limit (unbounded: set --max-tokens)" in text
+    assert "my-model: 5 requests;" in text and "completion 0/?/?" in text and "unbounded, set --max-tokens" in text
+    assert "plus the unknown cost of my-model (no price)" in text
