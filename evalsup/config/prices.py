@@ -106,6 +106,7 @@ class PriceTable:
     user: dict[str, Price] | None = None  # the user's file, looked up first
     maintained: bool = True  # genai-prices asked (when installed) before the shipped table
     at: datetime = field(default_factory=lambda: datetime.now(UTC))  # the moment whose rates are taken
+    batch: bool = False  # a --batch-api run: the batch API's rates where the source has them (genai-prices)
     _memo: dict[str, Price | None] = field(default_factory=dict, compare=False, repr=False)  # by name, as asked
     _package: _Maintained | None = field(default=None, compare=False, repr=False)
     _loaded: bool = field(default=False, compare=False, repr=False)
@@ -127,6 +128,8 @@ class PriceTable:
             got = package.find(model, self.models) if package is not None else None
         if got is None:
             got = _find(self.models, model)
+        if got is not None and self.batch:
+            got = got.variant(batch=True)
         if len(self._memo) < 10_000:  # (a file naming more models than that is looked up afresh)
             self._memo[model] = got
         return got
@@ -161,7 +164,7 @@ class PriceTable:
         text = (f"{text}, then " if text else "") + f"evalsup's table of {self.as_of}"
         if self.maintained and self.package() is None:
             text += f" ({PACKAGE} not installed: {INSTALL} for maintained prices)"
-        return text
+        return text + ("; the batch API's rates where known" if self.batch else "")
 
     def used(self) -> dict[str, str]:
         """{model: the source of its price} for the models looked up so far (at most 50), "no price" for those
@@ -363,12 +366,13 @@ def read_user_prices(path: Path) -> dict[str, Price]:
 
 
 def load_prices(user_file: Path | str | None = None, self_hosted: bool = False, *, maintained: bool = True,
-                at: datetime | None = None) -> PriceTable:
+                at: datetime | None = None, batch: bool = False) -> PriceTable:
     """The prices: ``user_file``'s over genai-prices' (when installed and ``maintained``) over the shipped
-    table's, at the rates in effect at ``at`` (default: now); every price 0 when ``self_hosted``. genai-prices is
+    table's, at the rates in effect at ``at`` (default: now), the batch API's where known when ``batch`` (a
+    --batch-api run: its estimate, reservations and spend); every price 0 when ``self_hosted``. genai-prices is
     loaded at the first look-up that needs it, never here."""
     data = json.loads(SHIPPED.read_text(encoding="utf-8"))
     as_of = str(data.get("as_of", ""))
     shipped = _table(data, str(SHIPPED), f"evalsup table {as_of}")
     user = read_user_prices(Path(user_file)) if user_file is not None else None
-    return PriceTable(shipped, as_of, self_hosted, user, maintained, at or datetime.now(UTC))
+    return PriceTable(shipped, as_of, self_hosted, user, maintained, at or datetime.now(UTC), batch)

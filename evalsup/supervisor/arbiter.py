@@ -147,7 +147,7 @@ class Supervisor:
         self.metrics: Any = None
         self.cache: CacheFeed | None = None  # the answer cache's writes (issue 30), set by supervisor.run
         # issue 30: the prices (the estimate at the start, --max-cost), and the budget when a cap is given
-        self.prices = load_prices(cfg.prices_file, cfg.self_hosted)
+        self.prices = load_prices(cfg.prices_file, cfg.self_hosted, batch=cfg.worker.batch is not None)
         self.defaults = RequestDefaults(model=cfg.worker.model, max_tokens=cfg.worker.max_tokens)
         self.budget: Budget | None = None
         self._budget_wait = False  # the next task would pass a cap while requests are out: wait for them

@@ -157,3 +157,16 @@ def test_a_resume_reads_answers_back_as_they_were_billed(tmp_path: Path) -> None
             + billed("o3", {"processing": "batch"}, input_tokens=1_000, output_tokens=2_000))
     assert u.cost == pytest.approx(want)
     assert u.unpriced == 0
+
+
+def test_a_batch_run_is_priced_at_the_batch_apis_rates_where_known(tmp_path: Path) -> None:
+    t = load_prices(at=AT, batch=True)
+    p = t.lookup("gpt-4o")
+    assert p is not None and p.cost(10**6, 10**6) == pytest.approx(
+        billed("gpt-4o", {"processing": "batch"}, input_tokens=10**6, output_tokens=10**6))
+    assert p.cost(10**6, 10**6) < load_prices(at=AT).lookup("gpt-4o").cost(10**6, 10**6)  # type: ignore[union-attr]
+    assert "batch API's rates" in t.describe()
+    f = tmp_path / "p.json"  # a user's price is theirs: taken as given
+    f.write_text(json.dumps({"gpt-4o": {"input": 1, "output": 1}}))
+    mine = load_prices(f, at=AT, batch=True).lookup("gpt-4o")
+    assert mine is not None and mine.cost(10**6, 10**6) == 2.0
