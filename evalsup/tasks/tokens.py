@@ -13,6 +13,7 @@ takes ``DEFAULT_MAX_OUTPUT`` for it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -148,11 +149,12 @@ class ModelTally:
     completion: Band = field(default_factory=Band)  # as each request was added (with the lengths seen then)
     no_max_tokens: int = 0  # requests without max_tokens: bounded by the model's largest answer or context
     unbounded: int = 0  # of those, the requests whose model has no known bound: no high end, say so
-    unknown: int = 0  # of those, the requests added before any answer was seen: no expected length either
-    # requests by (choices, most completion tokens; None: unbounded): the completion band is made from them with
-    # the lengths seen when the summary is asked, so lengths learnt after the pass (a resume's results, the
-    # cache's answers) count for every request; None past SHAPES of them (then ``completion`` is the band)
-    shapes: dict[tuple[int, int | None], float] | None = field(default_factory=dict)
+    unknown: int = 0  # requests without max_tokens added before any answer was seen: no expected length
+    # requests by (choices, most completion tokens (None: unbounded), whether their own max_tokens sets it): the
+    # completion band is made from them with the lengths seen when the summary is asked, so lengths learnt after
+    # the pass (a resume's results, the cache's answers) count for every request; None past SHAPES of them (then
+    # ``completion`` is the band)
+    shapes: dict[tuple[int, int | None, bool], float] | None = field(default_factory=dict)
 
 
 @dataclass
@@ -187,28 +189,21 @@ class Tally:
                          (mid - over) * CHARS_PER_TOKEN / PROMPT_BAND[1] + over)
         if not f.choices:
             return  # (embeddings: no completion)
-        unbounded = f.max_tokens is None and model_max is None  # nothing bounds it: whatever the model says
-        high = None if unbounded else f.max_completion(model_max)
+        own = f.max_tokens is not None
+        # without max_tokens: the model's largest answer or context, else nothing bounds it (None)
+        high = f.max_completion(model_max) if own or model_max is not None else None
+        key = (f.choices, high, own)
         if t.shapes is not None:
-            if (f.choices, high) not in t.shapes and len(t.shapes) >= SHAPES:
+            if key not in t.shapes and len(t.shapes) >= SHAPES:
                 t.shapes = None
             else:
-                t.shapes[(f.choices, high)] = t.shapes.get((f.choices, high), 0) + 1
-        if f.max_tokens is None:
+                t.shapes[key] = t.shapes.get(key, 0) + 1
+        if not own:
             t.no_max_tokens += 1
-        if high is None:
-            t.unbounded += 1
-            if self.seen is None:
-                t.unknown += 1
-            else:
-                t.completion.add(self.seen[0] * f.choices, self.seen[1] * f.choices, 0.0)
-            return
-        if self.seen is not None:
-            lo, mean = self.seen
-            low, expected = min(lo * f.choices, high), min(mean * f.choices, high)
-        else:
-            low, expected = 0.0, high * EXPECTED_FRACTION
-        t.completion.add(low, expected, high)
+            t.unknown += self.seen is None
+        t.unbounded += high is None
+        low, expected = _band_of(f.choices, high, own, self.seen)
+        t.completion.add(low, expected, high or 0.0)
 
     def scaled(self, left: float) -> Tally:
         """The same estimate for a ``left`` fraction of its requests (a resume: what is still to be sent)."""
@@ -278,16 +273,25 @@ class Tally:
         if t.shapes is None:
             return t.completion, t.unbounded > 0, t.unknown > 0
         out = Band()
-        unbounded = False
-        for (c, h), n in t.shapes.items():
-            unbounded = unbounded or (h is None and n > 0)
-            if self.seen is not None:
-                lo, mean = self.seen[0] * c, self.seen[1] * c
-                out.add(n * (lo if h is None else min(lo, h)), n * (mean if h is None else min(mean, h)),
-                        0.0 if h is None else n * h)
-            elif h is not None:
-                out.add(0.0, n * h * EXPECTED_FRACTION, n * h)
-        return out, unbounded, unbounded and self.seen is None
+        unbounded = unknown = False
+        for (c, h, own), n in t.shapes.items():
+            if n <= 0:
+                continue
+            unbounded = unbounded or h is None
+            unknown = unknown or (not own and self.seen is None)
+            low, expected = _band_of(c, h, own, self.seen)
+            out.add(n * low, n * expected, n * (h or 0.0))
+        return out, unbounded, unknown
+
+
+def _band_of(choices: int, high: int | None, own: bool, seen: tuple[float, float] | None) -> tuple[float, float]:
+    """One request's (low, expected) completion tokens: from the lengths seen (at most its high end), else 0 and
+    EXPECTED_FRACTION of its own max_tokens; without max_tokens and nothing seen, no expected figure (0, said
+    unknown): half of a model's largest answer is no estimate of an answer."""
+    if seen is not None:
+        cap = math.inf if high is None else high
+        return min(seen[0] * choices, cap), min(seen[1] * choices, cap)
+    return 0.0, (high * EXPECTED_FRACTION if own and high is not None else 0.0)
 
 
 def _band(b: Band, unbounded: bool, unknown: bool) -> dict[str, float | None]:
@@ -334,9 +338,14 @@ def one_line(s: dict[str, Any]) -> str:
     seen = str(s["completion_from"]).startswith("seen")
     why = "the mean length of the answers seen so far" if seen else \
         f"{'half' if EXPECTED_FRACTION == 0.5 else EXPECTED_FRACTION} of max_tokens: no answer seen yet"
-    if c["expected"] is None:  # unbounded, nothing seen: no figure to give
+    no_max = sum(m.get("no_max_tokens", 0) for m in s["models"].values())
+    if c["expected"] is None and c["high"] is None:  # unbounded, nothing seen: no figure to give
         text += (f"; answers of unknown length: {n_unbounded:,} request(s) of {_models(unbounded)} have no "
                  "max_tokens and no known limit (unbounded: set --max-tokens)")
+    elif c["expected"] is None:
+        text += (f"; answers at most {fmt_tokens(c['high'])} tokens in all, their length unknown until some are "
+                 f"seen ({no_max:,} request(s) without max_tokens, bounded only by the model's largest answer or "
+                 "context: set --max-tokens for a closer bound)")
     elif c["high"] is None:
         text += (f"; answers ≈ {fmt_tokens(c['expected'])} tokens in all ({why}), with no upper bound: "
                  f"{n_unbounded:,} request(s) of {_models(unbounded)} have no max_tokens and no known limit "
@@ -348,11 +357,11 @@ def one_line(s: dict[str, Any]) -> str:
         return text + f"; cost unknown: no price for {_models(s['unpriced'])}"
     if cost["high"] == 0 and not s["unpriced"]:
         return text + "; no cost"
+    expected = "" if cost["expected"] is None else f", ≈ {fmt_usd(cost['expected'])} expected"
     if cost["high"] is None:
-        text += f"; cost at least {fmt_usd(cost['low'])}, no upper bound" + (
-            "" if cost["expected"] is None else f", ≈ {fmt_usd(cost['expected'])} expected")
+        text += f"; cost at least {fmt_usd(cost['low'])}, no upper bound{expected}"
     else:
-        text += f"; cost {fmt_usd(cost['low'])} to {fmt_usd(cost['high'])}, ≈ {fmt_usd(cost['expected'])} expected"
+        text += f"; cost {fmt_usd(cost['low'])} to {fmt_usd(cost['high'])}{expected}"
     if s["unpriced"]:
         text += f", plus the unknown cost of {_models(s['unpriced'])} (no price)"
     return text
@@ -362,9 +371,9 @@ def start_line(s: dict[str, Any], what: str, prices: str, cached: str = "") -> s
     """The estimate a run says at its start: ``one_line`` for ``what`` ("this run", "the lines not yet read"),
     what the cache answers (``cached``), where the prices come from (unless nothing is to be paid) and, for a
     prompt estimated from its characters, how to have it counted."""
-    notes = []
+    text = f"estimate for {what}: {one_line(s)}{cached}."
     if not (s["cost_usd"]["high"] == 0 and not s["unpriced"]):  # (self-hosted: nothing to pay, nothing to say)
-        notes.append(f"prices: {prices}")
+        text += f" Prices: {prices}."
         if s["prompt_tokens_counted"] != "endpoint":
-            notes.append("`evalsup estimate --base-url URL` counts prompts with the endpoint's own tokenizer")
-    return f"estimate for {what}: {one_line(s)}{cached}" + (f" ({'; '.join(notes)})" if notes else "")
+            text += " `evalsup estimate --base-url URL` counts prompts with the endpoint's own tokenizer."
+    return text

@@ -75,7 +75,7 @@ def test_a_resume_says_what_was_spent_and_estimates_with_it_as_evalsup_estimate_
     # the answers' own mean, as `evalsup estimate` says it; never half of max_tokens (300 x 100 / 2 = 15,000)
     assert f"≈ {fmt_tokens(e['completion_tokens']['expected'])} expected (the mean length of the answers seen so " \
            "far)" in line, line
-    assert "answers at most 30,000 tokens in all" in line and f"prices: your prices ({prices})" in line
+    assert "answers at most 30,000 tokens in all" in line and f"Prices: your prices ({prices})" in line
 
 
 def test_after_kill_9_the_resume_says_what_the_results_hold(tmp_path: Path, mock: MockThread,

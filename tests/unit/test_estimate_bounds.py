@@ -34,6 +34,14 @@ def test_the_models_largest_answer_then_its_context_bound_a_request_without_max_
     assert s["completion_tokens"]["high"] == 10 * 1000 and s["unbounded"] == []
     s = tally("known-context").summary(PRICES.lookup)
     assert s["completion_tokens"]["high"] == 10 * 8000 and s["cost_usd"]["high"] is not None
+    # half of a model's largest answer is no estimate of an answer: no expected figure until answers are seen
+    assert s["completion_tokens"]["expected"] is None and s["cost_usd"]["expected"] is None
+    line = one_line(s)
+    assert "answers at most 80,000 tokens in all, their length unknown until some are seen (10 request(s) " \
+           "without max_tokens, bounded only by the model's largest answer or context" in line
+    assert "expected" not in line.split("; cost")[1]
+    seen = tally("known-context", seen=(4.0, 9.0)).summary(PRICES.lookup)
+    assert seen["completion_tokens"] == {"low": 40, "expected": 90, "high": 80_000}
 
 
 def test_nothing_bounds_it_no_figure_is_made_up() -> None:
@@ -75,12 +83,12 @@ def test_the_start_line_names_the_prices_and_is_quiet_about_them_when_nothing_is
     line = start_line(s, "this run", "genai-prices 9.9 (latest price change 2026-12-01)")
     assert line.startswith("estimate for this run: 10 requests; prompts ≈ ")
     assert "answers at most 100 tokens in all, ≈ 50 expected (half of max_tokens: no answer seen yet)" in line
-    assert "(prices: genai-prices 9.9 (latest price change 2026-12-01)" in line
+    assert ". Prices: genai-prices 9.9 (latest price change 2026-12-01). `evalsup estimate --base-url URL`" in line
     free = PriceTable({}, "x", self_hosted=True)
     t = Tally()
     t.add(figures({"id": "a", "prompt": "hi"}, RequestDefaults(model="m", max_tokens=8)), None)
     line = start_line(t.summary(free.lookup), "this run", free.describe())
-    assert line.endswith("; no cost") and "prices" not in line
+    assert line.endswith("; no cost.") and "Prices" not in line
 
 
 def test_evalsup_estimate_of_a_file_without_max_tokens(tmp_path: Path) -> None:
