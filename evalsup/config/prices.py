@@ -170,7 +170,7 @@ class PriceTable:
         """{model: the source of its price} for the models looked up so far (at most 50), "no price" for those
         without: which source priced a run (summary.json)."""
         out: dict[str, str] = {}
-        for name, p in self._memo.items():
+        for name, p in list(self._memo.items()):  # (a copy: the pre-scan's thread may be looking up)
             if len(out) >= 50:
                 break
             out[name] = "no price" if p is None else p.source
