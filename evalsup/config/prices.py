@@ -211,8 +211,9 @@ class _Maintained:
         try:
             from importlib.metadata import version
 
-            from genai_prices.data import providers
-            from genai_prices.data_snapshot import DataSnapshot
+            # (the prices extra: mypy checks it when installed, as the test extra does)
+            from genai_prices.data import providers  # type: ignore[import-not-found,unused-ignore]
+            from genai_prices.data_snapshot import DataSnapshot  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
             return None
         # our own snapshot of the bundled data: not get_snapshot(), which an UpdatePrices started by another
