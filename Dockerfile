@@ -13,7 +13,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /opt/evalsup
 COPY pyproject.toml README.md ./
 COPY evalsup ./evalsup
-RUN pip install ".[math]" && useradd --create-home --uid 10001 evalsup
+RUN pip install ".[math,prices]" && useradd --create-home --uid 10001 evalsup
 
 USER 10001:10001
 WORKDIR /data

@@ -240,6 +240,9 @@ def _note(msg: str, log_format: str = "text") -> None:
         click.echo(f"evalsup: {msg}", err=True)
 
 
+DEMO_MAX_TOKENS = 512  # the demo's max_tokens: above the mock's ~1 KB answers (~256 tokens), so none is cut
+
+
 @main.command()
 @click.option("--tasks", "n", type=click.IntRange(1, 10_000_000), default=2000, show_default=True,
               help="Sample tasks to make.")
@@ -269,8 +272,10 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
         _move_aside(run_dir)
     with MockThread(MockConfig(latency_ms=latency_ms, jitter_ms=latency_ms / 4, response_kb=response_kb)) as mock:
         click.echo(f"evalsup demo: {n:,} tasks in {tasks}, mock endpoint on {mock.url}", err=True)
+        # the mock is one's own endpoint (no cost), and its answers are bounded as a user's should be (issue 40)
         cfg = build_config(tasks, {"base_url": mock.url, "workers": workers, "concurrency": concurrency,
-                                   "model": "mock-model", "api_key_env": "EVALSUP_DEMO_NO_KEY"})
+                                   "model": "mock-model", "api_key_env": "EVALSUP_DEMO_NO_KEY",
+                                   "max_tokens": DEMO_MAX_TOKENS, "self_hosted": True})
         from evalsup.supervisor.run import run as run_job
 
         code = run_job(cfg)
@@ -566,10 +571,12 @@ def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: i
 
     \b
     Completion tokens: low 0, expected half of max_tokens, high max_tokens (a request without max_tokens: the
-    model's largest answer from the price table, else 4096); with answers already in the run directory, low
-    is the shortest seen and expected the mean seen. With --cache DIR, the requests whose answer the cache
-    holds are free (counted apart) and those answers' lengths count as seen. A model with no price says so
-    (never counted as free). Exit 2 on a bad line or price file.
+    model's largest answer or context window from its price source, else unbounded: no high end, say
+    --max-tokens); with answers already in the run directory, low is the shortest seen and expected the mean.
+    With --cache DIR, the requests whose answer the cache holds are free (counted apart) and those answers'
+    lengths count as seen. A model with no price says so (never counted as free). The prices: --prices FILE
+    over genai-prices (pip install 'evalsup[prices]') over evalsup's own table, each named with its date.
+    Exit 2 on a bad line or price file.
     """
     from evalsup.config.prices import PriceError, load_prices
     from evalsup.config.run_config import parse_shard, run_dir_of

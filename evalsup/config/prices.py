@@ -1,14 +1,20 @@
-"""Model prices: the table shipped with evalsup (``prices.json``, dated, its sources named), a user's file that
-overrides it model by model (``--prices FILE``, YAML or JSON), and 0 for a self-hosted endpoint.
+"""Model prices, from three sources in this order: a user's file (``--prices FILE``, YAML or JSON, model by
+model), the maintained ``genai-prices`` package when it is installed (``pip install 'evalsup[prices]'``: pydantic's
+table of some 2,000 models and their providers, cached-input, cache-write, long-prompt, service-tier and batch
+rates included), and the small table shipped with evalsup (``prices.json``, dated, its sources named), the
+fallback for what neither knows. A self-hosted endpoint costs 0.
 
-Prices are USD per million tokens: ``input``, ``output`` and ``cached_input``. A model is looked up by its name
-as given, then without a provider prefix (``openai/gpt-4o``), then without a date or version suffix
-(``gpt-4o-mini-2024-07-18`` is ``gpt-4o-mini``, ``claude-sonnet-4-20250514`` is ``claude-sonnet-4``). A model
-found nowhere has no price: ``lookup`` returns None and every caller says so; it never counts as free.
+Prices are USD per million tokens: ``input``, ``output``, ``cached_input`` (and from genai-prices
+``cache_write``). A model is looked up by its name as given, then without a provider prefix (``openai/gpt-4o``:
+genai-prices is asked for that provider's model), then without a date or version suffix
+(``gpt-4o-mini-2024-07-18`` is ``gpt-4o-mini``). A model found nowhere has no price: ``lookup`` returns None
+and every caller says so; it never counts as free. Each ``Price`` names its source and that source's date.
 
-A well-kept price package exists (pydantic's ``genai-prices``, LiteLLM's ``model_prices_and_context_window.json``,
-``tokencost``); evalsup ships its own small table instead (two dozen common models, a few KB, offline, no
-dependency) and lets a file of the user's override it.
+genai-prices is read from the data bundled with the installed version only: evalsup never starts its
+``UpdatePrices`` (a download from GitHub) and builds its own snapshot of the bundled data, so a price never comes
+from the network, nor from an update another library in the same process may have started. Its rates are read
+once a model (pydantic's ``calc_price`` takes ~60 µs a call; ``Price.cost`` is float arithmetic, as the budget
+settles every result with it), at the moment the table was loaded (a run's start).
 """
 
 from __future__ import annotations
@@ -16,12 +22,16 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 SHIPPED = Path(__file__).with_name("prices.json")
 PER = 1_000_000  # prices are per million tokens
+PACKAGE = "genai-prices"
+INSTALL = "pip install 'evalsup[prices]'"
 # suffixes a provider puts after the model's family name: a date, a snapshot number, "latest", a preview tag
 _SUFFIX = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8}|@\d{8}|-\d{3,4}|-latest|-preview(-\d{2}-\d{2})?|-exp)$")
 
@@ -39,25 +49,68 @@ class Price:
     input: float
     output: float
     cached_input: float | None = None
-    max_output: int | None = None  # the model's largest answer (assumed for a request without max_tokens)
-    source: str = ""  # "evalsup table 2025-06-15", the user's file, or "self-hosted"
+    max_output: int | None = None  # the model's largest answer (what bounds a request without max_tokens)
+    source: str = ""  # "genai-prices 0.2.3 (...)", "evalsup table 2025-06-15", the user's file, or "self-hosted"
+    cache_write: float | None = None  # prompt tokens written to the provider's cache (Anthropic), else ``input``
+    context: int | None = None  # the model's context window in tokens, when the source knows it
+    # a provider's long-prompt rates: (a request's prompt tokens above which, the rates), ascending; past a
+    # threshold every token of that request is at its rates (the providers' "cliff", as genai-prices has it)
+    over: tuple[tuple[int, Price], ...] = ()
+    # the rates of a service tier or of the batch API: (("service_tier", "flex"), price), (("processing", "batch"), ...)
+    variants: tuple[tuple[tuple[str, str], Price], ...] = ()
 
-    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float:
-        """USD for these tokens. Cached prompt tokens at ``cached_input`` when it is known, else at ``input``."""
-        cached = min(cached_tokens, prompt_tokens)
-        rate = self.input if self.cached_input is None else self.cached_input
-        return ((prompt_tokens - cached) * self.input + cached * rate + completion_tokens * self.output) / PER
+    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
+             written_tokens: float = 0.0, requests: float = 1.0) -> float:
+        """USD for these tokens (of ``requests`` requests: a long-prompt rate applies by a request's mean prompt).
+        ``cached_tokens`` and ``written_tokens`` are parts of ``prompt_tokens``: read from and written to the
+        provider's prompt cache, at ``cached_input`` and ``cache_write`` when known, else at ``input``."""
+        p = self
+        if self.over and requests > 0:
+            per = prompt_tokens / requests
+            for start, rates in reversed(self.over):
+                if per > start:
+                    p = rates
+                    break
+        cached = min(max(cached_tokens, 0.0), prompt_tokens)
+        written = min(max(written_tokens, 0.0), prompt_tokens - cached)
+        read_rate = p.input if p.cached_input is None else p.cached_input
+        write_rate = p.input if p.cache_write is None else p.cache_write
+        return ((prompt_tokens - cached - written) * p.input + cached * read_rate + written * write_rate
+                + completion_tokens * p.output) / PER
+
+    def variant(self, service_tier: str | None = None, batch: bool = False) -> Price:
+        """The rates an answer was billed at: the batch API's (``batch``), else the ``service_tier`` its response
+        names (OpenAI's ``flex``, ``priority``...); this price when the source has none for it."""
+        want = ("processing", "batch") if batch else ("service_tier", service_tier) if service_tier else None
+        if want is not None:
+            for when, p in self.variants:
+                if when == want:
+                    return p
+        return self
+
+    @property
+    def completion_bound(self) -> int | None:
+        """The most completion tokens a request without max_tokens may take: the model's largest answer, else its
+        context window; None when neither is known (unbounded)."""
+        return self.max_output if self.max_output is not None else self.context
 
 
-@dataclass(frozen=True)
+@dataclass
 class PriceTable:
-    """The prices a run or an estimate uses: the user's, then the shipped table's; all 0 when self-hosted."""
+    """The prices a run or an estimate uses: the user's, then genai-prices', then the shipped table's; all 0 when
+    self-hosted."""
 
-    models: dict[str, Price]
+    models: dict[str, Price]  # the shipped table
     as_of: str = ""
     self_hosted: bool = False
     user: dict[str, Price] | None = None  # the user's file, looked up first
+    maintained: bool = True  # genai-prices asked (when installed) before the shipped table
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))  # the moment whose rates are taken
+    batch: bool = False  # a --batch-api run: the batch API's rates where the source has them (genai-prices)
     _memo: dict[str, Price | None] = field(default_factory=dict, compare=False, repr=False)  # by name, as asked
+    _package: _Maintained | None = field(default=None, compare=False, repr=False)
+    _loaded: bool = field(default=False, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def lookup(self, model: str | None) -> Price | None:
         """The price of ``model``, or None (no price known: say so, never count it as free)."""
@@ -69,21 +122,63 @@ class PriceTable:
             return self._memo[model]
         except KeyError:
             pass
-        got = None
-        for table in (self.user or {}, self.models):
-            got = _find(table, model)
-            if got is not None:
-                break
+        got = _find(self.user, model) if self.user else None
+        if got is None:
+            package = self.package()
+            got = package.find(model, self.models) if package is not None else None
+        if got is None:
+            got = _find(self.models, model)
+        if got is not None and self.batch:
+            got = got.variant(batch=True)
         if len(self._memo) < 10_000:  # (a file naming more models than that is looked up afresh)
             self._memo[model] = got
         return got
 
+    def package(self) -> _Maintained | None:
+        """genai-prices' bundled data, loaded at the first look-up that needs it (~0.2 s, ~15 MB); None when it is
+        not installed or not asked (``maintained`` False)."""
+        if not self.maintained or self.self_hosted:
+            return None
+        with self._lock:
+            if not self._loaded:
+                self._package = _Maintained.load(self.at)
+                self._loaded = True
+        return self._package
+
+    def sources(self) -> list[str]:
+        """The sources in the order they are asked (the user's file, genai-prices, the shipped table)."""
+        if self.self_hosted:
+            return ["self-hosted"]
+        out = [f"your prices ({next(iter(self.user.values())).source})"] if self.user else []
+        package = self.package()
+        if package is not None:
+            out.append(package.source)
+        out.append(f"evalsup table {self.as_of}")
+        return out
+
     def describe(self) -> str:
-        """Where the prices come from, for the estimate's and the run's first line."""
+        """Where the prices come from, for the estimate's and the run's first line, the summary."""
         if self.self_hosted:
             return "self-hosted: cost 0"
-        own = f"your prices ({next(iter(self.user.values())).source}) over " if self.user else ""
-        return f"{own}evalsup's table of {self.as_of}"
+        text = " over ".join(self.sources()[:-1])
+        text = (f"{text}, then " if text else "") + f"evalsup's table of {self.as_of}"
+        if self.maintained and self.package() is None:
+            text += f" ({PACKAGE} not installed: {INSTALL} for maintained prices)"
+        return text + ("; the batch API's rates where known" if self.batch else "")
+
+    def used(self) -> dict[str, str]:
+        """{model: the source of its price} for the models looked up so far (at most 50), "no price" for those
+        without: which source priced a run (summary.json)."""
+        out: dict[str, str] = {}
+        for name, p in list(self._memo.items()):  # (a copy: the pre-scan's thread may be looking up)
+            if len(out) >= 50:
+                break
+            out[name] = "no price" if p is None else p.source
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """summary.json's ``prices``: the sources in order and which one priced each model of the run."""
+        return {"sources": self.sources(), "by_model": self.used()}
 
 
 SELF_HOSTED = Price(0.0, 0.0, 0.0, None, "self-hosted")
@@ -102,6 +197,111 @@ def _find(table: dict[str, Price], model: str) -> Price | None:
             if bare in table:
                 return table[bare]
     return None
+
+
+class _Maintained:
+    """genai-prices' bundled data, read as ``Price``s (its data module, never its ``UpdatePrices``)."""
+
+    def __init__(self, snapshot: Any, version: str, at: datetime, latest: date | None) -> None:
+        self.snapshot, self.version, self.at = snapshot, version, at
+        self.source = f"{PACKAGE} {version}" + (f" (latest price change {latest.isoformat()})" if latest else "")
+
+    @classmethod
+    def load(cls, at: datetime) -> _Maintained | None:
+        try:
+            from importlib.metadata import version
+
+            # (the prices extra: mypy checks it when installed, as the test extra does)
+            from genai_prices.data import providers  # type: ignore[import-not-found,unused-ignore]
+            from genai_prices.data_snapshot import DataSnapshot  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            return None
+        # our own snapshot of the bundled data: not get_snapshot(), which an UpdatePrices started by another
+        # library in this process would have replaced with downloaded data
+        snapshot = DataSnapshot(providers=providers, from_auto_update=False)
+        return cls(snapshot, version(PACKAGE), at, _latest_change(providers, at.date()))
+
+    def find(self, model: str, shipped: dict[str, Price]) -> Price | None:
+        """``model``'s price, or None (the shipped table is asked next). Its largest answer comes from the
+        shipped table when that knows the model (genai-prices has the context window only)."""
+        tries: list[tuple[str, str | None]] = [(model, None)]
+        if "/" in model:
+            prefix, rest = model.split("/", 1)
+            tries += [(rest, prefix), (rest, None)]
+        for ref, provider_id in tries:
+            try:
+                provider, info = self.snapshot.find_provider_model(ref, None, provider_id, None)
+            except (LookupError, ValueError):
+                continue
+            table = _find(shipped, model)
+            return _from_package(info, provider, self.at, self.source, table.max_output if table else None)
+        return None
+
+
+def _latest_change(providers: Any, today: date) -> date | None:
+    """The latest dated price change in effect on ``today`` in genai-prices' data: how fresh the data is."""
+    latest: date | None = None
+    for provider in providers:
+        for info in provider.models:
+            conds = [c.constraint for c in info.prices] if isinstance(info.prices, list) else []
+            conds += [v.constraint for v in info.price_variants or ()]
+            for c in conds:
+                d = getattr(c, "start_date", None)
+                if isinstance(d, date) and d <= today and (latest is None or d > latest):
+                    latest = d
+    return latest
+
+
+def _rate(v: Any) -> tuple[float | None, dict[int, float]]:
+    """A genai-prices rate: (its base in USD per million tokens, {threshold: rate} of its long-prompt tiers)."""
+    if v is None:
+        return None, {}
+    tiers = getattr(v, "tiers", None)
+    if tiers is not None:
+        return float(v.base), {int(t.start): float(t.price) for t in tiers}
+    return float(v), {}
+
+
+def _rates(mp: Any, source: str, max_output: int | None, context: int | None) -> Price | None:
+    got = {k: _rate(getattr(mp, k, None)) for k in ("input_mtok", "output_mtok", "cache_read_mtok",
+                                                     "cache_write_mtok")}
+    if got["input_mtok"][0] is None and got["output_mtok"][0] is None:
+        return None  # priced by something else than tokens (requests, characters, audio): not ours to say
+
+    def at(k: str, start: int) -> float | None:  # a field's rate for a prompt past ``start`` (-1: the base)
+        base, tiers = got[k]
+        past = [s for s in tiers if s <= start]
+        return tiers[max(past)] if past else base
+
+    def rates(start: int) -> Price:
+        return Price(at("input_mtok", start) or 0.0, at("output_mtok", start) or 0.0, at("cache_read_mtok", start),
+                     max_output, source, at("cache_write_mtok", start), context)
+
+    base = rates(-1)
+    over = tuple((s, rates(s)) for s in sorted({s for _, tiers in got.values() for s in tiers}))
+    return Price(base.input, base.output, base.cached_input, max_output, source, base.cache_write, context, over)
+
+
+def _from_package(info: Any, provider: Any, at: datetime, source: str, max_output: int | None) -> Price | None:
+    context = info.context_window if isinstance(info.context_window, int) else None
+    base = _rates(info.get_prices(at), source, max_output, context)
+    if base is None:
+        return None
+    variants: list[tuple[tuple[str, str], Price]] = []
+    # a provider serving another's model (Azure's OpenAI models) has no tier rates of its own: standard then
+    if any(info is m for m in provider.models):
+        for v in info.price_variants or ():
+            if len(v.when) != 1:
+                continue
+            ((key, value),) = v.when.items()
+            if key in ("service_tier", "processing"):
+                p = _rates(info.get_prices(at, {key: value}), source, max_output, context)
+                if p is not None and p != base:
+                    variants.append(((key, value), p))
+    if variants:
+        return Price(base.input, base.output, base.cached_input, max_output, source, base.cache_write, context,
+                     base.over, tuple(variants))
+    return base
 
 
 def _price(entry: Any, where: str, source: str) -> Price:
@@ -166,10 +366,14 @@ def read_user_prices(path: Path) -> dict[str, Price]:
     return _table(data, str(path), str(path))
 
 
-def load_prices(user_file: Path | str | None = None, self_hosted: bool = False) -> PriceTable:
-    """The shipped table, with ``user_file``'s prices over it; every price 0 when ``self_hosted``."""
+def load_prices(user_file: Path | str | None = None, self_hosted: bool = False, *, maintained: bool = True,
+                at: datetime | None = None, batch: bool = False) -> PriceTable:
+    """The prices: ``user_file``'s over genai-prices' (when installed and ``maintained``) over the shipped
+    table's, at the rates in effect at ``at`` (default: now), the batch API's where known when ``batch`` (a
+    --batch-api run: its estimate, reservations and spend); every price 0 when ``self_hosted``. genai-prices is
+    loaded at the first look-up that needs it, never here."""
     data = json.loads(SHIPPED.read_text(encoding="utf-8"))
     as_of = str(data.get("as_of", ""))
     shipped = _table(data, str(SHIPPED), f"evalsup table {as_of}")
     user = read_user_prices(Path(user_file)) if user_file is not None else None
-    return PriceTable(shipped, as_of, self_hosted, user)
+    return PriceTable(shipped, as_of, self_hosted, user, maintained, at or datetime.now(UTC), batch)

@@ -5,6 +5,12 @@ Spend already paid keeps counting when its record leaves results.jsonl: the reco
 to replaced.jsonl and those `evalsup repair` moved to damaged.jsonl (the lines of it that are records) add their
 tokens and cost, never their lengths or a record done.
 
+Each answer is priced as it was billed, where its body says so (issue 40): its prompt tokens read from and
+written to the provider's prompt cache (OpenAI's ``prompt_tokens_details.cached_tokens`` /
+``input_tokens_details``, Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens``), the
+``service_tier`` its response names, and the batch API's rates for a record of a batch (``metrics.batch``), when
+the price knows them (``config.prices.Price.variant``: genai-prices' rates).
+
 A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this;
 `evalsup estimate` takes the lengths seen for its band.
 """
@@ -21,12 +27,30 @@ import orjson
 
 from evalsup.rundir.layout import DAMAGED, REPLACED
 from evalsup.rundir.results_file import iter_records
+from evalsup.tasks.tokens import fmt_usd
 
 __all__ = ["Usage", "usage_of_results"]
 
 
 class Priced(Protocol):
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
+
+
+def _billed(price: Priced, usage: dict[str, Any], pt: int, ct: int, tier: Any, batch: bool) -> float:
+    """An answer's cost as billed: its cached and cache-written prompt tokens, its service tier or the batch
+    API's rates, where ``price`` knows them (a ``config.prices.Price``); else its plain tokens."""
+    variant = getattr(price, "variant", None)
+    if variant is None:
+        return price.cost(pt, ct)
+    p = variant(tier if isinstance(tier, str) else None, batch)
+    read = _count(usage.get("cache_read_input_tokens"))
+    written = _count(usage.get("cache_creation_input_tokens"))
+    if read or written:  # Anthropic: input_tokens are the uncached part
+        return float(p.cost(pt + read + written, ct, read, written))
+    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+    if isinstance(details, dict):
+        read, written = _count(details.get("cached_tokens")), _count(details.get("cache_write_tokens"))
+    return float(p.cost(pt, ct, read, written))
 
 
 @dataclass
@@ -47,6 +71,26 @@ class Usage:
     def seen(self) -> tuple[float, float] | None:
         """(shortest, mean) completion tokens a choice, or None before any answer with usage."""
         return (self.low, self.sum_per_choice / self.answers) if self.answers else None
+
+    def said(self) -> str:
+        """What a resume says at its start (issue 40): the answers so far, what they spent and how long they were,
+        as read back from results.jsonl, the figures the estimate's band then starts from."""
+        if not self.records and not self.prompt_tokens:
+            return "resumed: no answer in results.jsonl yet"
+        text = (f"resumed: {self.records:,} record(s) so far in results.jsonl; spent {self.prompt_tokens:,} prompt "
+                f"and {self.completion_tokens:,} completion tokens")
+        names = ", ".join(sorted(self.unpriced_models or ())) or "a model"
+        if self.unpriced and not self.cost:
+            text += f", cost unknown (no price for {names})"
+        else:
+            text += f", {fmt_usd(self.cost)}"
+            if self.unpriced:
+                text += f" plus {self.unpriced:,} answer(s) of unknown cost (no price for {names})"
+        seen = self.seen
+        if seen is not None:
+            text += (f"; their answers were {seen[1]:,.1f} completion tokens on average (shortest {seen[0]:,.0f}), "
+                     "which the estimate below assumes")
+        return text
 
 
 def _count(v: Any) -> int:
@@ -137,7 +181,8 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
                 if u.unpriced_models is not None and len(u.unpriced_models) < 5:
                     u.unpriced_models.add(str(model or fallback_model))
             else:
-                u.cost += price.cost(pt, ct)
+                u.cost += _billed(price, usage, pt, ct, body.get("service_tier"),
+                                  isinstance((rec.get("metrics") or {}).get("batch"), dict))
         if judge_price is not None:
             judge = (rec.get("score_detail") or {}).get("judge")
             ju = judge.get("usage") if isinstance(judge, dict) else None

@@ -86,7 +86,7 @@ from evalsup.tasks.prescan import prescan
 from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
 from evalsup.tasks.records import output_line
 from evalsup.tasks.requests import RequestDefaults, to_request
-from evalsup.tasks.tokens import Tally, figures, fmt_tokens, fmt_usd, one_line
+from evalsup.tasks.tokens import Tally, figures, fmt_tokens, fmt_usd, start_line
 
 MIB = 1 << 20
 TICK_S = 0.25  # the ticker's period: checkpoints, flushes, the breaker's probes, hang detection
@@ -149,7 +149,7 @@ class Supervisor:
         self.metrics: Any = None
         self.cache: CacheFeed | None = None  # the answer cache's writes (issue 30), set by supervisor.run
         # issue 30: the prices (the estimate at the start, --max-cost), and the budget when a cap is given
-        self.prices = load_prices(cfg.prices_file, cfg.self_hosted)
+        self.prices = load_prices(cfg.prices_file, cfg.self_hosted, batch=cfg.worker.batch is not None)
         self.defaults = RequestDefaults(model=cfg.worker.model, max_tokens=cfg.worker.max_tokens)
         self.budget: Budget | None = None
         self._budget_wait = False  # the next task would pass a cap while requests are out: wait for them
@@ -257,7 +257,7 @@ class Supervisor:
             if shard is None or index % shard[1] == shard[0]:
                 f = figures(obj, defaults)
                 price = lookup(f.model)
-                model_max = price.max_output if price is not None else None
+                model_max = price.completion_bound if price is not None else None
                 if look is None:
                     tally.add(f, model_max)
                 else:
@@ -283,7 +283,7 @@ class Supervisor:
                      "by the caps (give its price with --prices FILE)", "warning")
         spent: Amount | None = None
         unpriced_results = 0
-        if cfg.caps.any and (cfg.run_dir / RESULTS).exists():  # a resume (or a run dir of records already)
+        if (cfg.caps.any or (resumed and not cfg.quiet)) and (cfg.run_dir / RESULTS).exists():  # (issue 40: said)
             try:
                 u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
                                             cfg.worker.model, judge_price)
@@ -293,17 +293,17 @@ class Supervisor:
                 raise RunRefused(f"cannot read {cfg.run_dir / RESULTS}: {e.strerror}", ex.BAD_INPUT) from None
             spent, unpriced_results = Amount(u.prompt_tokens, u.completion_tokens, u.cost), u.unpriced
             tally.seen = tally.seen or u.seen
+            if resumed and not cfg.quiet:
+                self._start_notes.append(u.said())
             if u.unpriced and cfg.caps.cost is not None:
                 self.log(f"--max-cost: {u.unpriced:,} earlier answer(s) of a model with no price "
                          f"({', '.join(sorted(u.unpriced_models or ()))}): their cost is not counted", "warning")
         if (tally.requests or hits) and not cfg.quiet:
             what = "the lines not yet read" if resumed else "this run"
             cached = "" if hits is None else f"; {hits:,} answered from the cache (free, not counted)"
-            said = one_line(tally.summary(self.prices.lookup)) if tally.requests else \
-                f"all {hits:,} requests answered from the cache: no request, no cost"
-            self._start_notes.append(f"estimate for {what}: {said}{cached if tally.requests else ''} [prices: "
-                                     f"{self.prices.describe()}; evalsup estimate for the endpoint's own token "
-                                     "counts]")
+            self._start_notes.append(start_line(tally.summary(self.prices.lookup), what, self.prices.describe(), cached)
+                                     if tally.requests else f"estimate for {what}: all {hits:,} requests answered "
+                                     "from the cache: no request, no cost")
         if cfg.caps.any:
             self.budget = Budget(cfg.caps, spent, unpriced_results)
             if not cfg.quiet:
@@ -1300,7 +1300,7 @@ class Supervisor:
                        stop_message=self.stop_message,
                        cache=self.cache.summary() if self.cache is not None else None,
                        budget=None if self.budget is None else self.budget.to_json(self._left()),
-                       price_of=self.prices.lookup)
+                       price_of=self.prices.lookup, prices=self.prices.to_json())
 
     def snapshot(self) -> dict[str, Any]:
         """The figures the bar, the log lines and --log-format json show (supervisor.progress.snapshot)."""

@@ -82,6 +82,8 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
                    "per_s": round((st.prompt_tokens + st.completion_tokens) / wall_s, 1) if wall_s > 0 else None},
         "errors": dict(st.errors),
         **({"budget": run.budget} if run.budget is not None else {}),  # issue 30: caps, spent, reserved, projected
+        # issue 40: the price sources in the order asked, and which one priced each model of the run (with its date)
+        **({"prices": run.prices} if run.prices is not None else {}),
         **({"scores": st.scores.summary()} if st.scores else {}),
         # --group-by: per group (at most 10,000, then "(other)"), its tasks, failures and the same score figures
         **({"groups": st.groups.summary()} if st.groups else {}),
@@ -118,6 +120,16 @@ def build_summary(run: RunView, wall_s: float) -> dict[str, Any]:
         "settings": recorded_settings(run.run_dir),  # the request settings of run.json (evalsup.rundir.run_json)
         "run_dir": str(run.run_dir),
     }
+
+
+def priced_by(prices: dict[str, Any] | None) -> str:
+    """Which source priced which models (summary.json's ``prices``), for the final table: "genai-prices 0.2.3
+    (latest price change 2026-12-01): gpt-4o; no price: mock-model"."""
+    by: dict[str, list[str]] = {}
+    for model, source in ((prices or {}).get("by_model") or {}).items():
+        by.setdefault(str(source), []).append(str(model))
+    return "; ".join(f"{source}: {', '.join(models[:5])}" + (f" and {len(models) - 5} more" if len(models) > 5 else "")
+                     for source, models in by.items())
 
 
 def stopped_how(s: dict[str, Any]) -> str:
@@ -173,6 +185,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
             for e in eps)))
     if summary.get("budget"):
         rows.insert(-1, ("budget", budget_text(summary["budget"])))
+        said = priced_by(summary.get("prices"))
+        if said:
+            rows.insert(-1, ("priced by", said))
     if summary.get("timeout_stall"):
         rows.insert(-1, ("stalls", f"{summary['timeout_stall']:,} attempt(s) abandoned and retried (timeout_stall: "
                                    "no result in the run for --stall-after while they were on the wire)"))

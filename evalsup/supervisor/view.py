@@ -66,3 +66,4 @@ class RunView:
     budget: dict[str, Any] | None = None  # with a cap (issue 30): supervisor.budget.Budget.to_json
     # the run's price table (config.prices.PriceTable.lookup): what the cache's hits would have cost
     price_of: Callable[[str], Any] | None = None
+    prices: dict[str, Any] | None = None  # the sources that priced the run (config.prices.PriceTable.to_json)

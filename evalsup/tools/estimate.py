@@ -15,9 +15,11 @@ at the server's root with ``{"model", "messages"}`` or ``{"model", "prompt"}``, 
 ``{"tokens"}``), for the first ``tokenize_max`` requests; the rest are scaled from the ratio those showed. Without
 a tokenizer (no --base-url, or the endpoint answers 404) they are an estimate, characters / 4, marked ≈.
 
-Completion tokens: low 0, expected half of max_tokens, high max_tokens (a request without max_tokens: the model's
-largest answer from the price table, else 4096). When the run directory already holds answers (a resume), the
-low end is the shortest seen and the expected the mean seen, and the band covers only the tasks still to do.
+Completion tokens: low 0, expected half of max_tokens, high max_tokens. A request without max_tokens is bounded
+by the model's largest answer (the shipped table) or its context window (genai-prices); with neither known it is
+said to be unbounded ("set --max-tokens"), its high end and cost left open, and its expected length unknown until
+answers are seen, rather than a figure made up. When the run directory already holds answers (a resume), the low
+end is the shortest seen and the expected the mean seen, and the band covers only the tasks still to do.
 """
 
 from __future__ import annotations
@@ -196,7 +198,7 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
                 obj = reader.last_obj
                 f = figures(obj, defaults)
                 price = prices.lookup(f.model)
-                model_max = price.max_output if price else None
+                model_max = price.completion_bound if price else None
                 pending = len(look.pending) if look is not None else 0
                 wants_tb = tok is not None and not tok.absent and tally.exact + pending < tokenize_max
                 if look is None:
@@ -229,6 +231,7 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
         out["completion_from"] = f"seen ({from_cache})"
     out.update({
         "tasks": str(tasks), "total_requests": tally.requests + hits, "done": done, "prices": prices.describe(),
+        "price_sources": prices.to_json(),  # which source priced each model, with its date
         "tokenizer": "none" if tok is None else ("absent (404): ≈ chars/4" if tok.absent and not counted else
                                                  f"{tok.path} ({tally.exact:,} counted"
                                                  + (", the rest scaled by their ratio)" if tally.exact < tally.requests
@@ -251,6 +254,14 @@ def endpoint_headers(base_url: str, header_specs: tuple[str, ...], key_env: str 
     return request_headers(base_url, build_headers(header_specs), key, key_source(key_env, key_file))
 
 
+def _n(x: float | None) -> str:
+    return "?" if x is None else f"{x:,}"
+
+
+def _usd(x: float | None) -> str:
+    return "?" if x is None else f"${x:,.4f}"
+
+
 def estimate_text(s: dict[str, Any]) -> str:
     """The estimate for a person: the one line, then a line a model."""
     lines = []
@@ -271,11 +282,15 @@ def estimate_text(s: dict[str, Any]) -> str:
         p, c = m["prompt_tokens"], m["completion_tokens"]
         cost = m["cost_usd"]
         money = "no price (say it with --prices FILE, or --self-hosted)" if cost is None else \
-            f"${cost['low']:,.4f} / ${cost['expected']:,.4f} / ${cost['high']:,.4f}"
-        more = f"; {m['no_max_tokens']:,} without max_tokens (high assumes the model's largest answer)" \
-            if m.get("no_max_tokens") else ""
+            f"{_usd(cost['low'])} / {_usd(cost['expected'])} / {_usd(cost['high'])}"
+        more = ""
+        if m.get("unbounded"):
+            more = f"; {m['unbounded']:,} without max_tokens and no known limit of the model: unbounded, set " \
+                "--max-tokens"
+        elif m.get("no_max_tokens"):
+            more = f"; {m['no_max_tokens']:,} without max_tokens (high: the model's largest answer or context)"
         lines.append(f"  {name}: {m['requests']:,} requests; prompt {p['low']:,}/{p['expected']:,}/{p['high']:,}; "
-                     f"completion {c['low']:,}/{c['expected']:,}/{c['high']:,}; cost {money}{more}")
-    lines.append(f"  (low / expected / high; prompt tokens: {s['prompt_tokens_counted']}; tokenizer: "
-                 f"{s['tokenizer']}; prices: {s['prices']})")
+                     f"completion {_n(c['low'])}/{_n(c['expected'])}/{_n(c['high'])}; cost {money}{more}")
+    lines.append(f"  (low / expected / high, ? where nothing bounds it; prompt tokens: {s['prompt_tokens_counted']}; "
+                 f"tokenizer: {s['tokenizer']}; prices: {s['prices']})")
     return "\n".join(lines)

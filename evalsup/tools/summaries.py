@@ -75,6 +75,7 @@ def combined(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     judge: dict[str, Any] = {}
     structured: dict[str, Any] = {}
     cache: dict[str, Any] = {}
+    prices: dict[str, Any] = {"sources": [], "by_model": {}}  # which source priced each model (issue 40)
     session_only = False
     for s in summaries:
         add_scores(scores, s.get("scores"))
@@ -95,6 +96,10 @@ def combined(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         _add_counts(judge, s.get("judge_usage"))
         _add_counts(structured, s.get("structured"))
         _add_counts(cache, s.get("cache"))
+        p = s.get("prices")
+        if isinstance(p, dict):
+            prices["sources"] += [x for x in p.get("sources") or [] if x not in prices["sources"]]
+            prices["by_model"].update(p.get("by_model") or {})
         session_only = session_only or bool(s.get("scores_this_session_only"))
     out: dict[str, Any] = {}
     if scores:
@@ -103,6 +108,8 @@ def combined(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         out["groups"] = groups.summary()
     if session_only and (scores or groups):
         out["scores_this_session_only"] = True
+    if prices["sources"]:
+        out["prices"] = prices
     for key, v in (("budget", budget), ("judge_usage", judge), ("structured", structured), ("cache", cache)):
         if v:
             out[key] = v

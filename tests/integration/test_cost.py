@@ -67,7 +67,7 @@ def test_the_estimate_band_holds_the_usage_met(tmp_path: Path, mock: MockThread)
     mock.configure(tokenize=False)
     r = run_cli("estimate", str(tasks), "--base-url", mock.url, "--model", "mock-model", "--max-tokens", "40")
     assert r.returncode == 0, r.stderr
-    assert "prompt ≈" in r.stdout and "cost unknown: no price for mock-model" in r.stdout
+    assert "prompts ≈" in r.stdout and "cost unknown: no price for mock-model" in r.stdout
 
 
 def test_a_cap_stops_the_run_and_a_higher_one_resumes_it_exactly_once(tmp_path: Path, mock: MockThread) -> None:

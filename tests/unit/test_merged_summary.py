@@ -67,3 +67,13 @@ def test_a_run_without_scores_has_none_and_a_missing_summary_is_skipped(tmp_path
     got = merged_summary(MergeReport(records=0), [tmp_path / "nowhere"])
     assert "scores" not in got and "groups" not in got and got["shards"] == [{"run_dir": str(tmp_path / "nowhere"),
                                                                              "total": None}]
+
+
+def test_the_merged_summary_says_which_source_priced_each_model() -> None:
+    from evalsup.tools.summaries import combined
+
+    gp, table = "genai-prices 0.2.3 (latest price change 2026-12-01)", "evalsup table 2025-06-15"
+    out = combined([{"prices": {"sources": [gp, table], "by_model": {"gpt-4o": gp}}},
+                    {"prices": {"sources": [gp, table], "by_model": {"my-model": "no price"}}}, {}])
+    assert out["prices"] == {"sources": [gp, table], "by_model": {"gpt-4o": gp, "my-model": "no price"}}
+    assert "prices" not in combined([{}, {}])

@@ -1,5 +1,7 @@
-"""Prices (issue 30): the shipped table dated and sourced, names as providers write them, a user's file over it
-(JSON always, YAML with PyYAML), 0 when self-hosted, and a model with no price never free."""
+"""Prices (issues 30, 40): genai-prices for the models it knows (cached input, cache writes, long prompts, service
+tiers and the batch API, read from its bundled data only), the shipped table as the fallback (dated, sourced,
+names as providers write them), a user's file over both (JSON always, YAML with PyYAML), 0 when self-hosted, a model
+with no price never free, and each price naming its source and that source's date."""
 
 from __future__ import annotations
 
@@ -24,18 +26,18 @@ def test_the_shipped_table_is_dated_and_names_its_sources() -> None:
     ("openai/gpt-4.1-nano", "gpt-4.1-nano"), ("claude-sonnet-4-20250514", "claude-sonnet-4"),
     ("claude-3-5-haiku-latest", "claude-3-5-haiku"), ("gemini-2.5-flash-preview-05-20", "gemini-2.5-flash"),
 ])
-def test_a_model_is_found_as_providers_name_it(given: str, found: str) -> None:
-    t = load_prices()
+def test_a_model_is_found_in_the_shipped_table_as_providers_name_it(given: str, found: str) -> None:
+    t = load_prices(maintained=False)
     assert t.lookup(given) == t.models[found]
 
 
-@pytest.mark.parametrize("name", ["mock-model", "llama-3-70b", "gpt-4o-audio-preview-x", "", None])
+@pytest.mark.parametrize("name", ["mock-model", "llama-3-70b", "gpt-4o-audio-preview-x", "", None])  # the table
 def test_an_unknown_model_has_no_price(name: str | None) -> None:
-    assert load_prices().lookup(name) is None
+    assert load_prices(maintained=False).lookup(name) is None
 
 
 def test_cost_per_million_and_cached_input() -> None:
-    p = load_prices().lookup("gpt-4o")
+    p = load_prices(maintained=False).lookup("gpt-4o")
     assert p is not None
     assert p.cost(1_000_000, 0) == pytest.approx(2.5) and p.cost(0, 1_000_000) == pytest.approx(10.0)
     assert p.cost(1_000_000, 0, cached_tokens=1_000_000) == pytest.approx(1.25)
@@ -44,7 +46,7 @@ def test_cost_per_million_and_cached_input() -> None:
 def test_a_users_file_overrides_model_by_model(tmp_path: Path) -> None:
     f = tmp_path / "p.json"
     f.write_text(json.dumps({"models": {"gpt-4o": {"input": 1, "output": 2}, "mine": {"input": 0, "output": 0}}}))
-    t = load_prices(f)
+    t = load_prices(f, maintained=False)
     over, mine, other = t.lookup("gpt-4o-2024-08-06"), t.lookup("mine"), t.lookup("gpt-4o-mini")
     assert over is not None and (over.input, over.output) == (1.0, 2.0) and over.source == str(f)
     assert mine is not None and mine.cost(10**6, 10**6) == 0.0  # given as 0: free because the user said so
