@@ -299,6 +299,25 @@ main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
 main.add_command(cache_command)  # `evalsup cache ...`: evalsup/cli/cache.py (issue 30)
 
 
+
+def _judge_caps(model: str | None, max_tokens: int | None, cost: float | None, tokens: int | None,
+                prices_file: Path | None) -> Any:
+    """`evalsup score`'s caps on the judge's spend (None without one); an unpriced judge under --max-cost is
+    refused, as an unpriced model is by `evalsup run`."""
+    if cost is None and tokens is None:
+        return None
+    from evalsup.config.prices import PriceError, load_prices
+    from evalsup.tools.judge_caps import JudgeCaps
+
+    try:
+        price = load_prices(prices_file).lookup(model)
+    except PriceError as e:
+        raise ValueError(str(e)) from None
+    if cost is not None and price is None:
+        raise ValueError(f"--max-cost: no price for the judge's model {model!r}; give its price with --prices FILE "
+                         "(or cap tokens with --max-total-tokens)")
+    return JudgeCaps(cost, tokens, price, max_tokens)
+
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option("--scorer", "scorers", multiple=True, required=True, metavar="NAME|module:fn|file.py:fn",
@@ -329,11 +348,20 @@ main.add_command(cache_command)  # `evalsup cache ...`: evalsup/cli/cache.py (is
               help="--scorer judge: the run's task file, for each answer's prompt (default: the one the run read).")
 @click.option("--group-by", "group_by", default=None, metavar="metadata.KEY",
               help="Scores per group of this metadata key too (e.g. metadata.subject).")
+@click.option("--max-cost", type=click.FloatRange(0, 1e12), default=None, metavar="USD",
+              help="--scorer judge: stop before the judge's spend could pass this (its model must have a price); "
+                   "exit 75, what was scored kept: rerun with a higher cap to go on.")
+@click.option("--max-total-tokens", type=click.IntRange(1, 10**15), default=None, metavar="N",
+              help="--scorer judge: stop before the judge's prompt + completion tokens could pass N (exit 75, as "
+                   "--max-cost).")
+@click.option("--prices", "prices_file", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
+              metavar="FILE", help="--max-cost: prices over the maintained and shipped ones (as for evalsup run).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
           normalize: bool, pattern: str | None, output: Path | None, judge_base_url: str | None = None,
           judge_model: str | None = None, judge_api_key_env: str | None = None, judge_template: Path | None = None,
           judge_concurrency: int = 16, judge_max_tokens: int | None = None, judge_timeout: float = 900.0,
-          tasks_file: Path | None = None, group_by: str | None = None) -> None:
+          tasks_file: Path | None = None, group_by: str | None = None, max_cost: float | None = None,
+          max_total_tokens: int | None = None, prices_file: Path | None = None) -> None:
     """Score an existing run's results again, without sending any request to its endpoints.
 
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
@@ -342,9 +370,10 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
     at a time; the judge's reply kept in the record's score_detail, its tokens in scores.json's judge_usage).
     --group-by: the same per group too (printed, and in scores.json's "groups").
     """
-    from evalsup.config.exitcodes import LOCKED
+    from evalsup.config.exitcodes import LOCKED, RESUMABLE
     from evalsup.rundir.lock import RunDirBusy, RunDirError, locked
     from evalsup.tools.rescore import rescore
+    from evalsup.tools.rescore_judge import CapReached
 
     usage = None
     try:
@@ -362,7 +391,8 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
                 settings, others = judge_for_score(scorers, not no_strip, ignore_case, pattern, normalize,
                                                     judge_base_url, judge_model, judge_api_key_env, judge_template,
                                                     judge_concurrency, judge_max_tokens, judge_timeout)
-                summary, usage = rescore_judge(run_dir, others, settings, output, tasks_file)
+                caps = _judge_caps(settings.model, judge_max_tokens, max_cost, max_total_tokens, prices_file)
+                summary, usage = rescore_judge(run_dir, others, settings, output, tasks_file, caps=caps)
                 if group_by is not None:  # per group, from the records just written (one streamed pass)
                     from evalsup.rundir.layout import SCORED
                     from evalsup.tools.report.scan import scan_results
@@ -375,6 +405,8 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
                                   normalize=normalize, group_by=group_by)
     except RunDirBusy as e:
         _fail(str(e), LOCKED)
+    except CapReached as e:
+        _fail(str(e), RESUMABLE)
     except (ValueError, OSError) as e:
         _fail(str(e))
     from rich.console import Console

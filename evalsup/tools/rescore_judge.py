@@ -42,6 +42,7 @@ from evalsup.tasks.headers import api_key, build_headers, key_source, request_he
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskError, TaskReader, read_line_at, task_id_of
 from evalsup.tasks.requests import credentials, join_url, public_url, url_problem
+from evalsup.tools.judge_caps import JudgeCaps, Need
 from evalsup.worker.judge import Judge, JudgeSettings
 
 MAX_LINE = 1 << 30
@@ -49,6 +50,11 @@ MAX_LINE = 1 << 30
 
 class JudgeStopped(Exception):
     """The judge cannot be used at all (its key refused, a request that cannot be sent): one line."""
+
+
+class CapReached(Exception):
+    """--max-cost or --max-total-tokens would be passed by the next judge request: stopped, what was scored kept
+    (exit 75: a rerun with a higher cap goes on)."""
 
 
 def task_file(run_dir: Path, tasks: Path | None) -> Path:
@@ -115,6 +121,14 @@ class Rescored:
     line: bytes
     scored: Scored | None
     judged: Verdict | None
+    need: Need | None = None  # its reservation under a cap
+
+
+def _asks_judge(line: bytes) -> bool:
+    """Whether this record's scoring asks the judge (an answer, and an ``expected`` to grade it against)."""
+    rec = orjson.loads(line)
+    expected = (rec.get("metadata") or {}).get("expected")
+    return rec.get("error") is None and bool(rec.get("response")) and expected is not None and expected != []
 
 
 def _records(path: Path) -> Iterator[bytes]:
@@ -126,7 +140,7 @@ def _records(path: Path) -> Iterator[bytes]:
 
 
 async def _one(line: bytes, scorers: list[tuple[str, ScoreFn]], judge: Judge, tasks: TaskIndex,
-               key: int) -> Rescored:
+               key: int, need: Need | None = None) -> Rescored:
     rec = orjson.loads(line)
     for k in ("scores", "score_errors", "score_detail"):
         rec.pop(k, None)
@@ -156,7 +170,7 @@ async def _one(line: bytes, scorers: list[tuple[str, ScoreFn]], judge: Judge, ta
             rec["score_errors"] = scored.errors
         if scored.detail:
             rec["score_detail"] = scored.detail
-    return Rescored(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), scored, verdict)
+    return Rescored(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), scored, verdict, need)
 
 
 async def check_judge(settings: JudgeSettings, session: aiohttp.ClientSession) -> None:
@@ -214,7 +228,7 @@ class Progress:
 
 async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings,
                tasks: TaskIndex, stats: ScoreStats, usage: dict[str, int], insecure: bool,
-               keep: int = 0, check: bool = True) -> None:
+               keep: int = 0, check: bool = True, caps: JudgeCaps | None = None) -> None:
     """Score ``src``'s records into ``dest`` (appended: its first ``keep`` lines are the first ``keep`` records',
     kept from a killed rescoring, and are not judged again)."""
     fatal: list[str] = []
@@ -241,6 +255,8 @@ async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settin
                 usage["requests"] += 1
                 usage["prompt"] += r.judged.prompt_tokens
                 usage["completion"] += r.judged.completion_tokens
+            if caps is not None and r.need is not None:
+                caps.settle(r.need, *((r.judged.prompt_tokens, r.judged.completion_tokens) if r.judged else (0, 0)))
             progress.tick(r.judged is not None)
 
         async def first() -> Rescored:
@@ -256,10 +272,21 @@ async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settin
 
         try:
             with open(dest, "ab", buffering=0) as w:
+                template = len(settings.template.text.encode())
                 for key, line in enumerate(_records(src)):
                     if key < keep:
                         continue
-                    pending.append(asyncio.create_task(_one(line, scorers, judge, tasks, key)))
+                    need = None
+                    if caps is not None and _asks_judge(line):  # the cap holds for every request out
+                        need = caps.need(len(line), template)
+                        while not caps.affords(need):
+                            if not pending:
+                                raise CapReached(f"the cap is reached after {key:,} records ({caps.said()} spent): "
+                                                 "what was scored is kept; rerun with a higher --max-cost / "
+                                                 "--max-total-tokens to go on")
+                            done(await first())
+                        caps.reserve(need)
+                    pending.append(asyncio.create_task(_one(line, scorers, judge, tasks, key, need)))
                     while len(pending) >= 2 * settings.concurrency:
                         done(await first())
                     if fatal:
@@ -318,7 +345,7 @@ def _kept(src: Path, partial: Path, stats: ScoreStats, usage: dict[str, int]) ->
 
 def rescore_judge(run_dir: Path, scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings,
                   output: Path | None, tasks: Path | None = None,
-                  insecure: bool = False) -> tuple[dict[str, Any], dict[str, int]]:
+                  insecure: bool = False, caps: JudgeCaps | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """Score ``run_dir``'s records with ``scorers`` and the judge; results.scored.jsonl (or ``output``) and
     scores.json written (the judge's tokens in it under ``judge_usage``). The scores' summary and the judge's
     tokens (prompt, completion, requests)."""
@@ -336,6 +363,8 @@ def rescore_judge(run_dir: Path, scorers: list[tuple[str, ScoreFn]], settings: J
     try:
         if tmp.exists() and marker.exists() and orjson.loads(marker.read_bytes()) == ident:
             keep = _kept(src, tmp, stats, usage)
+            if caps is not None:  # what the kept records cost counts under the caps
+                caps.settle(None, usage["prompt"], usage["completion"])
             if keep:
                 print(f"resuming: {keep:,} records scored before are kept ({usage['requests']:,} judged), "
                       "not judged again", file=sys.stderr)
@@ -344,7 +373,7 @@ def rescore_judge(run_dir: Path, scorers: list[tuple[str, ScoreFn]], settings: J
                 print(f"{tmp.name}: scored with other settings; starting over", file=sys.stderr)
             tmp.write_bytes(b"")
             marker.write_bytes(orjson.dumps(ident))
-        asyncio.run(_run(src, tmp, scorers, settings, index, stats, usage, insecure, keep))
+        asyncio.run(_run(src, tmp, scorers, settings, index, stats, usage, insecure, keep, caps=caps))
     except JudgeStopped as e:
         raise ValueError(str(e)) from None  # what was scored stays, for the rerun
     except orjson.JSONDecodeError:

@@ -170,3 +170,39 @@ def test_score_with_a_judge_resumes_after_kill_9_and_checks_the_judge_first(tmp_
     r = run_cli("score", str(run_dir), "--scorer", "judge", "--judge-base-url", url, "--judge-model", "judge-model")
     assert r.returncode == 2 and "cannot reach the judge" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_score_with_a_judge_holds_its_token_cap_and_goes_on_with_a_higher_one(tmp_path: Path,
+                                                                             mock: MockThread) -> None:
+    """Issue 43 item 4: the caps hold for `evalsup score`'s judge requests, counted at the judge's server; a stop is
+    exit 75 with what was scored kept, and a rerun with a higher cap judges only the rest."""
+    n = 60
+    tasks = _tasks(tmp_path / "tasks.jsonl", n)
+    r = run_cli("run", "-w", "2", "--model", "mock-model", "--base-url", mock.url, str(tasks))
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "tasks.run"
+    asked = sum(1 for i in range(n) if i % 10 != 9)
+    with MockThread(MockConfig(latency_ms=5, seed=7, judge=True, models=("judge-model",))) as judge:
+        args = ("score", str(run_dir), "--scorer", "judge", "--judge-base-url", judge.url, "--judge-model",
+                "judge-model", "--judge-max-tokens", "16", "--judge-concurrency", "4")
+        cap = 3000
+        r = run_cli(*args, "--max-total-tokens", str(cap))
+        assert r.returncode == 75, r.stderr
+        assert "the cap is reached" in r.stderr and "Traceback" not in r.stderr
+        partial = run_dir / "results.scored.jsonl.partial"
+        kept = [orjson.loads(x) for x in partial.read_bytes().splitlines()]
+        spent = sum(sum(rec["score_detail"]["judge"]["usage"].values()) for rec in kept
+                    if "judge" in rec.get("score_detail", {}))
+        sent = judge.stats()["by_path"]["/v1/chat/completions"]
+        judged = sum(1 for rec in kept if "judge" in rec.get("score_detail", {}))
+        assert 0 < judged < asked and sent == judged  # no judge request went out uncounted
+        assert spent <= cap
+        r = run_cli(*args, "--max-total-tokens", str(100 * cap))
+        assert r.returncode == 0, r.stderr
+        assert judge.stats()["by_path"]["/v1/chat/completions"] == asked  # none judged twice
+    s = orjson.loads((run_dir / "scores.json").read_bytes())
+    assert s["judge_usage"]["requests"] == asked
+
+    r = run_cli("score", str(run_dir), "--scorer", "judge", "--judge-base-url", "http://127.0.0.1:9/v1",
+                "--judge-model", "judge-model", "--max-cost", "1")
+    assert r.returncode == 2 and "no price for the judge's model" in r.stderr
