@@ -1,0 +1,63 @@
+"""tasks.secrets: the one list of a run's secrets and the scrubber every writer passes its text through
+(issue 39 item 4)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import orjson
+
+from evalsup.tasks.secrets import REDACTED, Scrubber, run_scrubber, url_secrets
+
+
+def test_every_query_value_of_a_base_url_is_secret_but_the_api_version() -> None:
+    url = "https://gw/openai/deployments/d?api-version=2024-02-01&sig=abc%2Fdef%3D&code=c0de-77&x=1"
+    assert sorted(url_secrets(url)) == ["abc%2Fdef%3D", "c0de-77"]  # "1" is too short to protect anything
+    token = base64.b64encode(b"alice:hunter22").decode()
+    assert url_secrets("http://alice:hunter22@h:1/v1?api-key=SECRET123") == ["hunter22", token, "SECRET123"]
+
+
+def test_a_query_value_is_scrubbed_in_each_form_an_endpoint_may_echo_it() -> None:
+    s = Scrubber.for_run(["http://h/v1?sig=ab%2Fcd%2Bef99"])
+    # as given, decoded, encoded again, inside a JSON string with "/" escaped
+    for echoed in ("ab%2Fcd%2Bef99", "ab/cd+ef99", "ab%2Fcd%2Bef99", "ab\\/cd+ef99"):
+        assert s.text(f"GET /v1?sig={echoed} 400") == f"GET /v1?sig={REDACTED} 400", echoed
+    assert s.raw(b'{"u": "/v1?sig=ab%2Fcd%2Bef99"}') == b'{"u": "/v1?sig=' + REDACTED.encode() + b'"}'
+
+
+def test_json_values_keep_their_shape_with_the_secrets_out() -> None:
+    s = Scrubber.of(['pa"ss\\word42'])
+    err = {"message": 'bad key pa"ss\\word42 for you', "code": "invalid", "n": 3}
+    assert s.json(err) == {"message": f"bad key {REDACTED} for you", "code": "invalid", "n": 3}
+    assert s.json(None) is None and s.json({"a": "clean"}) == {"a": "clean"}
+    assert orjson.loads(s.raw(orjson.dumps(err)))["message"] == f"bad key {REDACTED} for you"
+
+
+def test_the_longest_secret_goes_first_and_an_empty_scrubber_changes_nothing() -> None:
+    s = Scrubber.of(["abcd", "abcdefgh"])
+    assert s.text("x abcdefgh y abcd") == f"x {REDACTED} y {REDACTED}"
+    assert Scrubber.of([None, "", "abc"]).text("abc") == "abc" and not Scrubber()
+    assert Scrubber().raw(b"anything") == b"anything"
+
+
+def test_a_run_knows_its_keys_its_urls_and_its_header_secrets(tmp_path: Path) -> None:
+    (tmp_path / "k").write_text("sk-from-file-123\n")
+    env = {"GW_TOKEN": "gw-token-456"}
+    s = Scrubber.for_run(["http://u:pw-pw-789@h/v1", "http://h2/v1?token=tok-tok-000"],
+                         ["X-Gw: env:GW_TOKEN", "X-Plain: visible-value", f"X-File: @{tmp_path / 'k'}",
+                          "X-Missing: env:NOT_SET_ANYWHERE"], ["sk-key-abc"], env=env)
+    said = s.text("sk-key-abc pw-pw-789 tok-tok-000 gw-token-456 sk-from-file-123 visible-value")
+    assert said == " ".join([REDACTED] * 5 + ["visible-value"])
+
+
+def test_the_run_scrubber_reads_the_keys_the_run_uses(tmp_path: Path, monkeypatch: object) -> None:
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-key-1")
+    monkeypatch.setenv("JUDGE_KEY", "sk-judge-key-2")
+    s = run_scrubber(["http://h/v1"], [], "OPENAI_API_KEY", None, "http://j/v1?key=judge-q-3", "JUDGE_KEY")
+    assert s.text("sk-env-key-1 sk-judge-key-2 judge-q-3") == " ".join([REDACTED] * 3)
+    s = run_scrubber(["http://h/v1"], [], "OPENAI_API_KEY", str(tmp_path / "gone"))  # unreadable: adds nothing
+    assert s.text("sk-env-key-1") == "sk-env-key-1"
