@@ -105,7 +105,7 @@ class Judge:
                              pacer=Pacer(random.Random(seed)), on_trip=self._tripped, on_probe=self._probed,
                              secret=s.key, on_auth=self._key_lost, on_local=on_fatal, cap=lambda: self.slots.limit)
         self.scrub = Scrubber.for_run([s.url], keys=[s.key])  # its key, its URL's secrets (tasks.secrets)
-        self.client.secrets = list(self.scrub.encoded)
+        self.client.secrets, self.client.scrub = list(self.scrub.encoded), self.scrub.raw
         self.slots = Slots(s.concurrency)
         self._probe_in = PROBE_S[0]
         self._bg: set[asyncio.Task[Any]] = set()

@@ -366,6 +366,7 @@ class Worker:
                             on_probe=outbox.probe_result, secret=key, on_auth=outbox.auth, on_local=outbox.fatal,
                             whole_bodies=self.reads_bodies or cfg.response_schema is not None)
             client.secrets = list(self.scrub.encoded)  # the key, URL and --header secrets (tasks.secrets)
+            client.scrub = self.scrub.raw
             self.client, client.on_rest = client, self._pump
             if self.judging:  # its own endpoint, pool, limit, breaker and connections (worker.judge)
                 judge_session = await stack.enter_async_context(aiohttp.ClientSession(

@@ -26,6 +26,13 @@ def test_a_query_value_is_scrubbed_in_each_form_an_endpoint_may_echo_it() -> Non
     assert s.raw(b'{"u": "/v1?sig=ab%2Fcd%2Bef99"}') == b'{"u": "/v1?sig=' + REDACTED.encode() + b'"}'
 
 
+def test_a_secret_is_found_by_its_anchor_in_each_form_or_always_looked_for_without_one() -> None:
+    s = Scrubber.for_run(["http://h/v1?sig=ab%2Fcd%2Bef99&x=%2F%2F%2F%2F"])
+    assert s.anchors == ("ef99",)  # in every form of the first; the second has none: looked for always
+    assert s.text("a ab/cd+ef99 b //// c %2F%2F%2F%2F") == f"a {REDACTED} b {REDACTED} c {REDACTED}"
+    assert s.raw(b"nothing here") == b"nothing here"
+
+
 def test_json_values_keep_their_shape_with_the_secrets_out() -> None:
     s = Scrubber.of(['pa"ss\\word42'])
     err = {"message": 'bad key pa"ss\\word42 for you', "code": "invalid", "n": 3}
