@@ -84,7 +84,7 @@ def shard_attempt(tasks: str, out: str, argv: list[str], k: int, n: int) -> dict
             break
         time.sleep(1.0)
     (logs / "exit").write_text(str(code))  # how this attempt ended, for the next one's line (counted_attempt)
-    message = last_message(lines)
+    message = last_message(lines) if code >= 0 else ""  # a killed process said no last word: its last line is not one
     if verdict in (Exit.DONE, Exit.BAD, Exit.BUDGET):
         return {"shard": k, "code": code, "message": message, "summary": summary, "verdict": verdict.value}
     raise ShardUnfinished(k, code, message)

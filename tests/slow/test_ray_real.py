@@ -167,6 +167,8 @@ def test_json_stays_one_object_when_a_shard_is_killed_and_the_endpoint_comes_fro
     assert retried == ["evalsup: ray: shard-1-of-2: attempt 1 ended unfinished (killed by signal 9); Ray retries "
                        "it, resuming from its checkpoint"], stderr
     assert "Traceback" not in stderr and secret not in stdout + stderr
+    # the last progress line counts each task once, the retried shard's too
+    assert f"ray: 2/2 shards finished, 0 running, 1 retried; {n}/{n} done (100.0 %)" in stderr, stderr
     for p in out.rglob("*"):
         if p.is_file():
             assert secret.encode() not in p.read_bytes(), p
