@@ -41,3 +41,24 @@ def test_a_query_credential_echoed_by_the_endpoint_is_written_nowhere(tmp_path: 
     status = run_cli("status", str(run_dir))
     assert report.returncode == 0 and status.returncode == 0, report.stderr + status.stderr
     assert_nowhere(SECRET, run_dir, r.stdout, r.stderr, report.stdout, report.stderr, status.stdout, status.stderr)
+
+
+def test_the_judges_query_credential_echoed_in_its_errors_is_written_nowhere(tmp_path: Path) -> None:
+    """The judge's endpoint (a URL of its own, with ``?code=...``) refuses each grading request with an error that
+    echoes the URL: the records' ``score_errors`` say so without it, in the run and in `evalsup score`."""
+    secret = "JUDGE-SECRET-77"
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps({"id": f"t{i}", "prompt": "x", "expected": "Paris"}) + b"\n"
+                               for i in range(4)))
+    with MockThread(MockConfig()) as m, MockThread(MockConfig(echo_headers_in_errors=True)) as j:
+        judge = ("--scorer", "judge", "--judge-base-url", f"{j.url}?code={secret}", "--judge-model", "not-served")
+        r = run_cli("run", "--model", "mock-model", "--base-url", m.url, "--no-check", *judge, str(tasks))
+        assert r.returncode == 0, r.stderr
+        run_dir = tmp_path / "t.run"
+        s = run_cli("score", str(run_dir), *judge)
+    assert s.returncode == 0, s.stderr
+    said = [x["score_errors"]["judge"] for x in assert_exactly_once(run_dir, ids_of(4))]
+    rescored = [orjson.loads(x) for x in (run_dir / "results.scored.jsonl").read_bytes().splitlines()]
+    said += [x["score_errors"]["judge"] for x in rescored]
+    assert len(said) == 8 and all("?code=[redacted]" in e for e in said), said  # echoed, scrubbed where it was
+    assert_nowhere(secret, run_dir, r.stdout, r.stderr, s.stdout, s.stderr)

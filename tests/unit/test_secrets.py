@@ -68,3 +68,32 @@ def test_the_run_scrubber_reads_the_keys_the_run_uses(tmp_path: Path, monkeypatc
     assert s.text("sk-env-key-1 sk-judge-key-2 judge-q-3") == " ".join([REDACTED] * 3)
     s = run_scrubber(["http://h/v1"], [], "OPENAI_API_KEY", str(tmp_path / "gone"))  # unreadable: adds nothing
     assert s.text("sk-env-key-1") == "sk-env-key-1"
+
+
+def test_a_record_says_an_error_and_a_scorers_message_without_the_secret_they_quote() -> None:
+    """The worker's record (worker.records.build): an error whose text quotes the URL (an exception's, not a body,
+    which the client scrubbed already) and a scorer's message, each scrubbed; the rest of the record as it was."""
+    from evalsup.scoring.scorers import Scored
+    from evalsup.worker.client import Outcome
+    from evalsup.worker.records import build
+
+    s = Scrubber.for_run(["http://h:1/v1?api-key=SECRET123"])
+    oc = Outcome(None, None, 0, None, {"code": "connection_error", "message": "to /v1?api-key=SECRET123: reset"},
+                 3, 1.5)
+    scored = Scored({"judge": None}, {"judge": "judge at http://j/v1?api-key=SECRET123 said 404"}, [])
+    parts, meta = build("t1", oc, 7, 0.0, 1, {"index": 0, "url": "http://h:1/v1"}, {"k": "v"}, scored, scrub=s)
+    rec = orjson.loads(b"".join(parts))
+    assert rec["error"]["message"] == f"to /v1?api-key={REDACTED}: reset"
+    assert rec["score_errors"] == {"judge": f"judge at http://j/v1?api-key={REDACTED} said 404"}
+    assert rec["metadata"] == {"k": "v"} and meta["ec"] == "connection_error"
+    assert b"SECRET123" not in b"".join(parts)
+
+
+def test_events_jsonl_says_a_reason_without_the_secret_it_quotes(tmp_path: Path) -> None:
+    from evalsup.supervisor.events import EventLog
+
+    log = EventLog(tmp_path / "events.jsonl", Scrubber.for_run(["http://h:1/v1?sig=SECRET123"]))
+    log("breaker_open", endpoint=0, reason="HTTP 500: upstream /v1?sig=SECRET123 failed")
+    log.close()
+    event = orjson.loads((tmp_path / "events.jsonl").read_bytes())
+    assert event["event"] == "breaker_open" and event["reason"] == f"HTTP 500: upstream /v1?sig={REDACTED} failed"
