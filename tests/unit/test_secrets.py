@@ -97,3 +97,13 @@ def test_events_jsonl_says_a_reason_without_the_secret_it_quotes(tmp_path: Path)
     log.close()
     event = orjson.loads((tmp_path / "events.jsonl").read_bytes())
     assert event["event"] == "breaker_open" and event["reason"] == f"HTTP 500: upstream /v1?sig={REDACTED} failed"
+
+
+def test_the_python_api_hands_a_url_with_a_credential_to_its_child_in_the_environment() -> None:
+    from evalsup.api.options import credentials_off_the_command_line
+
+    for url in ("http://h/v1?api-key=SECRET123", "http://a:pw-12345@h/v1"):
+        opts, env = credentials_off_the_command_line({"base_url": [url, "http://g/v1"], "model": "m"})
+        assert opts == {"base_url": None, "model": "m"} and env == {"OPENAI_BASE_URL": f"{url},http://g/v1"}
+    plain = {"base_url": ["http://h/v1?api-version=2024-02-01"]}
+    assert credentials_off_the_command_line(plain) == (plain, {})
