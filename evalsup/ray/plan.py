@@ -35,6 +35,7 @@ from typing import Any
 from evalsup.config.exitcodes import BAD_INPUT, LOCKED, OK, RESUMABLE
 from evalsup.config.options import DEFAULTS
 from evalsup.config.shards import shard_dir_name
+from evalsup.tasks.requests import public_url
 from evalsup.tasks.secrets import url_secrets
 
 # Options the driver acts on itself and never passes to a shard. --fresh above all: a retried shard given
@@ -137,6 +138,17 @@ def _header_vars(specs: Any) -> list[str]:
     return out
 
 
+def _public_rates(values: Any) -> Any:
+    """``--max-requests-per-s URL=N`` values with a URL holding a credential given by its public form (which
+    names the endpoint as well, config.ratelimits), so the credential stays out of the shards' arguments."""
+    items = [values] if isinstance(values, str | int | float) else list(values)
+    out = []
+    for v in map(str, items):
+        url, eq, num = v.rpartition("=")
+        out.append(f"{public_url(url)}={num}" if eq and url_secrets(url) else v)
+    return tuple(out)
+
+
 def shard_env(given: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """(the options every shard gets, the variables every shard's environment gets: Ray's runtime_env
     ``env_vars``). The variables are those of the driver's environment the run reads (the endpoint, the keys'
@@ -151,6 +163,7 @@ def shard_env(given: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[dic
     names += [str(given[k]) for k in ("api_key_env", "judge_api_key_env") if given.get(k)]
     names += [k for k in environ if k.startswith("EVALSUP_") and k not in NODE_ONLY]
     env = {k: environ[k] for k in dict.fromkeys(names) if k in environ}
+    given = {**given, **{k: _public_rates(given[k]) for k in SPLIT_RATE if given.get(k)}}
     urls = given.get("base_url") or ()
     urls = [urls] if isinstance(urls, str) else list(urls)
     if not any(url_secrets(u) for u in urls):

@@ -110,6 +110,9 @@ def test_a_base_url_holding_a_credential_travels_as_the_environment() -> None:
         opts, env = shard_env({"base_url": (url, "http://other/v1"), "model": "m"}, {"OPENAI_BASE_URL": "x"})
         assert opts["base_url"] is None and argv_of(shard_options(opts, 0, 2)) == ["--model", "m"]
         assert env == {"OPENAI_BASE_URL": f"{url},http://other/v1"}
+    opts, env = shard_env({"base_url": ("https://gw/v1?sig=SECRET123",),
+                           "max_requests_per_s": ("10", "https://gw/v1?sig=SECRET123=4")}, {})
+    assert opts["max_requests_per_s"] == ("10", "https://gw/v1=4")  # the endpoint named by its public form
     plain = {"base_url": ("https://gw/v1?api-version=2024-02-01",)}  # nothing secret: stays an option
     assert shard_env(plain, {}) == (plain, {})
     with pytest.raises(CredentialInArgs, match="percent-encode"):
