@@ -162,6 +162,13 @@ def counted_attempt(tasks: str, out: str, argv: list[str], k: int, n: int) -> di
     return shard_attempt(tasks, out, argv, k, n)
 
 
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_bytes().splitlines())
+    except OSError:
+        return 0
+
+
 def _retries_said(out: Path, n: int, said: dict[int, int], say: Callable[[str], None]) -> None:
     """Each retry Ray started since the last look, in one line (``plan.retry_line``); ``said``: lines read a shard."""
     for k in range(n):
@@ -256,6 +263,7 @@ def _drive(ray: Any, tasks: Path, given: dict[str, Any], env: dict[str, str], ou
     except Exception as e:  # Ray raises ConnectionError, ValueError, RuntimeError...
         raise RayRunError(f"--ray {address}: cannot reach a Ray cluster: {str(e).splitlines()[0] if str(e) else e!r}",
                           RESUMABLE) from None
+    said = {k: _lines(_logs(out, k) / "retries") for k in range(n)}  # the retries said, a shard (not a rerun's)
     # the endpoint settings reach each shard in its environment (runtime_env), never its arguments
     attempt = ray.remote(counted_attempt).options(max_retries=retries, retry_exceptions=[ShardUnfinished],
                                                   num_cpus=1, name="evalsup-shard",
@@ -268,7 +276,6 @@ def _drive(ray: Any, tasks: Path, given: dict[str, Any], env: dict[str, str], ou
     bad: tuple[int, str] | None = None
     stop = _on_signals()
     last = time.monotonic()
-    said: dict[int, int] = {}  # the retries said, a shard
     try:
         while pending and bad is None and not stop():
             ready, pending = ray.wait(pending, num_returns=1, timeout=min(interval, 1.0))
