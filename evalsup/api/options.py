@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from evalsup.tasks.secrets import url_secrets
+
 
 @dataclass(frozen=True)
 class Judge:
@@ -78,3 +80,13 @@ def write_schema(schema: Any, path: Path) -> str:
     was written."""
     path.write_bytes(orjson.dumps(schema_dict(schema)))
     return str(path)
+
+
+def credentials_off_the_command_line(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Base URLs holding a credential (user:password@, issue 34; a query value, issue 39) go to the child
+    `evalsup run` as OPENAI_BASE_URL, not on its command line, which any process title shows; (the options
+    without them, the child's extra environment). ``evalsup.run`` and ``evalsup.ray.run_shards``."""
+    urls = options.get("base_url") or []
+    if not any(url_secrets(u) for u in urls) or any("," in u for u in urls):
+        return options, {}
+    return {**options, "base_url": None}, {"OPENAI_BASE_URL": ",".join(urls)}

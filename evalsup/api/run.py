@@ -15,14 +15,13 @@ import inspect
 import os
 import sys
 import tempfile
-import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from evalsup.api.exceptions import BadInput, BadSettings, RunStopped, error_for_exit
-from evalsup.api.options import schema_inline, with_judge, write_schema
+from evalsup.api.options import credentials_off_the_command_line, schema_inline, with_judge, write_schema
 from evalsup.api.results import Record, read_results, to_pandas
 from evalsup.common.child import last_message, run_child
 from evalsup.config.options import API_OPTIONS, BY_NAME, DEFAULTS, argv_of, python_type
@@ -101,15 +100,6 @@ def _echo(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _credentials_off_the_command_line(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Base URLs holding user:password@ (issue 34) go to the child as OPENAI_BASE_URL, not on its command line,
-    which any process title shows; (the options without them, the child's extra environment)."""
-    urls = options.get("base_url") or []
-    if not any("@" in urllib.parse.urlsplit(u).netloc for u in urls) or any("," in u for u in urls):
-        return options, {}
-    return {**options, "base_url": None}, {"OPENAI_BASE_URL": ",".join(urls)}
-
-
 def run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], *, progress: bool = True,
         **options: Any) -> RunResult:
     """Run every task to its record, as ``evalsup run`` does, and return the result (see the module's doc).
@@ -168,7 +158,7 @@ def _run(tasks: str | os.PathLike[str] | Iterable[dict[str, Any]], progress: boo
             raise RunStopped(str(e), LOCKED, resumable=True) from None
         except (InputError, RunDirError) as e:
             raise BadInput(str(e)) from None
-    options, env = _credentials_off_the_command_line(options)
+    options, env = credentials_off_the_command_line(options)
     cmd = [sys.executable, "-m", "evalsup", "run", task_arg, *argv_of(options), "--json"]
     if not progress:
         cmd.append("--quiet")

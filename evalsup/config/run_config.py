@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -19,6 +20,7 @@ from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_l
 from evalsup.config.shards import shard_dir_name
 from evalsup.ipc.messages import WorkerConfig
 from evalsup.tasks.requests import public_url
+from evalsup.tasks.secrets import Scrubber, run_scrubber
 
 DEFAULT_MAX_CONCURRENCY: int = OPT["max_concurrency"]  # the adaptive limit's ceiling without --max-concurrency
 MIB = 1 << 20
@@ -95,6 +97,14 @@ class RunConfig:
     @property
     def max_line_bytes(self) -> int:
         return int(self.max_line_mb * MIB)
+
+    @functools.cached_property
+    def scrub(self) -> Scrubber:
+        """Every secret the run knows (keys, URL passwords and query values, --header env:/@file values), for
+        the supervisor's writers: its log, events.jsonl, summary.json (tasks.secrets; issue 39)."""
+        w = self.worker
+        return run_scrubber(w.endpoints, w.headers, w.api_key_env, w.api_key_file, w.judge_base_url,
+                            w.judge_api_key_env)
 
     @property
     def first_workers(self) -> int:

@@ -27,7 +27,7 @@ class MockConfig:
     seed: int = 0
     models: tuple[str, ...] = ("mock-model",)  # /v1/models; other models get 404 (an empty tuple accepts any)
     api_key: str | None = None  # when set, requests without "Authorization: Bearer <key>" get 401
-    echo_headers_in_errors: bool = False  # error bodies include the request headers
+    echo_headers_in_errors: bool = False  # error bodies include the request headers, their message its URL
     revoked: bool = False  # every /v1 request gets 401 invalid_api_key (a key revoked mid-run)
     revoke_after: int | None = None  # the key is revoked after this many /v1 requests (counted since start/reset)
     capacity: int = 0  # at most this many served at once (0: no limit; evalsup.mock.capacity)

@@ -128,8 +128,9 @@ def error(
         "param": param,
         "code": code or default_code,
     }
-    if request.app[STATE].cfg.echo_headers_in_errors:
+    if request.app[STATE].cfg.echo_headers_in_errors:  # as gateways do: what was sent, the URL's query too
         err["request_headers"] = {str(k): v for k, v in request.headers.items()}
+        err["message"] = f"{err['message']} ({request.method} {request.url})"
     return json_response({"error": err}, status=status, headers=headers)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from evalsup.api.exceptions import RunStopped, error_for_exit
-from evalsup.api.options import schema_inline, with_judge, write_schema
+from evalsup.api.options import credentials_off_the_command_line, schema_inline, with_judge, write_schema
 from evalsup.common.child import last_message, run_child
 from evalsup.config.options import BY_NAME, argv_of
 from evalsup.config.run_config import run_dir_of
@@ -67,11 +67,12 @@ def run_shards(tasks: str | os.PathLike[str], out: str | os.PathLike[str] | None
                                                   run_dir.with_name(f"{run_dir.name}.response_schema.json"))
     options |= {"out": None if out is None else os.fspath(out), "ray": address or "default", "shards": num_shards,
                 "ray_retries": retries}
+    options, env = credentials_off_the_command_line(options)
     cmd = [sys.executable, "-m", "evalsup", "run", os.fspath(tasks), *argv_of(options), "--json"]
     if not progress:
         cmd.append("--quiet")
     with tempfile.TemporaryDirectory(prefix="evalsup-ray-") as tmp:
-        code, summary, err_lines = run_child(cmd, False, Path(tmp), progress)
+        code, summary, err_lines = run_child(cmd, False, Path(tmp), progress, env)
     err = error_for_exit(code, last_message(err_lines))
     if err is not None:
         raise err

@@ -686,7 +686,7 @@ class Supervisor:
         """memory.jsonl, events.jsonl, the line count and the metrics server, once the run directory is open."""
         cfg = self.cfg
         self.memory = MemoryControl(cfg, cfg.run_dir / MEMORY)
-        self.events = EventLog(cfg.run_dir / EVENTS)
+        self.events = EventLog(cfg.run_dir / EVENTS, cfg.scrub)
         self.counter.start()
         if cfg.metrics_port is not None:
             from evalsup.supervisor.metrics import Metrics

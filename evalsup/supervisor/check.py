@@ -16,8 +16,6 @@ from evalsup.tasks.headers import (
     build_headers,
     key_source,
     request_headers,
-    secret_values,
-    url_secrets,
 )
 from evalsup.tasks.requests import credentials, join_url, public_url
 from evalsup.tasks.routes import BY_PATH, CHAT, probe_body
@@ -216,8 +214,5 @@ async def check_endpoint(cfg: RunConfig, url: str | None = None) -> str:
     Runs in a thread, while workers start."""
     try:
         return await asyncio.to_thread(_check, cfg, url or cfg.worker.base_url)
-    except CheckFailed as e:  # issue 21: an endpoint may echo a --header secret in its error
-        msg = str(e)
-        for secret in [*secret_values(cfg.worker.headers), *url_secrets(url or cfg.worker.base_url)]:
-            msg = msg.replace(secret, "[redacted]")
-        raise CheckFailed(msg) from None
+    except CheckFailed as e:  # an endpoint may echo any secret of the run (tasks.secrets)
+        raise CheckFailed(cfg.scrub.text(str(e))) from None

@@ -9,15 +9,20 @@ from typing import IO, Any
 
 import orjson
 
+from evalsup.tasks.secrets import Scrubber
+
 
 class EventLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, scrub: Scrubber | None = None) -> None:
         self._f: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self.scrub = scrub or Scrubber()  # the run's secrets, out of every line (a reason may quote an endpoint)
 
     def __call__(self, kind: str, **fields: Any) -> None:
         if self._f is None:
             return
         try:
+            clean = self.scrub.json(fields)
+            fields = clean if isinstance(clean, dict) else {}
             self._f.write(orjson.dumps({"t": round(time.time(), 3), "event": kind, **fields},
                                        option=orjson.OPT_APPEND_NEWLINE))
             self._f.flush()

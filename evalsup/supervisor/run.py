@@ -31,14 +31,16 @@ from evalsup.tasks.requests import public_url
 
 def _logger(cfg: RunConfig) -> Any:
     """The run's one way to stderr: ``log(msg, level)``. "info" is what happened on the way (hidden by
-    --quiet); "warning" and "error" are what stops the run or refuses it, which --quiet still prints."""
-    quiet = cfg.quiet
+    --quiet); "warning" and "error" are what stops the run or refuses it, which --quiet still prints. Every line
+    without the run's secrets (a worker's message may quote what an endpoint echoed; issue 39)."""
+    quiet, scrub = cfg.quiet, cfg.scrub.text
 
     if cfg.log_format == "json":
         def log_json(msg: str, level: str = "info") -> None:
             if quiet and level == "info":
                 return
-            sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": level, "msg": msg}).decode() + "\n")
+            sys.stderr.write(orjson.dumps({"t": round(time.time(), 3), "level": level, "msg": scrub(msg)}).decode()
+                             + "\n")
             sys.stderr.flush()
 
         return log_json
@@ -46,7 +48,7 @@ def _logger(cfg: RunConfig) -> Any:
     def log(msg: str, level: str = "info") -> None:
         if quiet and level == "info":
             return
-        print(f"evalsup: {msg}", file=sys.stderr, flush=True)
+        print(f"evalsup: {scrub(msg)}", file=sys.stderr, flush=True)
 
     return log
 
@@ -117,7 +119,7 @@ def _wrong_shard(cfg: RunConfig) -> str | None:
 def _refused(cfg: RunConfig, log: Any, message: str, code: int) -> int:
     log(message, "error")
     if cfg.json_summary:
-        out = {**exitcodes.describe(code), "stopped": message, "run_dir": str(cfg.run_dir)}
+        out = {**exitcodes.describe(code), "stopped": cfg.scrub.text(message), "run_dir": str(cfg.run_dir)}
         sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
     return code
 
@@ -156,6 +158,7 @@ def _run_locked(cfg: RunConfig, log: Any, options: OpenOptions, cache: CacheFeed
     summary.update(exitcodes.describe(code))
     if sup.stop_reason is not None and code == exitcodes.RESUMABLE:
         summary["exit_reason"] = sup.stop_reason  # "budget": a cap stopped it (issue 30)
+    summary = cfg.scrub.json(summary)  # its messages (what stopped the run) may quote an endpoint
     try:
         write_atomic(cfg.run_dir / SUMMARY, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     except OSError as e:

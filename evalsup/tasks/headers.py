@@ -118,13 +118,3 @@ def request_headers(base_url: str, common: dict[str, str], key: str | None,
     elif key:
         out["Authorization"] = f"Bearer {key}"
     return out
-
-
-def url_secrets(base_url: str) -> list[str]:
-    """What of a --base-url is secret, to scrub from whatever an endpoint echoes back and from messages: its
-    password, and the basic-auth token made of it."""
-    _, userinfo = credentials(base_url)
-    if userinfo is None:
-        return []
-    token = basic_auth(*userinfo).partition(" ")[2]
-    return [s for s in (userinfo[1], token) if len(s) >= 4]

@@ -166,10 +166,11 @@ async def _one(line: bytes, scorers: list[tuple[str, ScoreFn]], judge: Judge, ta
             if verdict.reply is not None:
                 scored.detail[JUDGE] = verdict.detail()
         rec["scores"] = scored.scores
+        # the judge's key and URL secrets out, wherever an error quoted them (issue 39)
         if scored.errors:
-            rec["score_errors"] = scored.errors
+            rec["score_errors"] = judge.scrub.json(scored.errors)
         if scored.detail:
-            rec["score_detail"] = scored.detail
+            rec["score_detail"] = judge.scrub.json(scored.detail)
     return Rescored(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), scored, verdict, need)
 
 

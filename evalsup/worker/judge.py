@@ -26,7 +26,8 @@ import aiohttp
 
 from evalsup.scoring.judge import Template, Verdict, variables, verdict_of
 from evalsup.scoring.scorers import response_text
-from evalsup.tasks.headers import build_headers, request_headers, url_secrets
+from evalsup.tasks.headers import build_headers, request_headers
+from evalsup.tasks.secrets import Scrubber
 from evalsup.worker.client import Client
 from evalsup.worker.endpoints import EndpointPool
 from evalsup.worker.pacing import Pacer
@@ -103,7 +104,8 @@ class Judge:
         self.client = Client(session, self.pool, policy, s.max_response_bytes, seed=seed,
                              pacer=Pacer(random.Random(seed)), on_trip=self._tripped, on_probe=self._probed,
                              secret=s.key, on_auth=self._key_lost, on_local=on_fatal, cap=lambda: self.slots.limit)
-        self.client.secrets += [v.encode() for v in url_secrets(s.url)]
+        self.scrub = Scrubber.for_run([s.url], keys=[s.key])  # its key, its URL's secrets (tasks.secrets)
+        self.client.secrets, self.client.scrub = list(self.scrub.encoded), self.scrub.raw
         self.slots = Slots(s.concurrency)
         self._probe_in = PROBE_S[0]
         self._bg: set[asyncio.Task[Any]] = set()

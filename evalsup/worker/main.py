@@ -35,9 +35,10 @@ from evalsup.scoring.plugin import load_callable
 from evalsup.scoring.scorers import Scored, ScorerOptions, response_text
 from evalsup.scoring.selection import judged as judged_by
 from evalsup.tasks.group_key import group_of, parse_group_by
-from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers, secret_values, url_secrets
+from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.requests import RequestDefaults, to_request
 from evalsup.tasks.response_schema import SchemaError
+from evalsup.tasks.secrets import run_scrubber
 from evalsup.worker import reask, records
 from evalsup.worker.adaptive import adaptive_from_config
 from evalsup.worker.bodies import UsageOnly
@@ -70,7 +71,11 @@ class Worker:
         self.endpoints = EndpointPool(cfg.endpoints, lambda: adaptive_from_config(cfg, len(cfg.endpoints)),
                                       lambda url: request_headers(url, self.extra_headers, self.key, source))
         self.schedule = Schedule(cfg.concurrency, cfg.limit, self.endpoints, self._begin)
+        # every secret the run knows (issue 39): out of every body, message and record this worker sends
+        self.scrub = run_scrubber(cfg.endpoints, cfg.headers, cfg.api_key_env, cfg.api_key_file, cfg.judge_base_url,
+                                  cfg.judge_api_key_env)
         self.outbox = Outbox(out, cfg.ring_fd, cfg.ring_size)
+        self.outbox.scrub = self.scrub.text
         self._live: set[asyncio.Task[None]] = set()
         self.draining = False
         self.done = 0
@@ -206,7 +211,8 @@ class Worker:
                 note = records.CacheNote(ck.hex(), False, unfit=unfit)
         extras = records.Extras(hedge=hedge, judge_tokens=judged, group=group, reasks=reasks,
                                 reask_usage=reask_usage, cache=note)
-        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, extras)
+        return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, extras,
+                             self.scrub)
 
     async def structured(self, url: str, body: dict[str, Any], key: int,
                          oc: Outcome) -> tuple[Outcome, int | None, tuple[int, int] | None]:
@@ -364,8 +370,8 @@ class Worker:
                             pacer=self.pacer, on_trip=outbox.trip,
                             on_probe=outbox.probe_result, secret=key, on_auth=outbox.auth, on_local=outbox.fatal,
                             whole_bodies=self.reads_bodies or cfg.response_schema is not None)
-            client.secrets += [v.encode() for v in secret_values(cfg.headers)]
-            client.secrets += [v.encode() for u in cfg.endpoints for v in url_secrets(u)]  # basic auth (issue 34)
+            client.secrets = list(self.scrub.encoded)  # the key, URL and --header secrets (tasks.secrets)
+            client.scrub = self.scrub.raw
             self.client, client.on_rest = client, self._pump
             if self.judging:  # its own endpoint, pool, limit, breaker and connections (worker.judge)
                 judge_session = await stack.enter_async_context(aiohttp.ClientSession(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from evalsup.ipc import FrameKind, FrameWriter, encode_json, read_frame
@@ -56,6 +57,7 @@ class Outbox:
 
     def __init__(self, out: FrameWriter, ring_fd: int | None = None, ring_size: int = 0) -> None:
         self.out = out
+        self.scrub: Callable[[str], str] = lambda text: text  # the run's secrets out of every message (worker.main)
         self._started: list[int] = []  # keys of tasks begun since the last write
         self._unsent = 0  # results queued for the pipe since the last write
         out.gather = self._gather_started
@@ -112,19 +114,19 @@ class Outbox:
         self.out.send(encode_json(FrameKind.LEAKS, {"text": text}))
 
     def trip(self, e: int, reason: str) -> None:
-        self.out.send(encode_json(FrameKind.TRIP, {"reason": reason, "e": e}))
+        self.out.send(encode_json(FrameKind.TRIP, {"reason": self.scrub(reason), "e": e}))
 
     def auth(self, e: int, message: str) -> None:
-        self.out.send(encode_json(FrameKind.AUTH, {"message": message, "e": e}))
+        self.out.send(encode_json(FrameKind.AUTH, {"message": self.scrub(message), "e": e}))
         self.out.flush()
 
     def fatal(self, message: str) -> None:
         """FATAL mid-run: a request could not be sent at all (issue 34); the supervisor stops the run (exit 2)."""
-        self.out.send(encode_json(FrameKind.FATAL, {"message": message}))
+        self.out.send(encode_json(FrameKind.FATAL, {"message": self.scrub(message)}))
         self.out.flush()
 
     def probe_result(self, e: int, ok: bool, detail: str) -> None:
-        self.out.send(encode_json(FrameKind.PROBE_RESULT, {"ok": ok, "detail": detail, "e": e}))
+        self.out.send(encode_json(FrameKind.PROBE_RESULT, {"ok": ok, "detail": self.scrub(detail), "e": e}))
 
 
 async def read_config(reader: asyncio.StreamReader, who: str) -> bytes | int:

@@ -15,6 +15,7 @@ import orjson
 
 from evalsup.scoring.scorers import Scored
 from evalsup.tasks.records import output_line, output_line_around
+from evalsup.tasks.secrets import Scrubber
 from evalsup.worker.bodies import UsageOnly
 from evalsup.worker.client import Outcome
 
@@ -58,7 +59,7 @@ NONE = Extras()
 
 def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: dict[str, Any] | None,
           metadata: dict[str, Any], scored: Scored | None = None,
-          extras: Extras = NONE) -> tuple[list[bytes], dict[str, Any]]:
+          extras: Extras = NONE, scrub: Scrubber | None = None) -> tuple[list[bytes], dict[str, Any]]:
     """Task ``tid`` (its key ``key``): its output line (as parts to write one after the other) and the RESULT
     meta. ``waited_s``: the time it waited in this worker's queue; ``endpoint``: the index and public URL of its
     last attempt's endpoint (``endpoint_of``; None for an answer from the cache); ``scored``: its scores, when
@@ -85,11 +86,11 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
     if cache is not None and cache.hit:  # no request: no time at a server (the report's latencies skip it)
         metrics["latency_s"] = None
         metrics["cache"] = "hit"
-    fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": oc.error,
+    fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": _clean(scrub, oc.error),
                               "metrics": metrics, "metadata": metadata or None,
                               "scores": None if scored is None else scored.scores,
-                              "score_errors": None if scored is None else scored.errors,
-                              "score_detail": None if scored is None else scored.detail}
+                              "score_errors": None if scored is None else _clean(scrub, scored.errors),
+                              "score_detail": None if scored is None else _clean(scrub, scored.detail)}
     ck: list[Any] | None = None
     if cache is not None and cache.keep is not None:  # the body's place in the line: the cache reads it there
         body = oc.raw_json if oc.raw_json is not None else orjson.dumps(oc.body)
@@ -134,4 +135,8 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         if cache.unfit is not None:
             info["cu"] = cache.unfit
     return out, info
+
+
+def _clean(scrub: Scrubber | None, value: Any) -> Any:
+    return value if scrub is None or not value else scrub.json(value)
 

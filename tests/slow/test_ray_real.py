@@ -24,8 +24,17 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="Ray is not installed (pip install 'evalsup[ray]')")
 
 N_TASKS = 2000
-RAY_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+RAY_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_TMPDIR")
 SHARDS = 4
+
+
+def _ray_tmp(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A temp dir of the test's own for Ray's sessions (short: Ray's socket paths must stay short) and its
+    address file (RAY_TMPDIR), so the test runs beside another Ray on this machine."""
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    (Path(tmp) / "ray").mkdir()
+    monkeypatch.setenv("RAY_TMPDIR", tmp)
+    return tmp
 
 
 @pytest.fixture
@@ -38,7 +47,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # every Ray process (and the driver, which inherits it) on 127.0.0.1: Ray otherwise swaps the loopback
     # address for the machine's own
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    tmp = _ray_tmp(monkeypatch)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
                                                       "node_ip_address": "127.0.0.1", "temp_dir": tmp})
     c.add_node(num_cpus=2)
@@ -103,3 +112,63 @@ def test_four_shards_on_ray_survive_a_killed_shard_and_a_killed_ray_worker(tmp_p
     assert summary["complete"] and summary["total"] == N_TASKS
     assert "merged 4 run directories: 2,000 results" in stdout
     assert "ray: 4/4 shards finished" in stderr
+
+
+@pytest.fixture
+def head(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """One Ray node on this machine, 2 CPUs, its own temp dir and ports (GCS and the rest picked free)."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    tmp = _ray_tmp(monkeypatch)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
+                                                      "node_ip_address": "127.0.0.1", "temp_dir": tmp})
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def test_json_stays_one_object_when_a_shard_is_killed_and_the_endpoint_comes_from_the_drivers_env(
+        tmp_path: Path, head: Any) -> None:
+    """A shard's evalsup process killed (-9) mid-run: Ray retries it (its traceback goes to the run's log, the
+    retry is one line on stderr) and `--json` prints one JSON object. The endpoint, a query credential in it, is
+    only in the driver's environment: it reaches the shards (the mock refuses requests without it) and no file,
+    argv or output shows it."""
+    import subprocess
+
+    n, secret = 600, "SECRET123"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", n)
+    out = tmp_path / "tasks.run"
+    with MockThread(MockConfig(latency_ms=30, require_query=f"api-key={secret}")) as mock:
+        env = env_for({**{k: os.environ[k] for k in RAY_ENV}, "OPENAI_BASE_URL": f"{mock.url}?api-key={secret}"})
+        proc = subprocess.Popen(evalsup_cmd("run", "--ray", head.address, "--shards", "2", "--model", "mock-model",
+                                            "--concurrency", "4", "--workers", "1", "--json", str(tasks)),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            f = out / "shard-1-of-2" / "results.jsonl"
+            wait_until(lambda: f.exists() and complete_lines(f) >= 20, "shard 1 under way", timeout=120)
+            procs = _shard_procs(tasks)
+            assert all(secret not in " ".join(p.cmdline()) for p in procs.values())
+            procs[1].send_signal(signal.SIGKILL)
+            stdout, stderr = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert mock.stats()["statuses"].get("404", 0) == 0  # every request carried the query
+    assert proc.returncode == 0, stderr
+    summary = orjson.loads(stdout)  # one JSON object, nothing of Ray's
+    assert summary["finished"] and summary["total"] == n
+    ids = Counter(orjson.loads(line)["custom_id"] for line in (out / "merged.jsonl").read_bytes().splitlines())
+    assert set(ids) == {f"t{i}" for i in range(n)} and set(ids.values()) == {1}
+    retried = [x for x in stderr.splitlines() if "ended unfinished" in x]
+    assert retried == ["evalsup: ray: shard-1-of-2: attempt 1 ended unfinished (killed by signal 9); Ray retries "
+                       "it, resuming from its checkpoint"], stderr
+    assert "Traceback" not in stderr and secret not in stdout + stderr
+    # the last progress line counts each task once, the retried shard's too
+    assert f"ray: 2/2 shards finished, 0 running, 1 retried; {n}/{n} done (100.0 %)" in stderr, stderr
+    for p in out.rglob("*"):
+        if p.is_file():
+            assert secret.encode() not in p.read_bytes(), p

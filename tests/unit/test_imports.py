@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "tools": {"common", "tasks", "scoring", "config", "rundir", "worker", "batch", "cache"},
     "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray", "cache", "batch"},
     "api": {"common", "tasks", "config", "rundir", "cli"},
-    "ray": {"common", "config", "rundir", "tools", "api"},
+    "ray": {"common", "tasks", "config", "rundir", "tools", "api"},
 }
 # the top of evalsup/ holds only these files; everything else lives in a package
 TOP_FILES = {"__init__.py", "__main__.py"}

@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 
 from evalsup.config.options import argv_of
-from evalsup.ray.plan import DRIVER_ONLY, Exit, ShardUnfinished, exit_of, progress_line, shard_options
+from evalsup.ray.plan import (
+    DRIVER_ONLY,
+    CredentialInArgs,
+    Exit,
+    ShardUnfinished,
+    exit_of,
+    progress_line,
+    retry_line,
+    shard_env,
+    shard_options,
+)
 
 
 def test_limits_are_shared_among_the_shards_not_multiplied() -> None:
@@ -82,6 +92,40 @@ def test_the_progress_line_over_every_shard() -> None:
     assert progress_line([{"shards": 4, "total": {"done": 10, "failed": 0, "finished": 0, "running": 2,
                                                   "rate": None}}], 4, 0) == (
         "ray: 0/4 shards finished, 2 running; 10 done, 0 failed")
+
+
+def test_the_drivers_endpoint_settings_go_to_the_shards_environment_never_their_arguments() -> None:
+    environ = {"OPENAI_BASE_URL": "http://gw:8000/v1", "OPENAI_API_KEY": "sk-1", "MY_KEY": "k-2", "GW": "g-3",
+               "EVALSUP_RING_MB": "8", "EVALSUP_SHARDS": "4", "HOME": "/root", "JK": "j-4"}
+    given = {"model": "m", "api_key_env": "MY_KEY", "judge_api_key_env": "JK", "headers": ("X-Gw: env:GW", "X-A: b")}
+    opts, env = shard_env(given, environ)
+    assert opts == given
+    assert env == {"OPENAI_BASE_URL": "http://gw:8000/v1", "OPENAI_API_KEY": "sk-1", "MY_KEY": "k-2", "GW": "g-3",
+                   "JK": "j-4", "EVALSUP_RING_MB": "8"}  # not HOME, not the driver's own EVALSUP_SHARDS
+    assert shard_env({}, {}) == ({}, {})
+
+
+def test_a_base_url_holding_a_credential_travels_as_the_environment() -> None:
+    for url in ("http://alice:pw-1234@gw/v1", "https://gw/v1?api-key=SECRET123"):
+        opts, env = shard_env({"base_url": (url, "http://other/v1"), "model": "m"}, {"OPENAI_BASE_URL": "x"})
+        assert opts["base_url"] is None and argv_of(shard_options(opts, 0, 2)) == ["--model", "m"]
+        assert env == {"OPENAI_BASE_URL": f"{url},http://other/v1"}
+    opts, env = shard_env({"base_url": ("https://gw/v1?sig=SECRET123",),
+                           "max_requests_per_s": ("10", "https://gw/v1?sig=SECRET123=4")}, {})
+    assert opts["max_requests_per_s"] == ("10", "https://gw/v1=4")  # the endpoint named by its public form
+    plain = {"base_url": ("https://gw/v1?api-version=2024-02-01",)}  # nothing secret: stays an option
+    assert shard_env(plain, {}) == (plain, {})
+    with pytest.raises(CredentialInArgs, match="percent-encode"):
+        shard_env({"base_url": ("https://gw/v1?sig=abc,def",)}, {})
+    with pytest.raises(CredentialInArgs, match="--judge-api-key-env"):
+        shard_env({"judge_base_url": "https://j/v1?code=c0de-1234"}, {})
+
+
+def test_a_retried_shard_is_one_line_saying_how_its_last_attempt_ended() -> None:
+    assert retry_line(1, 4, 2, -9) == ("ray: shard-1-of-4: attempt 1 ended unfinished (killed by signal 9); Ray "
+                                       "retries it, resuming from its checkpoint")
+    assert "attempt 2 ended unfinished (exit 75)" in retry_line(0, 2, 3, 75)
+    assert "(its Ray worker died)" in retry_line(0, 2, 2, None)
 
 
 def test_run_shards_takes_the_keyword_forms_evalsup_run_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

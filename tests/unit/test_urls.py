@@ -7,8 +7,9 @@ import base64
 
 import pytest
 
-from evalsup.tasks.headers import HeaderError, request_headers, url_secrets
+from evalsup.tasks.headers import HeaderError, request_headers
 from evalsup.tasks.requests import credentials, join_url, public_url, url_problem
+from evalsup.tasks.secrets import url_secrets
 
 CHAT = "/v1/chat/completions"
 
