@@ -82,6 +82,26 @@ def test_kill_at_each_step_then_rerun(tmp_path: Path, bmock: MockThread, step: s
     assert_no_chunk_twice(bmock)
 
 
+def test_kill_after_upload_then_rerun_through_a_gateway_that_lists_no_files(tmp_path: Path,
+                                                                             bmock: MockThread) -> None:
+    # issue 39: GET /v1/files answers 405, so the upload a kill took the record of cannot be found: the rerun
+    # uploads again (free) and notes it, instead of stopping on every rerun
+    bmock.configure(batch_files_unlisted=True)
+    n = 50
+    tasks = write_tasks(tmp_path / "t.jsonl", n)
+    args = run_args(bmock, tasks, *FAST)
+    r = run_cli(*args, env={**KEY, "EVALSUP_BATCH_CRASH_AT": "after_upload"})
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    r = run_cli(*args, env=KEY)
+    assert r.returncode == 0, r.stderr
+    assert "does not list files" in r.stderr and "uploading its input again" in r.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(n))
+    assert_no_chunk_twice(bmock)
+    events = [orjson.loads(x) for x in (tmp_path / "t.run" / "batches.jsonl").read_bytes().splitlines()]
+    again = [e for e in events if e["event"] == "reupload"]
+    assert again and again[0]["chunk"] == 1 and "405" in again[0]["reason"]
+
+
 def test_expired_chunk_and_its_follow_up(tmp_path: Path, bmock: MockThread) -> None:
     bmock.configure(batch_expire=1)
     n = 30
