@@ -181,6 +181,7 @@ class Driver:
         self.last_task = time.monotonic()  # when the last TASK came (`evalsup cancel` waits for the redo)
         self.key_att: dict[int, int] = {}  # the attempts each of them had used (from its chunk's intent)
         self.sending = 0  # RESULTs being built: the pipe is flushed when none is left
+        self.collecting = 0  # chunks whose results are being handed on (a chunk gathering waits for them)
         for c in open_chunks(self.chunks):  # oldest first: a follow-up chunk's claim on a task wins
             for k, _tid, att in c.keys:
                 self.key_chunk[int(k)] = c.chunk
@@ -274,7 +275,10 @@ class Driver:
 
     def tick(self) -> None:
         now = time.monotonic()
+        busy = self.collecting > 0 or self.sending > 0  # results going out: the tasks they make room for follow
         for url, chunker in self.chunkers.items():
+            if busy:
+                chunker.hold(now)
             closed = chunker.due(now)
             if closed:
                 self._plan(closed, url)
@@ -378,7 +382,11 @@ class Driver:
                 await self._poll(c)  # to COLLECTED, or back to UPLOADED (the provider's queue was full)
                 adopting = False
             elif c.step is Step.COLLECTED:
-                await self._collect(c)
+                self.collecting += 1
+                try:
+                    await self._collect(c)
+                finally:
+                    self.collecting -= 1
                 return
             else:
                 return
