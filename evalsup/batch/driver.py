@@ -3,18 +3,20 @@ evalsup.batch``). It speaks the workers' frames (CONFIG, TASK, DRAIN, RELEASE in
 HEARTBEAT, FATAL, BYE out), so the supervisor, its ledger, the journal, checkpoints, scorers, summary, status,
 merge and shards hold unchanged: the supervisor stays the only writer of results.jsonl (design invariant 3).
 
-A task handed to it joins the next chunk (``plan.Chunker``); a closed chunk's input file is written to the
-run directory and its intent recorded (``journal``, fsynced) before the upload; then the upload, the create
-(with ``metadata`` naming the run and the chunk), each recorded as it returns; polling with backoff
+A task handed to it joins the next chunk (``plan.Chunker``); a closed chunk's input file is written to the run
+directory and its intent recorded (``journal``, fsynced) before the upload; then the upload, the create (with
+``metadata`` naming the run and the chunk), each recorded as it returns; polling with backoff
 (``plan.PollBackoff``); the output and error files downloaded to the run directory, recorded; then each line
-becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume
-adopts what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of
-paying again. A task's own ``response_format`` JSON schema is validated as online with ``--max-reasks 0``
-(an answer that fails it is recorded ``schema_invalid``: a batch cannot ask again), and ``--group-by`` names
-each result's group as a worker does. A task of a collected chunk whose record is missing (a crash took it, or
-`evalsup repair`) is answered again from the chunk's files, but not one whose record from that chunk `run
---retry-failed` took out (replaced.jsonl names the chunk): that task is sent again (``_forget_replaced``). A
-chunk is marked done once the checkpoint settles every task of it (``settle``).
+becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume adopts
+what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of paying
+again; every provider call goes through ``calls.call`` (retries, a listing the provider does not serve, a
+refusal's stop). A chunk gathering stays open while another's results are handed on (``Chunker.hold``). A task's
+own ``response_format`` JSON schema is validated as online with ``--max-reasks 0`` (an answer that fails it is
+recorded ``schema_invalid``: a batch cannot ask again), and ``--group-by`` names each result's group as a worker
+does. A task of a collected chunk whose record is missing (a crash took it, or `evalsup repair`) is answered
+again from the chunk's files, but not one whose record from that chunk `run --retry-failed` took out
+(replaced.jsonl names the chunk): that task is sent again (``_forget_replaced``). A chunk is marked done once the
+checkpoint settles every task of it (``settle``).
 """
 
 from __future__ import annotations
