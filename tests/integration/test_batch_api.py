@@ -172,6 +172,27 @@ def test_sigterm_leaves_the_batches_running_and_cancel_collects(tmp_path: Path, 
     assert_no_chunk_twice(bmock)
 
 
+def test_fresh_names_the_old_runs_batches_still_charged_and_how_to_cancel_them(
+        tmp_path: Path, bmock: MockThread, start: Callable[..., Run]) -> None:
+    bmock.configure(batch_step_ms=5000)  # the old run's batch validates for 5 s: still running at --fresh
+    tasks = write_tasks(tmp_path / "t.jsonl", 30)
+    run = start(*run_args(bmock, tasks, *FAST), env=KEY)
+    journal = tmp_path / "t.run" / "batches.jsonl"
+    wait_until(lambda: journal.exists() and b'"event":"created"' in journal.read_bytes(), "a batch created", proc=run)
+    run.signal(signal.SIGTERM)
+    assert run.finish() == 75
+    bmock.configure(batch_step_ms=20)
+    r = run_cli(*run_args(bmock, tasks, *FAST[:-1], "--fresh"), env=KEY)  # not -q: --fresh speaks
+    assert r.returncode == 0, r.stderr
+    said = re.search(r"still run at the provider and are charged.*`(evalsup cancel (\S+) --tasks \S+)`", r.stderr)
+    assert said, r.stderr
+    old = Path(said.group(2))
+    got = run_cli("cancel", str(old), "--tasks", str(tasks), env=KEY)  # the command it names works
+    assert got.returncode == 75, got.stderr
+    old_batches = [b for b in batches_of(bmock) if b["status"] == "cancelled"]
+    assert len(old_batches) == 1
+
+
 def test_fallback_online_and_fail(tmp_path: Path, bmock: MockThread) -> None:
     objs = [{"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}],
              **({"mock": {"status": 500, "times": 1}} if i < 3 else {})} for i in range(10)]
