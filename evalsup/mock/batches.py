@@ -16,7 +16,8 @@ the error file, as OpenAI's do. The output is written in an order of its own (se
 Knobs (``MockConfig``): ``batch_step_ms`` (each state's stay), ``batch_finalize_ms`` (a slow finalize),
 ``batch_retrieve_500`` (the next N ``GET /v1/batches/{id}`` answer 500), ``batch_expire``,
 ``batch_fail_validation``, ``batch_queue_full`` (the next N fail with ``token_limit_exceeded``),
-``batch_files_unlisted`` (``GET /v1/files`` answers 405, as a gateway without the route).
+``batch_files_unlisted`` and ``batch_batches_unlisted`` (``GET /v1/files``, ``GET /v1/batches`` answer 405, as
+a gateway without the route).
 """
 
 from __future__ import annotations
@@ -197,6 +198,8 @@ async def create_batch(call: Call) -> web.StreamResponse:
 
 
 async def list_batches(call: Call) -> web.StreamResponse:
+    if call.request.app[STATE].cfg.batch_batches_unlisted:
+        return error(call.request, 405, "Method Not Allowed.")
     store = _store(call.request)
     q = call.request.query
     try:

@@ -102,6 +102,28 @@ def test_kill_after_upload_then_rerun_through_a_gateway_that_lists_no_files(tmp_
     assert again and again[0]["chunk"] == 1 and "405" in again[0]["reason"]
 
 
+def test_kill_after_create_where_batches_cannot_be_listed_stops_resumably_then_adopts(tmp_path: Path,
+                                                                                     bmock: MockThread) -> None:
+    # whether the create took effect cannot be told without the listing: a second create could pay twice, so the
+    # rerun stops (75) naming the way out, and the rerun once the listing answers adopts the batch
+    n = 30
+    tasks = write_tasks(tmp_path / "t.jsonl", n)
+    args = run_args(bmock, tasks, *FAST)
+    r = run_cli(*args, env={**KEY, "EVALSUP_BATCH_CRASH_AT": "after_create"})
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    bmock.configure(batch_batches_unlisted=True)
+    r = run_cli(*args, env=KEY)
+    assert r.returncode == 75, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "does not list batches" in last and "pay twice" in last and "rerun once" in last, last
+    bmock.configure(batch_batches_unlisted=False)
+    assert len(batches_of(bmock)) == 1  # not created again on a guess
+    r = run_cli(*args, env=KEY)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(n))
+    assert_no_chunk_twice(bmock)
+
+
 def test_expired_chunk_and_its_follow_up(tmp_path: Path, bmock: MockThread) -> None:
     bmock.configure(batch_expire=1)
     n = 30
