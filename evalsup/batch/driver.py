@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -416,7 +417,7 @@ class Driver:
                     "the batch listing answers (a --base-url straight to the provider, not a gateway without it): "
                     "the batch is then found by its metadata", ex.RESUMABLE)
 
-    async def _listed(self, c: ChunkInfo, since: Any) -> list[dict[str, Any]]:
+    async def _listed(self, c: ChunkInfo, since: Callable[[dict[str, Any]], int | None]) -> list[dict[str, Any]]:
         """The account's batches, newest first, down to those older than chunk ``c``'s intent (``since(b)``:
         a batch's creation time)."""
         client = self.aclient or self.client
@@ -540,7 +541,7 @@ class Driver:
                 return
             await asyncio.sleep(backoff.next(changed))
 
-    def _retrieve(self, bid: str) -> Any:
+    def _retrieve(self, bid: str) -> Callable[[], Awaitable[dict[str, Any]]]:
         """The call that reads batch ``bid``'s state, in OpenAI's shape whichever the provider."""
         aclient, client = self.aclient, self.client
 
