@@ -100,7 +100,8 @@ async def call(what: str, fn: Callable[[], Awaitable[T]], *, listing: bool = Fal
             if kind is Failure.UNLISTED or (listing and tries >= LIST_TRIES):
                 raise Unlisted(e) from None
             if kind is Failure.REFUSED:
-                raise Stop(f"the provider refused {what}: {e}; {hint(e)}, then {RESUME}", ex.BAD_INPUT) from None
+                raise Stop(f"the provider refused {what}: {str(e).rstrip('.')}; {hint(e)}, then {RESUME}",
+                           ex.BAD_INPUT) from None
             wait = nxt()
             print(f"evalsup batch: {what}: {e}; trying again in {wait:g}s", file=sys.stderr, flush=True)
         await asyncio.sleep(wait)
