@@ -3,18 +3,20 @@ evalsup.batch``). It speaks the workers' frames (CONFIG, TASK, DRAIN, RELEASE in
 HEARTBEAT, FATAL, BYE out), so the supervisor, its ledger, the journal, checkpoints, scorers, summary, status,
 merge and shards hold unchanged: the supervisor stays the only writer of results.jsonl (design invariant 3).
 
-A task handed to it joins the next chunk (``plan.Chunker``); a closed chunk's input file is written to the
-run directory and its intent recorded (``journal``, fsynced) before the upload; then the upload, the create
-(with ``metadata`` naming the run and the chunk), each recorded as it returns; polling with backoff
+A task handed to it joins the next chunk (``plan.Chunker``); a closed chunk's input file is written to the run
+directory and its intent recorded (``journal``, fsynced) before the upload; then the upload, the create (with
+``metadata`` naming the run and the chunk), each recorded as it returns; polling with backoff
 (``plan.PollBackoff``); the output and error files downloaded to the run directory, recorded; then each line
-becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume
-adopts what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of
-paying again. A task's own ``response_format`` JSON schema is validated as online with ``--max-reasks 0``
-(an answer that fails it is recorded ``schema_invalid``: a batch cannot ask again), and ``--group-by`` names
-each result's group as a worker does. A task of a collected chunk whose record is missing (a crash took it, or
-`evalsup repair`) is answered again from the chunk's files, but not one whose record from that chunk `run
---retry-failed` took out (replaced.jsonl names the chunk): that task is sent again (``_forget_replaced``). A
-chunk is marked done once the checkpoint settles every task of it (``settle``).
+becomes a RESULT (``records.build``), a follow-up chunk or an online request (``plan.on_line``). A resume adopts
+what the journal names and the provider already has (``plan.adopt_batch``/``adopt_file``) instead of paying
+again; every provider call goes through ``calls.call`` (retries, a listing the provider does not serve, a
+refusal's stop). A chunk gathering stays open while another's results are handed on (``Chunker.hold``). A task's
+own ``response_format`` JSON schema is validated as online with ``--max-reasks 0`` (an answer that fails it is
+recorded ``schema_invalid``: a batch cannot ask again), and ``--group-by`` names each result's group as a worker
+does. A task of a collected chunk whose record is missing (a crash took it, or `evalsup repair`) is answered
+again from the chunk's files, but not one whose record from that chunk `run --retry-failed` took out
+(replaced.jsonl names the chunk): that task is sent again (``_forget_replaced``). A chunk is marked done once the
+checkpoint settles every task of it (``settle``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,7 @@ import orjson
 
 from evalsup.batch.anthropic import AnthropicClient, anthropic_headers
 from evalsup.batch.anthropic_shapes import Ambiguous, as_batch, candidates, choose_running, parse_result
+from evalsup.batch.calls import RESUME, Stop, Unlisted, call
 from evalsup.batch.client import BatchClient, ProviderError
 from evalsup.batch.journal import Journal, fsync_dir
 from evalsup.batch.plan import (
@@ -75,7 +80,6 @@ from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, fatal_start, open_pipes,
 from evalsup.worker.scoring import Scoring
 
 CRASH_ENV = "EVALSUP_BATCH_CRASH_AT"  # testing hook: kill -9 the run at this step (see ``_crash_at``)
-TRANSIENT_WAIT_S = (0.2, 30.0)  # a provider call that failed transiently is tried again, backing off
 
 
 @dataclass
@@ -114,14 +118,6 @@ def checked(a: Answer, h: Held) -> Answer:
     if why is None:
         return a
     return Invalid(**{f.name: getattr(a, f.name) for f in dataclasses.fields(Answer)}, why=why)
-
-
-class Stop(Exception):
-    """The run must stop: ``code`` is its exit code (FATAL carries it to the supervisor)."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _crash_at(step: str) -> None:
@@ -188,6 +184,7 @@ class Driver:
         self.last_task = time.monotonic()  # when the last TASK came (`evalsup cancel` waits for the redo)
         self.key_att: dict[int, int] = {}  # the attempts each of them had used (from its chunk's intent)
         self.sending = 0  # RESULTs being built: the pipe is flushed when none is left
+        self.collecting = 0  # chunks whose results are being handed on (a chunk gathering waits for them)
         for c in open_chunks(self.chunks):  # oldest first: a follow-up chunk's claim on a task wins
             for k, _tid, att in c.keys:
                 self.key_chunk[int(k)] = c.chunk
@@ -281,7 +278,10 @@ class Driver:
 
     def tick(self) -> None:
         now = time.monotonic()
+        busy = self.collecting > 0 or self.sending > 0  # results going out: the tasks they make room for follow
         for url, chunker in self.chunkers.items():
+            if busy:
+                chunker.hold(now)
             closed = chunker.due(now)
             if closed:
                 self._plan(closed, url)
@@ -322,26 +322,12 @@ class Driver:
         if isinstance(e, Stop):
             self.fatal(str(e), e.code)
         elif e is not None:
-            self.fatal(f"batch driver: {type(e).__name__}: {e}", ex.RESUMABLE)
+            self.fatal(f"batch driver: {type(e).__name__}: {e}; {RESUME}", ex.RESUMABLE)
 
     def fatal(self, message: str, code: int) -> None:
         self.out.send(encode_json(FrameKind.FATAL, {"message": message, "code": code}))
         self.out.flush()
         self.stopped.set()
-
-    async def _try(self, what: str, call: Any) -> Any:
-        """A provider call, tried again on a transient failure (connection, 429, 5xx) with backoff; a refusal
-        stops the run with the provider's reason."""
-        wait = TRANSIENT_WAIT_S[0]
-        while True:
-            try:
-                return await call()
-            except ProviderError as e:
-                if not e.transient:
-                    raise Stop(f"the provider refused {what}: {e}", ex.BAD_INPUT) from None
-                print(f"evalsup batch: {what}: {e}; trying again in {wait:g}s", file=sys.stderr, flush=True)
-                await asyncio.sleep(wait)
-                wait = min(TRANSIENT_WAIT_S[1], wait * 2)
 
     async def drive(self, c: ChunkInfo, adopting: bool) -> None:
         """One chunk from its intent to its records, each step recorded as it returns."""
@@ -360,11 +346,9 @@ class Driver:
                     return
                 data = path.read_bytes()
                 _crash_at("before_upload")
-                f = None
-                if adopting:  # an upload whose record a crash took: the provider has it under the same name
-                    f = adopt_file(await self._try("listing files", client.files), c.file, len(data))
+                f = await self._find_upload(c, len(data)) if adopting else None
                 if f is None:
-                    f = await self._try(f"the upload of chunk {n}", lambda data=data: client.upload(c.file, data))
+                    f = await call(f"the upload of chunk {n}", partial(client.upload, c.file, data))
                 _crash_at("after_upload")
                 c.file_id, c.step = str(f["id"]), Step.UPLOADED
                 self.journal.append({"event": "uploaded", "chunk": n, "file_id": c.file_id})
@@ -389,8 +373,10 @@ class Driver:
                         return
                     fid = c.file_id
                     assert fid is not None
-                    b = await self._try(f"creating the batch of chunk {n}", lambda fid=fid: client.create(
-                        fid, c.endpoint, self.window, batch_metadata(self.journal.run_id, n)))
+                    # a create whose answer was lost may have made the batch: looked for before trying again
+                    b = await call(f"creating the batch of chunk {n}", partial(
+                        client.create, fid, c.endpoint, self.window, batch_metadata(self.journal.run_id, n)),
+                        again=partial(self._find_batch, c))
                 _crash_at("after_create")
                 c.batch_id, c.step = str(b["id"]), Step.CREATED
                 self.journal.append({"event": "created", "chunk": n, "batch_id": c.batch_id, "file_id": c.file_id})
@@ -399,13 +385,42 @@ class Driver:
                 await self._poll(c)  # to COLLECTED, or back to UPLOADED (the provider's queue was full)
                 adopting = False
             elif c.step is Step.COLLECTED:
-                await self._collect(c)
+                self.collecting += 1
+                try:
+                    await self._collect(c)
+                finally:
+                    self.collecting -= 1
                 return
             else:
                 return
 
-    async def _find_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
+    async def _find_upload(self, c: ChunkInfo, size: int) -> dict[str, Any] | None:
+        """The upload of chunk ``c`` that a crash took the record of (the provider has it under the chunk's
+        file name), or None: then it is uploaded (again). A provider or gateway that does not list files (405,
+        say) costs one more upload, never the run: an upload is free, and only a create is adopted."""
         client = self.client
+        assert client is not None
+        try:
+            files = await call("listing files", client.files, listing=True)
+        except Unlisted as e:
+            self.journal.append({"event": "reupload", "chunk": c.chunk, "reason": f"GET /files: {e}"})
+            print(f"evalsup batch: chunk {c.chunk}: the provider does not list files ({e}); uploading its input "
+                  "again (an upload costs nothing; its batch is created once)", file=sys.stderr, flush=True)
+            return None
+        return adopt_file(files, c.file, size)
+
+    def _unlisted_batches(self, c: ChunkInfo, e: Unlisted) -> Stop:
+        """The provider does not list batches: whether chunk ``c``'s create took effect cannot be told, and
+        creating it again could pay twice."""
+        return Stop(f"chunk {c.chunk}: the provider does not list batches ({e}), so whether its batch was created "
+                    "before the interruption cannot be told, and creating it again could pay twice; rerun once "
+                    "the batch listing answers (a --base-url straight to the provider, not a gateway without it): "
+                    "the batch is then found by its metadata", ex.RESUMABLE)
+
+    async def _listed(self, c: ChunkInfo, since: Callable[[dict[str, Any]], int | None]) -> list[dict[str, Any]]:
+        """The account's batches, newest first, down to those older than chunk ``c``'s intent (``since(b)``:
+        a batch's creation time)."""
+        client = self.aclient or self.client
         assert client is not None
         seen: list[dict[str, Any]] = []
 
@@ -413,10 +428,19 @@ class Driver:
             seen.clear()
             async for b in client.batches():
                 seen.append(b)
-                if int(b.get("created_at") or 0) < c.planned_at - 600:  # older than the chunk: stop reading
+                if (since(b) or 0) < c.planned_at - 600:  # older than the chunk: stop reading
                     return
 
-        await self._try("listing batches", listing)
+        try:
+            await call("listing batches", listing, listing=True)
+        except Unlisted as e:
+            raise self._unlisted_batches(c, e) from None
+        return seen
+
+    async def _find_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
+        """The batch of chunk ``c`` created before a crash (or a lost answer) took the record of it: its
+        metadata names the run and the chunk."""
+        seen = await self._listed(c, lambda b: int(b.get("created_at") or 0))
         return adopt_batch(seen, self.journal.run_id, c.chunk)
 
     async def _create_message_batch(self, c: ChunkInfo, data: bytes) -> dict[str, Any]:
@@ -425,21 +449,12 @@ class Driver:
         it before the answer was lost (a retry must not pay twice)."""
         client = self.aclient
         assert client is not None
-        wait = TRANSIENT_WAIT_S[0]
-        while True:
-            try:
-                return as_batch(await client.create(data))
-            except ProviderError as e:
-                if not e.transient:
-                    raise Stop(f"the provider refused creating the batch of chunk {c.chunk}: {e}",
-                               ex.BAD_INPUT) from None
-                print(f"evalsup batch: creating the batch of chunk {c.chunk}: {e}; trying again in {wait:g}s",
-                      file=sys.stderr, flush=True)
-            await asyncio.sleep(wait)
-            wait = min(TRANSIENT_WAIT_S[1], wait * 2)
-            found = await self._find_message_batch(c)
-            if found is not None:
-                return found
+
+        async def create() -> dict[str, Any]:
+            return as_batch(await client.create(data))
+
+        return await call(f"creating the batch of chunk {c.chunk}", create,
+                          again=partial(self._find_message_batch, c))
 
     async def _find_message_batch(self, c: ChunkInfo) -> dict[str, Any] | None:
         """The Message Batch that is this chunk's, created before a crash took the record of it (it has no
@@ -449,16 +464,7 @@ class Driver:
         create never reached the provider (or made no batch of this size)."""
         client = self.aclient
         assert client is not None
-        seen: list[dict[str, Any]] = []
-
-        async def listing() -> None:
-            seen.clear()
-            async for b in client.batches():
-                seen.append(b)
-                if (as_batch(b)["created_at"] or 0) < c.planned_at - 600:  # older than the chunk: stop reading
-                    return
-
-        await self._try("listing batches", listing)
+        seen = await self._listed(c, lambda b: as_batch(b)["created_at"])
         claimed = {x.batch_id for x in self.chunks.values() if x.batch_id}
         ids = {self._cid(str(tid)) for _k, tid, _a in c.keys}
         running = []
@@ -468,8 +474,7 @@ class Driver:
             if url is None:
                 running.append(b)
                 continue
-            first = await self._try(f"reading the results of {b['id']}",
-                                    lambda url=url: client.first_result(str(url)))
+            first = await call(f"reading the results of {b['id']}", partial(client.first_result, str(url)))
             if first is not None and str(first.get("custom_id")) in ids:
                 return b
         earlier = [n for n in self.unadopted if n < c.chunk and len(self.chunks[n].keys) == len(c.keys)]
@@ -478,7 +483,7 @@ class Driver:
         except Ambiguous as e:
             raise Stop(f"chunk {c.chunk}: the running Message Batch(es) {e} may be the one created for it before "
                        "the crash, or another's (a Message Batch has no metadata to tell); rerun once they have "
-                       "ended: their results tell", ex.RESUMABLE) from None
+                       "ended: their results tell (nothing is created on a guess)", ex.RESUMABLE) from None
 
     def _note_state(self, c: ChunkInfo, b: dict[str, Any]) -> bool:
         """Record the provider's state when it changed (status shows it); True when it did."""
@@ -505,15 +510,8 @@ class Driver:
                     else:
                         await client.cancel(bid)
                 cancel_sent = True
-            try:
-                b = as_batch(await self.aclient.retrieve(bid)) if self.aclient else await client.retrieve(bid)
-            except ProviderError as e:
-                if not e.transient:
-                    raise Stop(f"the provider refused to say how batch {bid} (chunk {c.chunk}) goes: {e}",
-                               ex.BAD_INPUT) from None
-                print(f"evalsup batch: retrieving {bid}: {e}; polling on", file=sys.stderr, flush=True)
-                await asyncio.sleep(backoff.next(False))
-                continue
+            b = await call(f"retrieving batch {bid} (chunk {c.chunk})", self._retrieve(bid),
+                           waits=lambda: backoff.next(False))
             changed = self._note_state(c, b)
             errs = (b.get("errors") or {}).get("data") or []
             first = errs[0] if errs and isinstance(errs[0], dict) else {}
@@ -534,11 +532,26 @@ class Driver:
                 for k, _tid, _a in c.keys:  # a rerun sends its tasks in a new chunk
                     if self.key_chunk.get(int(k)) == c.chunk:
                         del self.key_chunk[int(k)]
-                raise Stop(f"batch {bid} (chunk {c.chunk}) failed validation: {reason}", ex.BAD_INPUT)
+                raise Stop(f"batch {bid} (chunk {c.chunk}) failed validation: {reason}; its requests are in "
+                           f"{self.journal.files / c.file} (a line number is that file's): fix what it names in the "
+                           "tasks or the settings, then rerun: its tasks go in a new batch (one that failed "
+                           "validation was not charged)", ex.BAD_INPUT)
             if act is Act.COLLECT:
                 await self._download(c, b)
                 return
             await asyncio.sleep(backoff.next(changed))
+
+    def _retrieve(self, bid: str) -> Callable[[], Awaitable[dict[str, Any]]]:
+        """The call that reads batch ``bid``'s state, in OpenAI's shape whichever the provider."""
+        aclient, client = self.aclient, self.client
+
+        async def retrieve() -> dict[str, Any]:
+            if aclient is not None:
+                return as_batch(await aclient.retrieve(bid))
+            assert client is not None
+            return await client.retrieve(bid)
+
+        return retrieve
 
     async def _download(self, c: ChunkInfo, b: dict[str, Any]) -> None:
         client = self.client
@@ -551,10 +564,9 @@ class Driver:
             part = self.journal.files / (name + ".partial")
             if self.aclient is not None:
                 aclient = self.aclient
-                await self._try(f"downloading the results of {b.get('id')}",
-                                lambda fid=fid, part=part, ac=aclient: ac.download(str(fid), part))
+                await call(f"downloading the results of {b.get('id')}", partial(aclient.download, str(fid), part))
             else:
-                await self._try(f"downloading {fid}", lambda fid=fid, part=part: client.download(str(fid), part))
+                await call(f"downloading {fid}", partial(client.download, str(fid), part))
             _crash_at("while_downloading")
             with open(part, "rb+") as f:
                 os.fsync(f.fileno())
@@ -801,7 +813,7 @@ class Driver:
                     and not any(c.step is Step.CREATED for c in self.chunks.values())):
                 left = len(self.held)
                 self.fatal(f"cancelled: the run's batches are cancelled and what they finished is recorded; "
-                           f"{left} task(s) left for a rerun", ex.RESUMABLE)
+                           f"{left} task(s) left: rerun the run (evalsup run, same command) to send them", ex.RESUMABLE)
                 return
 
     async def run(self) -> None:

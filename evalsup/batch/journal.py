@@ -2,12 +2,14 @@
 ``batches/``.
 
 One JSON event a line, appended and fsynced before the step it announces may cost anything: ``run`` (the run's
-id, once), then per chunk ``intent`` (its number, checksum, file name and tasks, written after its input file
-is on disk and before the upload), ``uploaded`` (file id), ``created`` (batch id), ``state`` (the provider's
-status, counts, created and expiry times, when they change), ``collected`` (the output and error files are on
-disk), ``done``, ``failed``. ``evalsup.batch.plan.fold`` turns the events into each chunk's state; ``evalsup
-status`` reads the same. Design invariant 11: intent before anything that costs money. The batch driver is the
-only writer (a lock on the journal's own file keeps a replacement driver waiting for its predecessor).
+id, once), then per chunk ``intent`` (its number, checksum, file name and tasks, written after its input file is
+on disk and before the upload), ``uploaded`` (file id), ``created`` (batch id), ``state`` (the provider's status,
+counts, created and expiry times, when they change), ``collected`` (the output and error files are on disk),
+``done``, ``failed``; ``reupload`` (the provider would not list files, so a resumed chunk's input was uploaded
+again rather than looked for: a note, no step). ``evalsup.batch.plan.fold`` turns the events into each chunk's
+state; ``evalsup status`` reads the same. Design invariant 11: intent before anything that costs money. The batch
+driver is the only writer (a lock on the journal's own file keeps a replacement driver waiting for its
+predecessor).
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ class Pending:
 @dataclass
 class Chunker:
     """The tasks gathered for the next chunk, and when it closes: full (requests or bytes), or nothing new came
-    for ``linger_s`` (the input is read, or the supervisor's window is full)."""
+    for ``linger_s`` (the input is read, the supervisor's window is full, or a cap leaves no room) while no
+    earlier chunk's results are still going out (``hold``)."""
 
     max_requests: int = MAX_REQUESTS
     max_bytes: int = MAX_BYTES
@@ -121,6 +122,13 @@ class Chunker:
         if len(self.tasks) >= self.max_requests and closed is None:
             closed = self.take()
         return closed
+
+    def hold(self, now: float) -> None:
+        """An earlier chunk's results are still going to the supervisor. Each settles its task's reservation, and
+        under a cap (--max-cost, --max-total-tokens...) the supervisor hands out the tasks the settled ones make
+        room for only then, a few at a time, with pauses as long as the results take: the linger starts again
+        from now, so they gather into one chunk (one batch a round the cap allows) instead of one chunk a pause."""
+        self.last_add = max(self.last_add, now)
 
     def due(self, now: float) -> list[Pending] | None:
         """The gathered tasks as a chunk, when nothing came for the linger time."""

@@ -111,8 +111,11 @@ def given_options(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
         None, click.core.ParameterSource.DEFAULT)}
 
 
-def _move_aside(run_dir: Path, quiet: bool = False) -> None:
-    """--fresh: move the run directory aside (never deleted), never from under a run that holds it."""
+def _move_aside(run_dir: Path, quiet: bool = False, tasks: Path | None = None) -> None:
+    """--fresh: move the run directory aside (never deleted), never from under a run that holds it. A --batch-api
+    run's batches still at the provider are named, with the command that cancels them: this run pays again."""
+    from evalsup.batch.journal import chunks_of
+    from evalsup.batch.plan import Step
     from evalsup.config.exitcodes import BAD_INPUT, LOCKED
     from evalsup.rundir.lock import RunDirBusy, RunDirError, move_aside
 
@@ -124,6 +127,12 @@ def _move_aside(run_dir: Path, quiet: bool = False) -> None:
         _fail(str(e), BAD_INPUT)
     if dest is not None and not quiet:  # --quiet: the final line and what stops the run, nothing else
         click.echo(f"evalsup: --fresh: moved the old run directory to {dest}", err=True)
+        running = [c.chunk for c in chunks_of(dest).values() if c.step is Step.CREATED]
+        if running:
+            how = f"evalsup cancel {dest}" + (f" --tasks {tasks}" if tasks is not None else "")
+            click.echo(f"evalsup: --fresh: the old run's {len(running)} batch(es) not yet collected (chunks "
+                       f"{', '.join(map(str, running[:10]))}) still run at the provider and are charged, and this "
+                       f"run pays again for every task: `{how}` cancels them", err=True)
 
 
 @main.command(formatter_settings=cloup.HelpFormatter.settings(col2_min_width=50))
@@ -186,7 +195,7 @@ def run(tasks: Path | None, **kw: Any) -> None:
     if resumed is not None and not cfg.quiet:  # request flags left out: the run's own settings, from run.json
         _note(resumed, cfg.log_format)
     if cfg.fresh:
-        _move_aside(cfg.run_dir, cfg.quiet)
+        _move_aside(cfg.run_dir, cfg.quiet, tasks)
     if src.kind != InputKind.FILE:
         from evalsup.config.exitcodes import LOCKED
         from evalsup.rundir.lock import RunDirBusy, RunDirError, holding

@@ -15,7 +15,9 @@ faults, ``mock`` objects and answers are exactly those of an online request; ans
 the error file, as OpenAI's do. The output is written in an order of its own (seeded), not the input's.
 Knobs (``MockConfig``): ``batch_step_ms`` (each state's stay), ``batch_finalize_ms`` (a slow finalize),
 ``batch_retrieve_500`` (the next N ``GET /v1/batches/{id}`` answer 500), ``batch_expire``,
-``batch_fail_validation``, ``batch_queue_full`` (the next N fail with ``token_limit_exceeded``).
+``batch_fail_validation``, ``batch_queue_full`` (the next N fail with ``token_limit_exceeded``),
+``batch_files_unlisted`` and ``batch_batches_unlisted`` (``GET /v1/files``, ``GET /v1/batches`` answer 405, as
+a gateway without the route).
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ async def upload_file(call: Call) -> web.StreamResponse:
 
 
 async def list_files(call: Call) -> web.StreamResponse:
+    if call.request.app[STATE].cfg.batch_files_unlisted:  # a gateway that passes uploads on but lists nothing
+        return error(call.request, 405, "Method Not Allowed.")
     store = _store(call.request)
     purpose = call.request.query.get("purpose")
     data = [f.obj for f in reversed(store.files.values()) if purpose is None or f.obj["purpose"] == purpose]
@@ -194,6 +198,8 @@ async def create_batch(call: Call) -> web.StreamResponse:
 
 
 async def list_batches(call: Call) -> web.StreamResponse:
+    if call.request.app[STATE].cfg.batch_batches_unlisted:
+        return error(call.request, 405, "Method Not Allowed.")
     store = _store(call.request)
     q = call.request.query
     try:

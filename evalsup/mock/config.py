@@ -45,6 +45,8 @@ class MockConfig:
     batch_expire: int = 0  # the next N batches created expire after answering half of their lines
     batch_fail_validation: int = 0  # the next N batches created fail validation as a whole
     batch_queue_full: int = 0  # the next N batches created fail for the queue (token_limit_exceeded)
+    batch_files_unlisted: bool = False  # GET /v1/files answers 405, as a gateway without that route (issue 39)
+    batch_batches_unlisted: bool = False  # GET /v1/batches (the list, not one batch) answers 405 likewise
 
 
 _FLOAT_FIELDS = frozenset(
@@ -95,7 +97,8 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if name == "basic_auth" and value is not None and ":" not in value:
                 raise ValueError("basic_auth must be 'user:password'")
             changes[name] = value
-        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge", "fast_refusals"):
+        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge", "fast_refusals",
+                      "batch_files_unlisted", "batch_batches_unlisted"):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a boolean")
             changes[name] = value

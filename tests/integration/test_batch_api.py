@@ -82,6 +82,48 @@ def test_kill_at_each_step_then_rerun(tmp_path: Path, bmock: MockThread, step: s
     assert_no_chunk_twice(bmock)
 
 
+def test_kill_after_upload_then_rerun_through_a_gateway_that_lists_no_files(tmp_path: Path,
+                                                                             bmock: MockThread) -> None:
+    # issue 39: GET /v1/files answers 405, so the upload a kill took the record of cannot be found: the rerun
+    # uploads again (free) and notes it, instead of stopping on every rerun
+    bmock.configure(batch_files_unlisted=True)
+    n = 50
+    tasks = write_tasks(tmp_path / "t.jsonl", n)
+    args = run_args(bmock, tasks, *FAST)
+    r = run_cli(*args, env={**KEY, "EVALSUP_BATCH_CRASH_AT": "after_upload"})
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    r = run_cli(*args, env=KEY)
+    assert r.returncode == 0, r.stderr
+    assert "does not list files" in r.stderr and "uploading its input again" in r.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(n))
+    assert_no_chunk_twice(bmock)
+    events = [orjson.loads(x) for x in (tmp_path / "t.run" / "batches.jsonl").read_bytes().splitlines()]
+    again = [e for e in events if e["event"] == "reupload"]
+    assert again and again[0]["chunk"] == 1 and "405" in again[0]["reason"]
+
+
+def test_kill_after_create_where_batches_cannot_be_listed_stops_resumably_then_adopts(tmp_path: Path,
+                                                                                     bmock: MockThread) -> None:
+    # whether the create took effect cannot be told without the listing: a second create could pay twice, so the
+    # rerun stops (75) naming the way out, and the rerun once the listing answers adopts the batch
+    n = 30
+    tasks = write_tasks(tmp_path / "t.jsonl", n)
+    args = run_args(bmock, tasks, *FAST)
+    r = run_cli(*args, env={**KEY, "EVALSUP_BATCH_CRASH_AT": "after_create"})
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    bmock.configure(batch_batches_unlisted=True)
+    r = run_cli(*args, env=KEY)
+    assert r.returncode == 75, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "does not list batches" in last and "pay twice" in last and "rerun once" in last, last
+    bmock.configure(batch_batches_unlisted=False)
+    assert len(batches_of(bmock)) == 1  # not created again on a guess
+    r = run_cli(*args, env=KEY)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(tmp_path / "t.run", ids_of(n))
+    assert_no_chunk_twice(bmock)
+
+
 def test_expired_chunk_and_its_follow_up(tmp_path: Path, bmock: MockThread) -> None:
     bmock.configure(batch_expire=1)
     n = 30
@@ -150,6 +192,27 @@ def test_sigterm_leaves_the_batches_running_and_cancel_collects(tmp_path: Path, 
     assert r.returncode == 0, r.stderr
     assert_exactly_once(tmp_path / "t.run", ids_of(n))
     assert_no_chunk_twice(bmock)
+
+
+def test_fresh_names_the_old_runs_batches_still_charged_and_how_to_cancel_them(
+        tmp_path: Path, bmock: MockThread, start: Callable[..., Run]) -> None:
+    bmock.configure(batch_step_ms=5000)  # the old run's batch validates for 5 s: still running at --fresh
+    tasks = write_tasks(tmp_path / "t.jsonl", 30)
+    run = start(*run_args(bmock, tasks, *FAST), env=KEY)
+    journal = tmp_path / "t.run" / "batches.jsonl"
+    wait_until(lambda: journal.exists() and b'"event":"created"' in journal.read_bytes(), "a batch created", proc=run)
+    run.signal(signal.SIGTERM)
+    assert run.finish() == 75
+    bmock.configure(batch_step_ms=20)
+    r = run_cli(*run_args(bmock, tasks, *FAST[:-1], "--fresh"), env=KEY)  # not -q: --fresh speaks
+    assert r.returncode == 0, r.stderr
+    said = re.search(r"still run at the provider and are charged.*`(evalsup cancel (\S+) --tasks \S+)`", r.stderr)
+    assert said, r.stderr
+    old = Path(said.group(2))
+    got = run_cli("cancel", str(old), "--tasks", str(tasks), env=KEY)  # the command it names works
+    assert got.returncode == 75, got.stderr
+    old_batches = [b for b in batches_of(bmock) if b["status"] == "cancelled"]
+    assert len(old_batches) == 1
 
 
 def test_fallback_online_and_fail(tmp_path: Path, bmock: MockThread) -> None:

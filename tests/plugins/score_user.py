@@ -1,4 +1,4 @@
-"""User scorers for tests/integration/test_scorers.py."""
+"""User scorers for tests/integration/test_scorers.py (and test_batch_cap.py)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,9 @@ def cpu_heavy(task: dict[str, Any], response: Any) -> float:
     for i in range(300_000):
         x = (x * 31 + i) % 1_000_003
     return float(x % 2)
+
+
+def paced(task: dict[str, Any], response: Any) -> bool:
+    """A scorer that takes 0.4 s an answer (tests/integration/test_batch_cap.py: results go out with pauses)."""
+    time.sleep(0.4)
+    return True

@@ -98,3 +98,27 @@ def test_polling_backs_off_and_starts_again_on_news() -> None:
     b = PollBackoff(1.0, 3.0, 2.0)
     assert [b.next(False) for _ in range(4)] == [1.0, 2.0, 3.0, 3.0]
     assert b.next(True) == 1.0
+
+
+def test_a_capped_round_trickling_in_while_results_go_out_is_one_chunk() -> None:
+    # under a cap, each settled result makes room for about one more task: they come as the previous chunk's
+    # results go out, with pauses longer than the linger; they must make one batch, not one per pause
+    c = Chunker(max_requests=1000, max_bytes=1 << 20, linger_s=0.3)
+    now = 100.0
+    for k in range(36):
+        c.add(p(k), now)
+        now += 0.5  # the next result (and the task its settling frees) comes after a pause
+        c.hold(now)  # the driver: results still going out
+        assert c.due(now) is None
+    assert c.due(now + 0.2) is None
+    closed = c.due(now + 0.31)  # nothing more, and no results going out: the round is one chunk
+    assert closed is not None and len(closed) == 36
+
+
+def test_a_held_chunk_still_closes_at_the_providers_limit() -> None:
+    c = Chunker(max_requests=3, max_bytes=10_000, linger_s=0.3)
+    c.add(p(1), 0.0)
+    c.hold(5.0)
+    c.add(p(2), 5.0)
+    closed = c.add(p(3), 5.0)
+    assert closed is not None and len(closed) == 3
