@@ -75,6 +75,7 @@ from evalsup.tasks.group_key import group_of, parse_group_by
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.requests import RequestDefaults, credentials, public_url, to_request
 from evalsup.tasks.response_schema import SchemaError
+from evalsup.tasks.secrets import run_scrubber
 from evalsup.worker import reask
 from evalsup.worker.pipes import FLUSH_DELAY_S, Outbox, fatal_start, open_pipes, read_config
 from evalsup.worker.scoring import Scoring
@@ -149,6 +150,8 @@ class Driver:
         base, _ = credentials(cfg.endpoints[0])
         self.base = base
         self.endpoint_info = {"index": 0, "url": public_url(cfg.endpoints[0])}
+        # every secret the run knows, out of each record and message (issue 39: the workers' one list)
+        self.scrub = run_scrubber(cfg.endpoints, cfg.headers, cfg.api_key_env, cfg.api_key_file)
         key = api_key(cfg.api_key_env, cfg.api_key_file)
         self.provider = str(b.get("provider", "openai"))  # "openai" (Files and Batches) or "anthropic" (Messages)
         self.anthropic = self.provider == "anthropic"
@@ -325,7 +328,7 @@ class Driver:
             self.fatal(f"batch driver: {type(e).__name__}: {e}; {RESUME}", ex.RESUMABLE)
 
     def fatal(self, message: str, code: int) -> None:
-        self.out.send(encode_json(FrameKind.FATAL, {"message": message, "code": code}))
+        self.out.send(encode_json(FrameKind.FATAL, {"message": self.scrub.text(message), "code": code}))
         self.out.flush()
         self.stopped.set()
 
@@ -724,7 +727,8 @@ class Driver:
 
     def _emit(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float, h: Held,
               scored: Any) -> None:
-        out_line, info = build(a, k, attempts, self.pid, self.endpoint_info, batch, h.metadata, scored, waited_s)
+        out_line, info = build(a, k, attempts, self.pid, self.endpoint_info, batch, h.metadata, scored, waited_s,
+                               self.scrub)
         if self.group_path is not None:  # the supervisor's groups come from the meta, as a worker's (records.build)
             info["g"] = group_of(h.metadata, self.group_path)
         self.done += 1

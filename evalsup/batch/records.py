@@ -9,6 +9,7 @@ from typing import Any
 
 from evalsup.scoring.scorers import Scored
 from evalsup.tasks.records import output_line
+from evalsup.tasks.secrets import Scrubber
 
 
 @dataclass
@@ -63,18 +64,23 @@ def not_run(tid: str, code: str, message: str) -> Answer:
 
 
 def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any], batch: dict[str, Any],
-          metadata: dict[str, Any], scored: Scored | None, waited_s: float) -> tuple[list[bytes], dict[str, Any]]:
+          metadata: dict[str, Any], scored: Scored | None, waited_s: float,
+          scrub: Scrubber | None = None) -> tuple[list[bytes], dict[str, Any]]:
     """The record of a batch answer and its RESULT meta (``ipc.messages.ResultMeta``). ``batch``: the batch id,
     the request's id and the chunk, kept in ``metrics.batch``; ``waited_s``: from the chunk's intent to its
-    collection (the provider's queue and work: a batch answer has no latency of its own)."""
+    collection (the provider's queue and work: a batch answer has no latency of its own). ``scrub``: the run's
+    secrets taken out of the body, the error and the scores' errors (an error that echoes the URL)."""
     error = a.error
+    body = a.body
+    if scrub:
+        error, body = scrub.json(error) if error else error, scrub.json(body) if body else body
     metrics: dict[str, Any] = {"latency_s": 0.0, "queue_s": round(waited_s, 6), "total_s": round(waited_s, 6),
                                "attempts": attempts, "worker": pid, "endpoint": endpoint,
                                "batch": {**batch, "request_id": a.line_id}}
-    line = output_line(a.tid, status=a.status, request_id=a.request_id, body=a.body, error=error,
+    line = output_line(a.tid, status=a.status, request_id=a.request_id, body=body, error=error,
                        metrics=metrics, metadata=metadata or None,
                        scores=None if scored is None else scored.scores,
-                       score_errors=None if scored is None else scored.errors)
+                       score_errors=None if scored is None else scrub.json(scored.errors) if scrub else scored.errors)
     usage = a.body.get("usage") if isinstance(a.body, dict) else None
     info: dict[str, Any] = {
         "k": key, "ok": error is None, "lat": 0.0, "att": attempts, "rb": len(line), "ec": error["code"] if error

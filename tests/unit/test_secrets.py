@@ -107,3 +107,17 @@ def test_the_python_api_hands_a_url_with_a_credential_to_its_child_in_the_enviro
         assert opts == {"base_url": None, "model": "m"} and env == {"OPENAI_BASE_URL": f"{url},http://g/v1"}
     plain = {"base_url": ["http://h/v1?api-version=2024-02-01"]}
     assert credentials_off_the_command_line(plain) == (plain, {})
+
+
+def test_a_batch_answer_that_echoes_a_secret_is_recorded_without_it() -> None:
+    """--batch-api (issue 39 item 4): the driver's records pass the same scrub list as a worker's."""
+    from evalsup.batch.records import Answer, build
+    from evalsup.tasks.secrets import Scrubber
+
+    secret = "BATCH-SECRET-42"
+    scrub = Scrubber.for_run([f"http://127.0.0.1:1/v1?sig={secret}"], (), [])
+    a = Answer("t1", 400, {"error": {"message": f"bad request to /v1?sig={secret}", "code": "invalid"}}, "r1",
+               "batch_req_1", "invalid", f"refused: ?sig={secret}")
+    [line], _meta = build(a, 0, 1, 1, {"index": 0, "url": "http://127.0.0.1:1/v1"}, {"id": "b1"}, {}, None, 0.0,
+                          scrub)
+    assert secret.encode() not in line and b"[redacted]" in line
