@@ -363,6 +363,9 @@ def _judge_caps(model: str | None, max_tokens: int | None, cost: float | None, t
 @click.option("--max-total-tokens", type=click.IntRange(1, 10**15), default=None, metavar="N",
               help="--scorer judge: stop before the judge's prompt + completion tokens could pass N (exit 75, as "
                    "--max-cost).")
+@click.option("--check/--no-check", "check", default=True,
+              help="--scorer judge: ask the judge's endpoint first (reachable, its key taken, its model served) and "
+                   "stop in one line if not (default); --no-check skips it, as for evalsup run.")
 @click.option("--prices", "prices_file", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               metavar="FILE", help="--max-cost: prices over the maintained and shipped ones (as for evalsup run).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
@@ -370,7 +373,7 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
           judge_model: str | None = None, judge_api_key_env: str | None = None, judge_template: Path | None = None,
           judge_concurrency: int = 16, judge_max_tokens: int | None = None, judge_timeout: float = 900.0,
           tasks_file: Path | None = None, group_by: str | None = None, max_cost: float | None = None,
-          max_total_tokens: int | None = None, prices_file: Path | None = None) -> None:
+          max_total_tokens: int | None = None, prices_file: Path | None = None, check: bool = True) -> None:
     """Score an existing run's results again, without sending any request to its endpoints.
 
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
@@ -401,7 +404,8 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
                                                     judge_base_url, judge_model, judge_api_key_env, judge_template,
                                                     judge_concurrency, judge_max_tokens, judge_timeout)
                 caps = _judge_caps(settings.model, judge_max_tokens, max_cost, max_total_tokens, prices_file)
-                summary, usage = rescore_judge(run_dir, others, settings, output, tasks_file, caps=caps)
+                summary, usage = rescore_judge(run_dir, others, settings, output, tasks_file, caps=caps,
+                                               check=check)
                 if group_by is not None:  # per group, from the records just written (one streamed pass)
                     from evalsup.rundir.layout import SCORED
                     from evalsup.tools.report.scan import scan_results

@@ -346,7 +346,8 @@ def _kept(src: Path, partial: Path, stats: ScoreStats, usage: dict[str, int]) ->
 
 def rescore_judge(run_dir: Path, scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings,
                   output: Path | None, tasks: Path | None = None,
-                  insecure: bool = False, caps: JudgeCaps | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+                  insecure: bool = False, caps: JudgeCaps | None = None,
+                  check: bool = True) -> tuple[dict[str, Any], dict[str, int]]:
     """Score ``run_dir``'s records with ``scorers`` and the judge; results.scored.jsonl (or ``output``) and
     scores.json written (the judge's tokens in it under ``judge_usage``). The scores' summary and the judge's
     tokens (prompt, completion, requests)."""
@@ -374,7 +375,7 @@ def rescore_judge(run_dir: Path, scorers: list[tuple[str, ScoreFn]], settings: J
                 print(f"{tmp.name}: scored with other settings; starting over", file=sys.stderr)
             tmp.write_bytes(b"")
             marker.write_bytes(orjson.dumps(ident))
-        asyncio.run(_run(src, tmp, scorers, settings, index, stats, usage, insecure, keep, caps=caps))
+        asyncio.run(_run(src, tmp, scorers, settings, index, stats, usage, insecure, keep, check, caps))
     except JudgeStopped as e:
         raise ValueError(str(e)) from None  # what was scored stays, for the rerun
     except orjson.JSONDecodeError:

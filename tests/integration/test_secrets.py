@@ -55,7 +55,7 @@ def test_the_judges_query_credential_echoed_in_its_errors_is_written_nowhere(tmp
         r = run_cli("run", "--model", "mock-model", "--base-url", m.url, "--no-check", *judge, str(tasks))
         assert r.returncode == 0, r.stderr
         run_dir = tmp_path / "t.run"
-        s = run_cli("score", str(run_dir), *judge)
+        s = run_cli("score", str(run_dir), "--no-check", *judge)
     assert s.returncode == 0, s.stderr
     said = [x["score_errors"]["judge"] for x in assert_exactly_once(run_dir, ids_of(4))]
     rescored = [orjson.loads(x) for x in (run_dir / "results.scored.jsonl").read_bytes().splitlines()]
