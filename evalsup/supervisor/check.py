@@ -18,7 +18,7 @@ from evalsup.tasks.headers import (
     request_headers,
 )
 from evalsup.tasks.requests import credentials, join_url, public_url
-from evalsup.tasks.routes import BY_PATH, CHAT, probe_body
+from evalsup.tasks.routes import BY_PATH, CHAT, probe_body, served_models
 
 
 class CheckFailed(Exception):
@@ -121,12 +121,7 @@ def _check(cfg: RunConfig, url: str) -> str:
                           "$OPENAI_BASE_URL right? --no-check skips this check)") from None
     if status in (401, 403):
         raise CheckFailed(f"{auth_hint} (HTTP {status}: {_message(data, key)})")
-    served: list[str] = []
-    if status == 200:
-        try:
-            served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
-            served = []
+    served = served_models(status, data)
     if model and served:
         if model not in served:
             raise CheckFailed(f"model {model!r} is not served by {base}; it serves: {', '.join(served[:10])}")
@@ -197,12 +192,7 @@ def _check_judge(cfg: RunConfig, url: str) -> str:
     if status in (401, 403):
         raise CheckFailed(f"the judge {base} refused its API key ({source}; --judge-api-key-env NAME names "
                           f"another) (HTTP {status}: {_message(data, key)})")
-    served: list[str] = []
-    if status == 200:
-        try:
-            served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
-            served = []
+    served = served_models(status, data)
     if served and w.judge_model not in served:
         raise CheckFailed(f"the judge's model {w.judge_model!r} is not served by {base}; it serves: "
                           f"{', '.join(served[:10])} (--judge-model)")

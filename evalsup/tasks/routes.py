@@ -16,6 +16,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 
 @dataclass(frozen=True, slots=True)
 class Each:
@@ -130,3 +132,14 @@ def probe_body(path: str, model: str) -> dict[str, Any] | None:
     if r is None:
         return None
     return {"model": model, **{k: copy.deepcopy(v) for k, v in r.probe}}
+
+
+def served_models(status: int, data: bytes) -> list[str]:
+    """The model ids a GET /v1/models answer lists ([] for any other status, or a body that is not that list):
+    the connection check's and `evalsup score`'s judge check's one reading of it."""
+    if status != 200:
+        return []
+    try:
+        return [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return []

@@ -42,6 +42,7 @@ from evalsup.tasks.headers import api_key, build_headers, key_source, request_he
 from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import TaskError, TaskReader, read_line_at, task_id_of
 from evalsup.tasks.requests import credentials, join_url, public_url, url_problem
+from evalsup.tasks.routes import served_models
 from evalsup.tools.judge_caps import JudgeCaps, Need
 from evalsup.worker.judge import Judge, JudgeSettings
 
@@ -189,12 +190,7 @@ async def check_judge(settings: JudgeSettings, session: aiohttp.ClientSession) -
     if status in (401, 403):
         raise JudgeStopped(f"the judge {base} refused its API key ({settings.key_source}; --judge-api-key-env NAME "
                            f"names another) (HTTP {status})")
-    served: list[str] = []
-    if status == 200:
-        try:
-            served = [m["id"] for m in orjson.loads(data).get("data", []) if isinstance(m, dict) and "id" in m]
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
-            served = []
+    served = served_models(status, data)
     if served and settings.model not in served:
         raise JudgeStopped(f"the judge's model {settings.model!r} is not served by {base}; it serves: "
                            f"{', '.join(served[:10])} (--judge-model)")
