@@ -82,7 +82,7 @@ def _option_row(p: click.Option, ctx: click.Context) -> str:
     record = p.get_help_record(ctx)
     flags = record[0] if record else "/".join(p.opts)
     notes = []
-    if p.multiple:
+    if p.multiple and "repeatable" not in (p.help or "").lower():
         notes.append("repeatable")
     if p.required:
         notes.append("required")
