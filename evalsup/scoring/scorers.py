@@ -151,11 +151,23 @@ def json_valid(task: dict[str, Any], body: Any, o: ScorerOptions) -> float:
         return 1.0
     import jsonschema
 
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError:
-        return 0.0
-    return 1.0
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)  # a schema that is none: a scorer error, as before
+    # references only inside the schema (issue 39): a task's schema never makes a worker fetch a URL or read a
+    # file; one that cannot be followed is a scorer error (referencing's Unresolvable)
+    return 1.0 if cls(schema, registry=_no_retrieval()).is_valid(value) else 0.0
+
+
+def _no_retrieval() -> Any:
+    """A ``referencing`` registry that retrieves nothing (as ``tasks.response_schema.NO_RETRIEVAL``, which
+    scoring may not import)."""
+    from referencing import Registry
+    from referencing.exceptions import NoSuchResource
+
+    def refuse(uri: str) -> Any:
+        raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # an attrs class
+
+    return Registry(retrieve=refuse)  # type: ignore[call-arg]
 
 
 # --- choice ------------------------------------------------------------------------------------------------
