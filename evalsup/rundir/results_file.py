@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +24,11 @@ from typing import IO, Any
 import orjson
 
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, RunDirDamaged, load_checkpoint
-from evalsup.rundir.layout import DAMAGED, RESULTS
-from evalsup.tasks.idset import IdSet
+from evalsup.rundir.layout import DAMAGED, IDS, RESULTS
+from evalsup.tasks.idset import IdSet, id_hash
 
 CHUNK = 4 << 20
+IDS_CHUNK = 1 << 20  # ids.bin read at a time (whole 16-byte pairs)
 # the head of a record as output_line writes it: {"id":"batch_req_...","custom_id":<the id as JSON>, after a newline
 _HEAD = re.compile(rb'\n\{"id":"[^"\n]*","custom_id":("(?:[^"\\\n]|\\.)*")')
 
@@ -109,7 +111,7 @@ def second_record(path: Path, cp: Checkpoint | None) -> RunDirDamaged | None:
         covered_lines = prefix_sums(path, covered)[0]
     first_tail = (covered_lines or 0) + 1
     tail = IdSet(1 << 8)
-    keys: set[bytes] = set()  # the ids after the checkpoint, as output_line writes them
+    ids: list[str] = []  # the ids after the checkpoint (each once)
     found: list[tuple[int, int, str]] = []  # (line, line of the first record, id) of second records
     with LineAt(path) as id_at:
         pos = covered
@@ -120,10 +122,11 @@ def second_record(path: Path, cp: Checkpoint | None) -> RunDirDamaged | None:
             if earlier is not None:
                 found.append((n, first_tail + _index(lines_at, earlier), cid))
             elif covered:
-                keys.add(orjson.dumps(cid))
+                ids.append(cid)
             lines_at.append(pos)
             pos += len(line)
-        if keys:
+        if cp is not None and ids and _may_repeat(path.parent, cp, ids):
+            keys = {orjson.dumps(cid) for cid in ids}  # as output_line writes them
             for line_no, cid in _covered_ids_in(path, covered, keys):
                 at = tail.find(cid, id_at)
                 if at is not None:
@@ -132,6 +135,38 @@ def second_record(path: Path, cp: Checkpoint | None) -> RunDirDamaged | None:
         return None
     line_no, first, cid = min(found)
     return repeated(path, line_no, cid, first)
+
+
+def _may_repeat(run_dir: Path, cp: Checkpoint, ids: list[str]) -> bool:
+    """Whether a record after the checkpoint may be one of a task done before it, so that the covered lines
+    must be read: its task was read before the frontier (its id's hash is in ids.bin, which logs every line read
+    before it) and was not outstanding then, or it is a task past the frontier with a record already
+    (``done_ahead``). A record of a task outstanding at the checkpoint, or read after it, is what a resume after
+    a kill finds: then nothing more is read than ids.bin (16 bytes a task), and no id is held but these. When
+    it cannot tell (ids.bin short or unreadable, or a rewrite not yet reconciled), True."""
+    if cp.reconcile or not cp.ids_len:
+        return True
+    outstanding = {r.id for r in cp.outstanding}
+    if not set(ids).isdisjoint(cp.done_ahead):
+        return True
+    hashes = {id_hash(cid) for cid in ids if cid not in outstanding}
+    if not hashes:
+        return False
+    read = 0
+    try:
+        with open(run_dir / IDS, "rb") as f:
+            while read < cp.ids_len:
+                chunk = f.read(min(IDS_CHUNK, cp.ids_len - read))
+                if not chunk:
+                    return True  # shorter than the checkpoint says
+                read += len(chunk)
+                pairs = array("Q")
+                pairs.frombytes(chunk[: len(chunk) - len(chunk) % 16])
+                if not hashes.isdisjoint(pairs[0::2]):
+                    return True
+    except OSError:
+        return True
+    return False
 
 
 def _index(offsets: list[int], offset: int) -> int:

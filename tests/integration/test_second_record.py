@@ -5,12 +5,22 @@ saying what `evalsup repair` does; after the repair the run is 20 tasks, each on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
 from evalsup.mock.server import MockThread
-from tests.harness import assert_clean_exit, assert_exactly_once, chat_requests, finished_run, ids_of, run_cli
+from tests.harness import (
+    Run,
+    assert_clean_exit,
+    assert_exactly_once,
+    chat_requests,
+    finished_run,
+    ids_of,
+    killed_mid_run,
+    run_cli,
+)
 
 
 def test_a_record_appended_for_a_task_already_done_is_refused_everywhere_then_repaired(
@@ -50,3 +60,28 @@ def test_a_record_appended_for_a_task_already_done_is_refused_everywhere_then_re
     r = run_cli("score", str(run_dir), "--scorer", "json_valid")
     assert r.returncode == 0, r.stderr
     assert len((run_dir / "results.scored.jsonl").read_bytes().splitlines()) == 20
+
+
+def test_after_a_kill_the_records_past_the_checkpoint_are_taken_and_a_copied_one_refused(
+        tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
+    """A run killed mid-way (most often with records past its checkpoint: tasks outstanding then, or read after
+    it, which the resume takes); one more line, a copy of a record the checkpoint covers, is refused first."""
+    n = 2000
+    _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n)
+    results = run_dir / "results.jsonl"
+    data = results.read_bytes()
+    data = data[: data.rfind(b"\n") + 1]
+    covered = orjson.loads((run_dir / "checkpoint.json").read_bytes())["results_len"]
+    assert 0 < covered <= len(data)
+    first = data[:covered].splitlines(keepends=True)[4]
+    results.write_bytes(data + first)
+    tid = orjson.loads(first)["custom_id"]
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    line = data.count(b"\n") + 1
+    assert f"results.jsonl:{line}: a second record for {tid!r} (the first: line 5)" in r.stderr, r.stderr
+    assert_clean_exit(r)
+    assert run_cli("repair", str(run_dir)).returncode == 0
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert_exactly_once(run_dir, ids_of(n))

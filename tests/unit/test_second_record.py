@@ -6,6 +6,7 @@ records after the checkpoint only; the tools' checked reader (``iter_records(onc
 from __future__ import annotations
 
 import re
+from array import array
 from pathlib import Path
 
 import orjson
@@ -14,6 +15,8 @@ import pytest
 from evalsup.rundir import results_file
 from evalsup.rundir.checkpoint import Checkpoint, RunDirDamaged, write_atomic
 from evalsup.rundir.results_file import check_run_dir, iter_records, prefix_sums, second_record
+from evalsup.tasks.idset import id_hash
+from evalsup.tasks.reader import TaskRef
 from evalsup.tasks.records import output_line
 
 
@@ -22,15 +25,24 @@ def _line(cid: str, text: str = "ok") -> bytes:
                        error=None, metrics={"attempts": 1}, metadata=None)
 
 
-def _run_dir(tmp_path: Path, covered: list[bytes], after: list[bytes]) -> tuple[Path, Checkpoint]:
-    """A run directory whose checkpoint covers ``covered``, with ``after`` written past it."""
+def _run_dir(tmp_path: Path, covered: list[bytes], after: list[bytes],
+             outstanding: tuple[str, ...] = ()) -> tuple[Path, Checkpoint]:
+    """A run directory whose checkpoint covers ``covered``, with ``after`` written past it: as a run leaves
+    it, ids.bin logs the ids of the tasks read before the frontier (those with a record, and ``outstanding``)."""
     d = tmp_path / "t.run"
     d.mkdir()
     path = d / "results.jsonl"
     path.write_bytes(b"".join(covered + after))
     length = sum(map(len, covered))
     lines, crc = prefix_sums(path, length)
-    cp = Checkpoint(fingerprint={}, results_len=length, results_lines=lines, results_crc=crc, succeeded=lines)
+    read = [str(orjson.loads(x)["custom_id"]) for x in covered] + list(outstanding)
+    pairs = array("Q")
+    for i, tid in enumerate(read):
+        pairs.extend((id_hash(tid), 100 * i))
+    (d / "ids.bin").write_bytes(pairs.tobytes())
+    cp = Checkpoint(fingerprint={}, results_len=length, results_lines=lines, results_crc=crc, succeeded=lines,
+                    ids_len=16 * len(read), outstanding=[TaskRef(100 * (len(covered) + i), 0, tid)
+                                                         for i, tid in enumerate(outstanding)])
     write_atomic(d / "checkpoint.json", cp.to_json())
     return d, cp
 
@@ -85,3 +97,19 @@ def test_without_a_checkpoint_every_record_is_checked(tmp_path: Path) -> None:
     problem = second_record(path, None)
     assert problem is not None and "results.jsonl:4: a second record for 't2' (the first: line 2)" in str(problem)
     assert check_run_dir(tmp_path) == str(problem)
+
+
+def test_a_resume_after_a_kill_reads_no_covered_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records after the checkpoint are of tasks outstanding then or read after it: ids.bin (16 bytes a task)
+    says so, and the lines the checkpoint covers are not read for their ids."""
+    covered = [_line(f"t{i}") for i in range(40)]
+    d, cp = _run_dir(tmp_path, covered, [_line("t41"), _line("t40"), _line("t45")], outstanding=("t40", "t41"))
+    read: list[int] = []
+    real = results_file._covered_ids_in
+    monkeypatch.setattr(results_file, "_covered_ids_in", lambda *a: (read.append(1), real(*a))[1])
+    assert second_record(d / "results.jsonl", cp) is None and read == []
+    with open(d / "results.jsonl", "ab") as f:
+        f.write(_line("t39"))  # a task done before the checkpoint (in ids.bin, not outstanding): they are read
+    problem = second_record(d / "results.jsonl", cp)
+    assert problem is not None and "results.jsonl:44: a second record for 't39' (the first: line 40)" in str(problem)
+    assert read == [1]
