@@ -380,12 +380,28 @@ def load_scorer(spec: str, options: ScorerOptions) -> tuple[str, ScoreFn]:
         fn = BUILTINS[spec]
         return spec, lambda task, body: fn(task, body, options)
     if ":" not in spec:
-        raise ValueError(f"unknown scorer {spec!r}: use one of {', '.join(BUILTINS)}, module:function "
-                         "or path/to/file.py:function")
+        raise _unknown(spec)
     from evalsup.scoring.plugin import load_callable
 
     user = load_callable(spec)
     return spec.rpartition(":")[2], user
+
+
+def check_scorer(spec: str) -> None:
+    """Refuse a scorer that cannot load before a run starts, running none of its code (a user's file is compiled,
+    not executed): ValueError, one line naming it (``file:LINE`` for a syntax error)."""
+    if spec in BUILTINS:
+        return
+    if ":" not in spec:
+        raise _unknown(spec)
+    from evalsup.scoring.plugin import check
+
+    check(spec)
+
+
+def _unknown(spec: str) -> ValueError:
+    return ValueError(f"unknown scorer {spec!r}: use one of {', '.join(BUILTINS)}, module:function "
+                      "or path/to/file.py:function")
 
 
 def to_scores(name: str, value: Any) -> tuple[dict[str, float], list[str]]:
