@@ -149,7 +149,7 @@ def schema_of_request(body: Any) -> dict[str, Any] | None:
     return None
 
 
-MEMO = 1024  # distinct schemas remembered (a digest and a verdict each): a file of one schema compiles it once
+MEMO = 1024  # distinct schemas remembered (at most 1 KiB each: the schema's bytes, or their digest), each verdict
 WHERE = "the task's response_format json_schema"
 
 
@@ -166,7 +166,9 @@ class TaskSchemas:
         schema = schema_of_request(body)
         if schema is None:
             return None
-        key = hashlib.blake2b(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        key = orjson.dumps(schema)  # as written (a file's schemas are written alike): itself, or its digest
+        if len(key) > 1024:
+            key = hashlib.blake2b(key, digest_size=16).digest()
         if key in self._seen:
             self._seen.move_to_end(key)
             return self._seen[key]
