@@ -63,10 +63,12 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
+        problem = unresolved_reference(schema, cls.META_SCHEMA.get("$schema", ""))
     except jsonschema.SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise SchemaError(f"{where}: not a valid JSON schema: at {path}: {_one_line(e.message)}") from None
-    problem = unresolved_reference(schema, cls.META_SCHEMA.get("$schema", ""))
+    except RecursionError:  # jsonschema checks a schema recursively: past ~130 levels, Python's stack is out
+        raise SchemaError(f"{where}: nested too deeply to be checked") from None
     if problem is not None:
         raise SchemaError(f"{where}: {problem}")
     return schema
@@ -167,8 +169,7 @@ class TaskSchemas:
         if schema is None:
             return None
         key = orjson.dumps(schema)  # as written (a file's schemas are written alike): itself, or its digest
-        if len(key) > 1024:
-            key = hashlib.blake2b(key, digest_size=16).digest()
+        key = b"=" + key if len(key) <= 1024 else b"#" + hashlib.blake2b(key, digest_size=16).digest()
         if key in self._seen:
             self._seen.move_to_end(key)
             return self._seen[key]
@@ -205,6 +206,8 @@ def validation_error(text: str, schema: dict[str, Any]) -> str | None:
         err = jsonschema.exceptions.best_match(validator(schema).iter_errors(value))
     except Unresolvable as e:  # check_schema refuses such a schema first; never fetched either way
         return _one_line(f"the JSON schema's reference {e.ref!r} cannot be followed inside it")
+    except RecursionError:  # an answer nested deeper than Python's stack lets jsonschema check
+        return "the answer is nested too deeply to be checked against the JSON schema"
     if err is None:
         return None
     path = "/".join(str(p) for p in err.absolute_path) or "(root)"

@@ -133,3 +133,14 @@ def test_the_tasks_schemas_are_compiled_only_when_answers_are_checked_against_th
     assert task_schemas(False, None) is None  # --no-validate-schema: only sent
     assert task_schemas(True, {"type": "object"}) is None  # --response-schema is the one checked
     assert isinstance(task_schemas(True, None), TaskSchemas)
+
+
+def test_a_schema_nested_past_what_can_be_checked_is_one_line_not_a_traceback() -> None:
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(300):  # a task line may hold it (orjson parses 1,024 levels); jsonschema's check recurses
+        deep = {"items": deep}
+    assert TaskSchemas().problem(_line(0, deep)) == "the task's response_format json_schema: nested too deeply to " \
+                                                    "be checked"
+    with pytest.raises(SchemaError) as e:
+        check_schema(deep, "--response-schema s.json")
+    assert str(e.value) == "--response-schema s.json: nested too deeply to be checked"
