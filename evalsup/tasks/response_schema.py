@@ -168,20 +168,27 @@ class TaskSchemas:
         schema = schema_of_request(body)
         if schema is None:
             return None
-        key = orjson.dumps(schema)  # as written (a file's schemas are written alike): itself, or its digest
+        try:
+            key = orjson.dumps(schema)  # as written (a file's schemas are written alike): itself, or its digest
+        except TypeError:  # nested past orjson's 255 levels: compiled (and refused) without the memo
+            return _problem(schema)
         key = b"=" + key if len(key) <= 1024 else b"#" + hashlib.blake2b(key, digest_size=16).digest()
         if key in self._seen:
             self._seen.move_to_end(key)
             return self._seen[key]
-        try:
-            check_schema(schema, WHERE)
-            why = None
-        except SchemaError as e:
-            why = str(e)
+        why = _problem(schema)
         self._seen[key] = why
         if len(self._seen) > MEMO:
             self._seen.popitem(last=False)
         return why
+
+
+def _problem(schema: dict[str, Any]) -> str | None:
+    try:
+        check_schema(schema, WHERE)
+    except SchemaError as e:
+        return str(e)
+    return None
 
 
 def task_schemas(validate: bool, run_schema: dict[str, Any] | None) -> TaskSchemas | None:
