@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from evalsup.config.options import INT64, INT64_MAX
+
 __all__ = ["CapError", "Caps", "budget_text", "parse_caps"]
 
 PER_SHARD = "/shard"
@@ -44,13 +46,15 @@ def _one(flag: str, value: str | float | None, shards: int, whole: bool) -> floa
     if own:
         text = text[: -len(PER_SHARD)].strip()
     try:
-        x = float(text)
+        x: float = int(text) if whole and text.isdigit() else float(text)  # an integer exactly, up to the bound
     except ValueError:
         raise CapError(f"{flag} takes a number (or NUMBER/shard for one shard's own cap), got {value!r}") from None
     if not math.isfinite(x) or x <= 0:
         raise CapError(f"{flag} must be more than 0, got {value!r}")
-    if whole and not x.is_integer():
+    if whole and not float(x).is_integer():
         raise CapError(f"{flag} takes a whole number of tokens, got {value!r}")
+    if whole and x > INT64_MAX:
+        raise CapError(f"{flag} must be at most {INT64_MAX:,} tokens ({INT64.why}), got {value!r}")
     return x if own or shards <= 1 else x / shards
 
 

@@ -428,3 +428,61 @@ def argv_of(options: Mapping[str, Any]) -> list[str]:
             continue
         args += o.argv(value)
     return args
+
+
+# ----- the numeric options' bounds (issue 39) -----------------------------------------------------------------
+# Beyond the int ranges above (click's), every number given must be finite and within a bound with a reason, so
+# that an absurd value is one line and exit 2 (``out_of_bounds``, asked by build_config), never an overflow where
+# it is used: ``--max-total-tokens 1e30`` or ``--max-tokens 1e23`` (no 64-bit integer holds them: run.json, the
+# checkpoint and summary.json are written by orjson, the cache is SQLite), ``--connect-timeout 1e300`` (past
+# time_t), ``--memory-limit 1e30``, ``--max-line-mb 1e30`` (a read's size past ssize_t).
+
+INT64_MAX = (1 << 63) - 1  # what orjson (run.json, the checkpoint, summary.json) and SQLite keep an integer in
+YEAR_S = 365 * 86_400  # seconds: no wait or timeout of a run is longer (its timers overflow time_t far past it)
+PIB_MIB = 1 << 30  # 1 PiB in MiB: more than any machine holds (sizes are kept in bytes, in 64-bit integers)
+
+
+@dataclass(frozen=True)
+class Bound:
+    lo: float
+    hi: float
+    unit: str  # how the bound is said: "seconds", "MiB", "" (a count)
+    why: str  # the reason, in a few words
+
+
+SECONDS = Bound(0, YEAR_S, "seconds", "a year: no wait or timeout of a run is longer")
+MIB = Bound(0, PIB_MIB, "MiB", "1 PiB: more than any machine holds")
+INT64 = Bound(-INT64_MAX, INT64_MAX, "", "a 64-bit integer: run.json, the checkpoint and the cache keep it as one")
+FINITE = Bound(-float("inf"), float("inf"), "", "")  # only finite: no inf, no nan
+
+BOUNDS: dict[str, Bound] = {
+    **dict.fromkeys(("max_rate_limited_wait", "timeout", "connect_timeout", "read_timeout", "grace", "stall_after",
+                     "hang_timeout", "max_wait_down", "batch_poll_interval", "batch_poll_max", "scorer_timeout",
+                     "judge_timeout", "monitor_interval", "log_interval"), SECONDS),
+    **dict.fromkeys(("max_response_mb", "max_line_mb", "memory_limit_mb", "memory_high_mb", "max_worker_rss_mb"),
+                    MIB),
+}
+
+
+def bound_of(o: Option) -> Bound | None:
+    """The bound of a numeric option: its own (BOUNDS), else a 64-bit integer's (int) or only finite (float)."""
+    if o.kind not in ("int", "float"):
+        return None
+    return BOUNDS.get(o.name, INT64 if o.kind == "int" else FINITE)
+
+
+def out_of_bounds(o: Option, value: Any) -> str | None:
+    """Why ``value`` of ``o`` is refused (one line naming the flag and its bound), or None."""
+    b = bound_of(o)
+    if b is None or value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if value != value or value in (float("inf"), -float("inf")):
+        return f"{o.flag} must be a finite number, got {value}"
+    if b.lo <= value <= b.hi:
+        return None
+    unit = f" {b.unit}" if b.unit else ""
+    got = value if isinstance(value, int) else f"{value:g}"
+    if b.lo == -INT64_MAX:
+        return f"{o.flag} must be at {'most' if value > 0 else 'least'} {b.hi if value > 0 else b.lo:,}{unit} " \
+               f"({b.why}), got {got}"
+    return f"{o.flag} must be from {b.lo:g} to {b.hi:,}{unit} ({b.why}), got {got}"

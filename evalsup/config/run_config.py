@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -130,13 +129,17 @@ class RunConfig:
 def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     """The RunConfig of a run of ``tasks`` with the options ``given`` (keys of evalsup.config.options.RUN_OPTIONS; the
     rest take their defaults). An explicit value is used as given: 0 is 0. Raises ConfigError."""
-    from evalsup.config.options import with_defaults
+    from evalsup.config.options import out_of_bounds, with_defaults
 
     kw = with_defaults(given)
+    for name, value in given.items():  # numbers past their bounds (options.BOUNDS), before anything uses them
+        problem = out_of_bounds(BY_NAME[name], value)
+        if problem is not None:
+            raise ConfigError(problem)
     if kw["retry_failed"] is not None and kw["fresh"]:  # refused before --fresh moves anything aside
         raise ConfigError("--retry-failed needs the run to retry; it cannot go with --fresh")
     urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
-    if kw["cache_max_gb"] is not None and not (math.isfinite(kw["cache_max_gb"]) and kw["cache_max_gb"] > 0):
+    if kw["cache_max_gb"] is not None and not kw["cache_max_gb"] > 0:  # inf and nan: refused by the bounds above
         raise ConfigError(f"--cache-max-gb must be a number of GB more than 0, got {kw['cache_max_gb']:g}")
     cache_flags = [f"--{k.replace('_', '-')}" for k in CACHE_OPTIONS if kw[k] != OPT[k]]
     if cache_flags and cache_dir(kw["cache"]) is None:
@@ -181,6 +184,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"--hedge-factor must be more than 0 (a multiple of the p95 latency), got "
                           f"{kw['hedge_factor']}")
     _check_requests(wc)
+    _check_scorers(wc)
     judge_template_path = None
     if "judge" in wc.scorers:  # the model-graded scorer: its endpoint, model, key and template, checked now
         wc, judge_template_path = _with_judge(wc, kw)
@@ -385,6 +389,21 @@ def _check_requests(w: WorkerConfig) -> None:
             request_headers(url, common, key, key_source(w.api_key_env, w.api_key_file))
     except HeaderError as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_scorers(w: WorkerConfig) -> None:
+    """A --scorer that cannot load (an unknown name, a file that cannot be read or has a syntax error, a module
+    that is not there) stops the run before it starts, in one line (file:LINE for a syntax error); none of
+    the user's code runs here (issue 39)."""
+    from evalsup.scoring.scorers import check_scorer
+
+    for spec in w.scorers:
+        if spec == "judge":  # the model-graded scorer: its settings are checked by _with_judge
+            continue
+        try:
+            check_scorer(spec)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def resolve_base_url(flag: str | None) -> str:

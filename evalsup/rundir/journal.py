@@ -30,7 +30,14 @@ from evalsup.rundir.checkpoint import (
     JournalError,
     load_checkpoint,
 )
-from evalsup.rundir.results_file import ResumeState, complete_length, prefix_sums, scan_results, verify_covered
+from evalsup.rundir.results_file import (
+    ResumeState,
+    complete_length,
+    prefix_sums,
+    scan_results,
+    second_record,
+    verify_covered,
+)
 from evalsup.rundir.rewrite import finish_pending, reconcile, rewrite
 from evalsup.rundir.writer import BACKLOG_HIGH, Writer
 from evalsup.tasks.fingerprint import grew_at_line_end, same_input
@@ -139,6 +146,9 @@ class Journal:
         keep = complete_length(self.results_path)
         verify_covered(self.results_path, cp, keep)  # every line L covers, in one read
         scan_results(self.results_path, cp.results_len, (cp.results_lines or 0) + 1)  # each line after, parsed
+        twice = second_record(self.results_path, cp) if cp.results_len else None  # an id of a line before L again
+        if twice is not None:
+            raise twice
         if opt.retry_failed is not None:
             cp = self._retry_failed(opt.retry_failed, cp)
             keep = complete_length(self.results_path)

@@ -153,11 +153,23 @@ def json_valid(task: dict[str, Any], body: Any, o: ScorerOptions) -> float:
         return 1.0
     import jsonschema
 
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError:
-        return 0.0
-    return 1.0
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)  # a schema that is none: a scorer error, as before
+    # references only inside the schema (issue 39): a task's schema never makes a worker fetch a URL or read a
+    # file; one that cannot be followed is a scorer error (referencing's Unresolvable)
+    return 1.0 if cls(schema, registry=_no_retrieval()).is_valid(value) else 0.0
+
+
+def _no_retrieval() -> Any:
+    """A ``referencing`` registry that retrieves nothing (as ``tasks.response_schema.NO_RETRIEVAL``, which
+    scoring may not import)."""
+    from referencing import Registry
+    from referencing.exceptions import NoSuchResource
+
+    def refuse(uri: str) -> Any:
+        raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # an attrs class
+
+    return Registry(retrieve=refuse)  # type: ignore[call-arg]
 
 
 # --- choice ------------------------------------------------------------------------------------------------
@@ -439,12 +451,28 @@ def load_scorer(spec: str, options: ScorerOptions) -> tuple[str, ScoreFn]:
         fn = BUILTINS[spec]
         return spec, lambda task, body: fn(task, body, options)
     if ":" not in spec:
-        raise ValueError(f"unknown scorer {spec!r}: use one of {', '.join(BUILTINS)}, module:function "
-                         "or path/to/file.py:function")
+        raise _unknown(spec)
     from evalsup.scoring.plugin import load_callable
 
     user = load_callable(spec)
     return spec.rpartition(":")[2], user
+
+
+def check_scorer(spec: str) -> None:
+    """Refuse a scorer that cannot load before a run starts, running none of its code (a user's file is compiled,
+    not executed): ValueError, one line naming it (``file:LINE`` for a syntax error)."""
+    if spec in BUILTINS:
+        return
+    if ":" not in spec:
+        raise _unknown(spec)
+    from evalsup.scoring.plugin import check
+
+    check(spec)
+
+
+def _unknown(spec: str) -> ValueError:
+    return ValueError(f"unknown scorer {spec!r}: use one of {', '.join(BUILTINS)}, module:function "
+                      "or path/to/file.py:function")
 
 
 def to_scores(name: str, value: Any) -> tuple[dict[str, float], list[str]]:

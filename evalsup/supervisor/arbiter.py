@@ -86,6 +86,7 @@ from evalsup.tasks.prescan import prescan
 from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
 from evalsup.tasks.records import output_line
 from evalsup.tasks.requests import RequestDefaults, to_request
+from evalsup.tasks.response_schema import task_schemas
 from evalsup.tasks.tokens import Tally, figures, fmt_tokens, fmt_usd, start_line
 
 MIB = 1 << 20
@@ -208,7 +209,8 @@ class Supervisor:
         try:
             scan = await asyncio.to_thread(prescan, cfg.tasks_path, cfg.max_line_bytes, ids, start=start,
                                            keep_going=skip, should_stop=lambda: self.stopping is not None,
-                                           each=self._estimator(tally, look))
+                                           each=self._estimator(tally, look),
+                                           schemas=task_schemas(cfg.worker.validate_schema, cfg.worker.response_schema))
             hits = None
             if look is not None:
                 await asyncio.to_thread(look.finish)
@@ -333,7 +335,9 @@ class Supervisor:
             self.ids = IdIndex.empty()
             if cp is not None and cp.ids_len:
                 self.ids.load(self.journal.read_ids(cp.ids_len))
-        self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start, ids=self.ids)
+        schemas = task_schemas(cfg.worker.validate_schema, cfg.worker.response_schema)
+        self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start, ids=self.ids,
+                                 check=None if schemas is None else schemas.problem)
         self._scanned = None
         if state is None or cp is None:
             return

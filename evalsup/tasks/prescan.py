@@ -9,6 +9,11 @@ run's reader reads on with: it knows which lines before the scan's end are dupli
 appended after it. A resume scans from the checkpoint's frontier: the lines before it were read and checked by the
 run, and their pairs (ids.bin) are given to the builder first.
 
+A task's own JSON schema (``response_format``'s, the Responses API's ``text.format``) is compiled here too when
+the run validates answers against it (``response_schema.TaskSchemas``, the reader's ``check``): one that is no
+JSON schema, or whose ``$ref`` points outside it or nowhere in it, is a bad line (issue 39), so no worker ever
+meets it; nothing is fetched.
+
 ``should_stop`` is polled every few thousand lines (a signal during a long scan ends it early).
 """
 
@@ -21,6 +26,7 @@ from typing import Any
 
 from evalsup.tasks.idindex import IdIndex, IndexBuilder
 from evalsup.tasks.reader import TaskError, TaskReader, read_line_at
+from evalsup.tasks.response_schema import TaskSchemas
 
 POLL_LINES = 4096
 
@@ -41,16 +47,18 @@ class Scan:
 
 def prescan(path: Path, max_line_bytes: int, ids: IndexBuilder, *, start: tuple[int, int, int] = (0, 0, 0),
             keep_going: bool = False, should_stop: Callable[[], bool] = lambda: False,
-            each: Callable[[dict[str, Any], int], None] | None = None) -> Scan:
+            each: Callable[[dict[str, Any], int], None] | None = None, schemas: TaskSchemas | None = None) -> Scan:
     """Read ``path`` from ``start`` (offset, line number, index) to its end, giving each good line's id to
     ``ids``, then build the index. Stops at the first bad line unless ``keep_going`` (``--on-invalid skip``:
     counted); a duplicate id is a bad line too. ``each(task, index)`` sees every good line parsed (the estimate
     at a run's start, issue 30); a ValueError it raises makes the line a bad one, named as the reader names its
-    own (``file:LINE: what``)."""
+    own (``file:LINE: what``). With ``schemas`` each line's own JSON schema is compiled (the reader's
+    ``check``, as the run's reader checks it): one that cannot be used makes the line a bad one."""
     tasks = invalid = 0
     first: TaskError | None = None
     stopped = False
-    with TaskReader(path, max_line_bytes, *start, ids=ids, log_ids=False) as reader:
+    with TaskReader(path, max_line_bytes, *start, ids=ids, log_ids=False,
+                    check=None if schemas is None else schemas.problem) as reader:
         while True:
             if (tasks + invalid) % POLL_LINES == 0 and should_stop():
                 stopped = True

@@ -111,7 +111,8 @@ class TaskReader:
     """
 
     def __init__(self, path: Path, max_line_bytes: int, start_offset: int = 0, start_line: int = 0,
-                 start_index: int = 0, ids: IdCheck | None = None, log_ids: bool = True) -> None:
+                 start_index: int = 0, ids: IdCheck | None = None, log_ids: bool = True,
+                 check: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         self.path = path
         self.name = str(path)
         self.max_line_bytes = max_line_bytes
@@ -123,6 +124,7 @@ class TaskReader:
         self.index = start_index  # non-blank lines read, counting from 0 (for sharding)
         self.ids: IdCheck = ids if ids is not None else IdSet()
         self.log_ids = log_ids  # False for the pre-scan: ids.bin logs the ids of the lines the run itself read
+        self.check = check  # a further check of a valid line (its own JSON schema): why it is bad, or None
         self.exhausted = False
         self._last = (start_offset, start_line, start_index)
         self.last_obj: dict[str, Any] = {}  # the line last returned, parsed (the estimate reads it: no second parse)
@@ -191,6 +193,9 @@ class TaskReader:
                 tid = validate(obj)
             except ValueError as e:
                 raise TaskError(self.name, self.line_no, start, str(e), body) from None
+            why = None if self.check is None else self.check(obj)
+            if why is not None:
+                raise TaskError(self.name, self.line_no, start, why, body)
             earlier = self.ids.add(tid, start, self.id_at, self.log_ids)
             if earlier is not None:
                 raise TaskError(self.name, self.line_no, start, f"duplicate id {tid!r} (first seen at byte {earlier})",

@@ -53,7 +53,7 @@ def _score_batch(lines: list[bytes]) -> list[Scoring]:
 def _batches(path: Path) -> Iterator[list[bytes]]:
     batch: list[bytes] = []
     try:  # checked: a damaged line is a one-line error naming results.jsonl:LINE (a torn last line ends)
-        for _n, line, _rec in iter_records(path):
+        for _n, line, _rec in iter_records(path, once=True):  # a second record for an id: refused too
             batch.append(line)
             if len(batch) >= BATCH:
                 yield batch

@@ -134,7 +134,7 @@ def _asks_judge(line: bytes) -> bool:
 
 def _records(path: Path) -> Iterator[bytes]:
     try:
-        for _n, line, _rec in iter_records(path):
+        for _n, line, _rec in iter_records(path, once=True):  # a second record for an id: refused too
             yield line
     except RunDirDamaged as e:
         raise ValueError(str(e)) from None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalsup.scoring.scorers import response_text
-from evalsup.tasks.response_schema import SchemaError, check_schema, schema_of_request, validation_error
+from evalsup.tasks.response_schema import WHERE, SchemaError, check_schema, schema_of_request, validation_error
 from evalsup.worker.errors import Code
 
 REASK_PROMPT = ("Your answer is not valid: {error}. Answer again with only the JSON value, matching the "
@@ -35,7 +35,7 @@ def schema_for(body: Any, run_schema: dict[str, Any] | None) -> dict[str, Any] |
     if run_schema is not None:
         return run_schema
     own = schema_of_request(body)
-    return None if own is None else check_schema(own, "the task's response_format json_schema")
+    return None if own is None else check_schema(own, WHERE)
 
 
 def check(parsed: Any, schema: dict[str, Any]) -> Verdict:

@@ -196,7 +196,9 @@ def test_sigterm_leaves_the_batches_running_and_cancel_collects(tmp_path: Path, 
 
 def test_fresh_names_the_old_runs_batches_still_charged_and_how_to_cancel_them(
         tmp_path: Path, bmock: MockThread, start: Callable[..., Run]) -> None:
-    bmock.configure(batch_step_ms=60000)  # the old run's batch validates for 60 s: still running at --fresh and at the cancel (a cancel ends the wait), however slow the machine
+    # the old run's batch validates for 60 s: still running at --fresh and at the cancel (a cancel ends the
+    # wait), however slow the machine
+    bmock.configure(batch_step_ms=60000)
     tasks = write_tasks(tmp_path / "t.jsonl", 30)
     run = start(*run_args(bmock, tasks, *FAST), env=KEY)
     journal = tmp_path / "t.run" / "batches.jsonl"

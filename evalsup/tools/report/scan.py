@@ -186,6 +186,7 @@ def scan_results(path: Path, group_by: str | None = None) -> ResultScan:
     """Every record of results.jsonl, checked: a damaged line is a one-line error naming results.jsonl:LINE.
     ``group_by`` (metadata.KEY): the scores per group too."""
     from evalsup.rundir.checkpoint import RunDirDamaged
+    from evalsup.rundir.layout import RESULTS
     from evalsup.rundir.results_file import records
 
     s = ResultScan(groups=GroupedScores(group_by) if group_by else None,
@@ -193,7 +194,7 @@ def scan_results(path: Path, group_by: str | None = None) -> ResultScan:
     if not path.exists():
         return s
     try:
-        for rec in records(path):
+        for rec in records(path, once=path.name == RESULTS):  # a run's results: each id counted once
             s.add(rec)
     except RunDirDamaged as e:
         raise ReportError(str(e)) from None
