@@ -151,6 +151,8 @@ class Supervisor:
         self.cache: CacheFeed | None = None  # the answer cache's writes (issue 30), set by supervisor.run
         # issue 30: the prices (the estimate at the start, --max-cost), and the budget when a cap is given
         self.prices = load_prices(cfg.prices_file, cfg.self_hosted, batch=cfg.worker.batch is not None)
+        # each task's own JSON schema, compiled once per distinct schema: the pre-scan's and the reader's check
+        self.schemas = task_schemas(cfg.worker.validate_schema, cfg.worker.response_schema)
         self.defaults = RequestDefaults(model=cfg.worker.model, max_tokens=cfg.worker.max_tokens)
         self.budget: Budget | None = None
         self._budget_wait = False  # the next task would pass a cap while requests are out: wait for them
@@ -210,7 +212,7 @@ class Supervisor:
             scan = await asyncio.to_thread(prescan, cfg.tasks_path, cfg.max_line_bytes, ids, start=start,
                                            keep_going=skip, should_stop=lambda: self.stopping is not None,
                                            each=self._estimator(tally, look),
-                                           schemas=task_schemas(cfg.worker.validate_schema, cfg.worker.response_schema))
+                                           schemas=self.schemas)
             hits = None
             if look is not None:
                 await asyncio.to_thread(look.finish)
@@ -335,9 +337,8 @@ class Supervisor:
             self.ids = IdIndex.empty()
             if cp is not None and cp.ids_len:
                 self.ids.load(self.journal.read_ids(cp.ids_len))
-        schemas = task_schemas(cfg.worker.validate_schema, cfg.worker.response_schema)
         self.reader = TaskReader(cfg.tasks_path, cfg.max_line_bytes, *start, ids=self.ids,
-                                 check=None if schemas is None else schemas.problem)
+                                 check=None if self.schemas is None else self.schemas.problem)
         self._scanned = None
         if state is None or cp is None:
             return
