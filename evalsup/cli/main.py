@@ -13,6 +13,7 @@ import click
 
 from evalsup.cli.cache import cache_command
 from evalsup.cli.mock import mock_command
+from evalsup.cli.serve import serve_command
 from evalsup.config.options import RUN_OPTIONS, Option
 from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
 
@@ -240,6 +241,7 @@ next steps:
 
 main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
 main.add_command(cache_command)  # `evalsup cache ...`: evalsup/cli/cache.py (issue 30)
+main.add_command(serve_command)  # `evalsup serve`: evalsup/cli/serve.py (issue 42)
 
 
 @main.command()

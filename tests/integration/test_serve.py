@@ -1,0 +1,213 @@
+"""`evalsup serve` (issue 42) driven by the openai SDK, unmodified, in front of the project's mock on 127.0.0.1:
+the batch workflow end to end, kill -9 of the server mid-batch, two keys, bad uploads, SIGTERM."""
+
+from __future__ import annotations
+
+import io
+import signal
+import socket
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from openai.types import Batch, FileObject
+
+from evalsup.mock.server import MockThread
+from tests.harness import Run, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def batch_lines(n: int, extra: Callable[[int], dict[str, Any]] | None = None,
+                url: str = "/v1/chat/completions") -> bytes:
+    out = b""
+    for i in range(n):
+        body: dict[str, Any] = {"model": "mock-model", "messages": [{"role": "user", "content": f"q{i}"}]}
+        body.update(extra(i) if extra else {})
+        out += orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}) + b"\n"
+    return out
+
+
+def serve(start: Callable[..., Run], data: Path, mock: MockThread, *extra: str,
+          env: dict[str, str] | None = None) -> tuple[Run, str]:
+    port = free_port()
+    p = start("serve", "--upstream", mock.url, "--data", str(data), "--port", str(port), *extra, env=env)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    wait_until(up, "the server's /health", proc=p)
+    return p, base + "/v1"
+
+
+def client(base: str, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+
+
+def wait_ended(c: openai.OpenAI, batch_id: str, proc: Run | None = None) -> Batch:
+    out: list[Batch] = []
+
+    def ended() -> bool:
+        out[:] = [c.batches.retrieve(batch_id)]
+        return out[0].status in ("completed", "failed", "expired", "cancelled")
+
+    wait_until(ended, f"batch {batch_id} to end", proc=proc)
+    return out[0]
+
+
+def output_of(c: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [orjson.loads(x) for x in c.files.content(file_id).content.splitlines()]
+
+
+def test_openai_sdk_batch_workflow(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    data = batch_lines(20, lambda i: {"mock": {"status": 400}} if i == 7 else {})
+    f = c.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    raw_file = c.files.with_raw_response.retrieve(f.id).http_response.json()
+    assert FileObject.model_validate(raw_file).status == "processed" and raw_file["bytes"] == len(data)
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                         metadata={"job": "t"})
+    assert b.status == "validating" and b.metadata == {"job": "t"}
+    b = wait_ended(c, b.id)
+    assert b.status == "completed", b
+    Batch.model_validate(c.batches.with_raw_response.retrieve(b.id).http_response.json())
+    assert b.request_counts is not None
+    assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (20, 19, 1)
+    out, err = output_of(c, b.output_file_id), output_of(c, b.error_file_id)
+    assert sorted(x["custom_id"] for x in out + err) == sorted(f"r{i}" for i in range(20))
+    assert all(x["response"]["status_code"] == 200 and x["error"] is None for x in out)
+    assert set(out[0]) == {"id", "custom_id", "response", "error"}
+    assert [(x["custom_id"], x["response"]["status_code"]) for x in err] == [("r7", 400)]
+    page = c.batches.list(limit=1)
+    assert [x.id for x in page.data] == [b.id]
+    assert c.files.retrieve(b.output_file_id or "").purpose == "batch_output"
+    assert c.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        c.files.retrieve(f.id)
+
+
+def test_bad_file_fails_with_line_numbers(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    data = batch_lines(3) + batch_lines(1) + batch_lines(1, url="/v1/embeddings").replace(b"r0", b"x") + \
+        batch_lines(1, lambda i: {"stream": True}).replace(b"r0", b"s")
+    f = c.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h").id)
+    assert b.status == "failed" and b.errors is not None and b.errors.data is not None
+    assert [(e.line, e.code) for e in b.errors.data] == [(4, "duplicate_custom_id"), (5, "mismatched_endpoint"),
+                                                         (6, "invalid_request")]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.files.create(file=("x.jsonl", io.BytesIO(b"not json\n")), purpose="batch")
+    assert e.value.code == "invalid_file_format"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.batches.create(input_file_id=f.id, endpoint="/v1/nothing", completion_window="24h")  # type: ignore[arg-type]
+    assert e.value.param == "endpoint"
+
+
+def test_oversized_upload_413_leaves_nothing(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock, "--max-file-mb", "0.01")
+    c = client(base)
+    with pytest.raises(openai.APIStatusError) as e:
+        c.files.create(file=("big.jsonl", io.BytesIO(batch_lines(200))), purpose="batch")
+    assert e.value.status_code == 413
+    assert c.files.list().data == []
+    assert list((tmp_path / "data" / "tmp").iterdir()) == []
+    assert list((tmp_path / "data" / "files").iterdir()) == []
+
+
+def test_two_keys_see_only_their_own(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("key-a\n" + __import__("hashlib").sha256(b"key-b").hexdigest() + "\n")
+    _, base = serve(start, tmp_path / "data", mock, "--api-keys", str(keys))
+    a, b = client(base, "key-a"), client(base, "key-b")
+    fa = a.files.create(file=("a.jsonl", io.BytesIO(batch_lines(2))), purpose="batch")
+    ba = a.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.NotFoundError):
+        b.files.retrieve(fa.id)
+    with pytest.raises(openai.NotFoundError):
+        b.batches.retrieve(ba.id)
+    with pytest.raises(openai.NotFoundError):
+        b.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert b.files.list().data == [] and b.batches.list().data == []
+    with pytest.raises(openai.AuthenticationError):
+        client(base, "wrong").files.list()
+    assert wait_ended(a, ba.id).status == "completed"
+
+
+def test_refuses_other_than_loopback_without_keys(tmp_path: Path, start: Callable[..., Run],
+                                                   mock: MockThread) -> None:
+    p = start("serve", "--upstream", mock.url, "--data", str(tmp_path / "d"), "--host", "0.0.0.0")
+    assert p.finish() == 2
+    assert "--api-keys" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_kill_9_mid_batch_then_restart_completes_exactly_once(tmp_path: Path, start: Callable[..., Run],
+                                                              mock: MockThread) -> None:
+    n = 300
+    p, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(n, lambda i: {"mock": {"delay_s": 0.05}}))),
+                       purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    results = tmp_path / "data" / "runs" / bid / "run" / "results.jsonl"
+    wait_until(lambda: results.exists() and results.stat().st_size > 0, "the first results", proc=p)
+    p.signal(signal.SIGKILL)
+    p.p.wait()
+    p2, base2 = serve(start, tmp_path / "data", mock)
+    c2 = client(base2)
+    b = wait_ended(c2, bid, p2)
+    assert b.status == "completed"
+    ids = [x["custom_id"] for x in output_of(c2, b.output_file_id) + output_of(c2, b.error_file_id)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(n))
+    assert "resumed after a restart" in p2.stderr
+    p2.signal(signal.SIGTERM)
+    assert p2.finish() == 0
+
+
+def test_sigterm_mid_batch_drains_exit_0_and_resumes(tmp_path: Path, start: Callable[..., Run],
+                                                     mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(200, lambda i: {"mock": {"delay_s": 0.05}}))),
+                       purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    wait_until(lambda: c.batches.retrieve(bid).status == "in_progress", "in_progress", proc=p)
+    p.signal(signal.SIGTERM)
+    assert p.finish() == 0
+    assert not p.wait_workers_gone()
+    _, base2 = serve(start, tmp_path / "data", mock)
+    b = wait_ended(client(base2), bid)
+    assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 200
+
+
+def test_cancel_keeps_what_was_answered(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(400, lambda i: {"mock": {"delay_s": 0.1}}))),
+                       purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    results = tmp_path / "data" / "runs" / bid / "run" / "results.jsonl"
+    wait_until(lambda: results.exists() and results.stat().st_size > 0, "the first results", proc=p)
+    assert c.batches.cancel(bid).status == "cancelling"
+    b = wait_ended(c, bid, p)
+    assert b.status == "cancelled" and b.cancelled_at is not None
+    out = output_of(c, b.output_file_id)
+    assert 0 < len(out) < 400 and len({x["custom_id"] for x in out}) == len(out)
+
