@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import BodyPartReader, web
 
@@ -60,6 +61,7 @@ class Api:
             web.post("/v1/batches", self.create_batch), web.get("/v1/batches", self.list_batches),
             web.get("/v1/batches/{batch_id}", self.get_batch),
             web.post("/v1/batches/{batch_id}/cancel", self.cancel_batch),
+            web.get("/v1/models", self.models), web.get("/v1/models/{model:.+}", self.models),
         ])
         return app
 
@@ -215,6 +217,23 @@ class Api:
         file = self._file(request)
         self.store.delete_file(file["id"])
         return _json({"id": file["id"], "object": "file", "deleted": True})
+
+    # models
+    async def models(self, request: web.Request) -> web.Response:
+        """The first upstream's model list (or one model), as it answers: what a batch may name. Clients
+        (evalsup's own connection check among them) ask it before they send a batch."""
+        s = self.batches.settings
+        url = s.upstreams[0].rstrip("/") + request.path.removeprefix("/v1")
+        key = os.environ.get(s.api_key_env)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session, \
+                    session.get(url, headers=headers) as r:
+                body = await r.read()
+                return web.Response(body=body, status=r.status, content_type="application/json")
+        except (aiohttp.ClientError, TimeoutError):
+            raise ApiError(502, "The upstream did not answer its model list.", "upstream_unavailable",
+                           type_="server_error") from None
 
     # batches
     def _batch(self, request: web.Request) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from openai.types import Batch, FileObject
 
-from evalsup.mock.server import MockThread
+from evalsup.mock.server import MockConfig, MockThread
 from tests.harness import Run, wait_until
 
 
@@ -211,3 +211,75 @@ def test_cancel_keeps_what_was_answered(tmp_path: Path, start: Callable[..., Run
     out = output_of(c, b.output_file_id)
     assert 0 < len(out) < 400 and len({x["custom_id"] for x in out}) == len(out)
 
+
+
+def test_evalsup_batch_api_mode_against_serve(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock)
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_bytes(batch_lines(12))
+    r = start("run", str(tasks), "--out", str(tmp_path / "run"), "--base-url", base, "--batch-api", "--quiet")
+    assert r.finish() == 0, r.stderr
+    recs = [orjson.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_bytes().splitlines()]
+    assert sorted(x["custom_id"] for x in recs) == sorted(f"r{i}" for i in range(12))
+    assert all(x["response"]["status_code"] == 200 for x in recs)
+
+
+def test_upstream_key_never_leaves_the_server(tmp_path: Path, start: Callable[..., Run]) -> None:
+    secret = "sk-upstream-secret-4242"
+    with MockThread(MockConfig(api_key=secret, seed=2)) as m:
+        p, base = serve(start, tmp_path / "data", m, "--upstream-api-key-env", "UPSTREAM_KEY",
+                        env={"UPSTREAM_KEY": secret})
+        c = client(base)
+        f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(5))), purpose="batch")
+        b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                           completion_window="24h").id, p)
+        assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 5
+        said = [c.batches.with_raw_response.retrieve(b.id).http_response.text, c.files.content(
+            b.output_file_id or "").text, c.models.with_raw_response.list().http_response.text,
+                urllib.request.urlopen(base.removesuffix("/v1") + "/metrics").read().decode()]
+        p.signal(signal.SIGTERM)
+        assert p.finish() == 0
+    on_disk = [x.read_bytes() for x in (tmp_path / "data").rglob("*") if x.is_file()]
+    assert not [s for s in [*said, p.stderr] if secret in s]
+    assert not [x for x in on_disk if secret.encode() in x]
+
+
+def test_expired_batch_lists_unanswered_as_batch_expired(tmp_path: Path, start: Callable[..., Run],
+                                                         mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock, "--", "--concurrency", "2")
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(100, lambda i: {"mock": {"delay_s": 0.2}}))),
+                       purpose="batch")
+    b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                       completion_window="2s").id, p)  # type: ignore[arg-type]
+    assert b.status == "expired" and b.expired_at is not None
+    out, err = output_of(c, b.output_file_id), output_of(c, b.error_file_id)
+    assert sorted(x["custom_id"] for x in out + err) == sorted(f"r{i}" for i in range(100))
+    assert out and {x["error"]["code"] for x in err} == {"batch_expired"}
+
+
+def test_two_keys_take_turns_for_the_one_slot(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("key-a\nkey-b\n")
+    p, base = serve(start, tmp_path / "data", mock, "--api-keys", str(keys), "--max-running-batches", "1")
+    a, b = client(base, "key-a"), client(base, "key-b")
+    slow = batch_lines(30, lambda i: {"mock": {"delay_s": 0.05}})
+    fa = a.files.create(file=("a.jsonl", io.BytesIO(slow)), purpose="batch")
+    fb = b.files.create(file=("b.jsonl", io.BytesIO(batch_lines(3))), purpose="batch")
+    made = [a.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+            a.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+            b.batches.create(input_file_id=fb.id, endpoint="/v1/chat/completions", completion_window="24h").id]
+    for cl, bid in zip((a, a, b), made, strict=True):
+        assert wait_ended(cl, bid, p).status == "completed"
+    started = [ln.split()[2] for ln in p.stderr.splitlines() if ln.endswith("requests") and "in_progress" in ln]
+    assert started == [made[0], made[2], made[1]]  # key b's batch came last, and went before key a's second
+
+
+def test_metrics_and_health(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(4))), purpose="batch")
+    wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id)
+    text = urllib.request.urlopen(base.removesuffix("/v1") + "/metrics").read().decode()
+    assert 'evalsup_serve_batches{state="completed"} 1' in text
+    assert 'evalsup_serve_requests{result="completed"} 4' in text
