@@ -34,6 +34,7 @@ def main() -> None:
     evalsup run --workers 4 tasks.jsonl       the real job, against $OPENAI_BASE_URL
     evalsup status tasks.run                  progress of a run, from another shell
     evalsup estimate tasks.jsonl              what a run would send and cost, before it starts
+    evalsup serve --upstream URL --data DIR   OpenAI's Batch API (files, batches) in front of URL
     """
 
 
