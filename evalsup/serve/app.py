@@ -186,7 +186,11 @@ class Api:
                             else f"{self.limits.max_lines:,} lines")
                     raise ApiError(413, f"The file is larger than the server's limit of {what}.", "file_too_large",
                                    "file")
-                f.write(chunk)
+                try:
+                    f.write(chunk)
+                except OSError:  # the disk is full: answer once the client has sent it all
+                    await _drop_rest(part, reader)
+                    raise
             if last != b"\n":
                 lines += 1
             f.flush()

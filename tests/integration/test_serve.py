@@ -28,12 +28,12 @@ def free_port() -> int:
 
 def batch_lines(n: int, extra: Callable[[int], dict[str, Any]] | None = None,
                 url: str = "/v1/chat/completions") -> bytes:
-    out = b""
+    out = []
     for i in range(n):
         body: dict[str, Any] = {"model": "mock-model", "messages": [{"role": "user", "content": f"q{i}"}]}
         body.update(extra(i) if extra else {})
-        out += orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}) + b"\n"
-    return out
+        out.append(orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}) + b"\n")
+    return b"".join(out)
 
 
 def serve(start: Callable[..., Run], data: Path, mock: MockThread, *extra: str,
@@ -198,7 +198,7 @@ def test_sigterm_mid_batch_drains_exit_0_and_resumes(tmp_path: Path, start: Call
 
 
 def test_cancel_keeps_what_was_answered(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
-    p, base = serve(start, tmp_path / "data", mock)
+    p, base = serve(start, tmp_path / "data", mock, "--", "--concurrency", "2")
     c = client(base)
     f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(400, lambda i: {"mock": {"delay_s": 0.1}}))),
                        purpose="batch")
@@ -283,3 +283,62 @@ def test_metrics_and_health(tmp_path: Path, start: Callable[..., Run], mock: Moc
     text = urllib.request.urlopen(base.removesuffix("/v1") + "/metrics").read().decode()
     assert 'evalsup_serve_batches{state="completed"} 1' in text
     assert 'evalsup_serve_requests{result="completed"} 4' in text
+
+
+def test_kill_9_mid_upload_leaves_nothing(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    import http.client
+
+    p, base = serve(start, tmp_path / "data", mock)
+    port = int(base.rsplit(":", 1)[1].split("/")[0])
+    head = (b'--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--B\r\n'
+            b'Content-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n')
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.putrequest("POST", "/v1/files")
+    conn.putheader("Content-Type", "multipart/form-data; boundary=B")
+    conn.putheader("Content-Length", str(10 << 20))
+    conn.endheaders()
+    conn.send(head + batch_lines(2000))
+    tmp = tmp_path / "data" / "tmp"
+    wait_until(lambda: any(x.stat().st_size > 0 for x in tmp.iterdir()), "the upload on disk", proc=p)
+    p.signal(signal.SIGKILL)
+    p.p.wait()
+    conn.close()
+    p2, base2 = serve(start, tmp_path / "data", mock)
+    assert client(base2).files.list().data == []
+    assert list(tmp.iterdir()) == [] and list((tmp_path / "data" / "files").iterdir()) == []
+    assert "half done" in p2.stderr
+
+
+def test_finalizing_again_after_a_crash_writes_the_same_files(tmp_path: Path, start: Callable[..., Run],
+                                                             mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(10))), purpose="batch")
+    b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h").id)
+    p.signal(signal.SIGTERM)
+    assert p.finish() == 0
+    # as a kill -9 between the output's bytes renamed in and the batch's record: finalizing, no file recorded
+    rec_path = tmp_path / "data" / "batches" / f"{b.id}.json"
+    rec = orjson.loads(rec_path.read_bytes())
+    rec["batch"].update(status="finalizing", output_file_id=None, completed_at=None)
+    rec_path.write_bytes(orjson.dumps(rec))
+    (tmp_path / "data" / "files" / f"{b.output_file_id}.json").unlink()
+    _, base2 = serve(start, tmp_path / "data", mock)
+    c2 = client(base2)
+    again = wait_ended(c2, b.id)
+    assert again.status == "completed" and again.output_file_id == b.output_file_id
+    assert sorted(x["custom_id"] for x in output_of(c2, again.output_file_id)) == sorted(f"r{i}" for i in range(10))
+    assert len(c2.files.list(purpose="batch_output").data) == 1
+
+
+def test_disk_full_upload_507_leaves_nothing(tmp_path: Path, start: Callable[..., Run], mock: MockThread,
+                                             small_fs: Path) -> None:
+    _, base = serve(start, small_fs / "data", mock)
+    c = client(base)
+    with pytest.raises(openai.APIStatusError) as e:
+        c.files.create(file=("big.jsonl", io.BytesIO(batch_lines(30000))), purpose="batch")
+    assert e.value.status_code == 507
+    assert list((small_fs / "data" / "tmp").iterdir()) == []
+    f = c.files.create(file=("small.jsonl", io.BytesIO(batch_lines(2))), purpose="batch")
+    assert c.files.retrieve(f.id).bytes > 0
