@@ -3,8 +3,8 @@ before the first request, so a bad file ends ``failed`` with OpenAI's ``errors``
 run checks too (``tasks.reader.validate``: a JSON object, custom_id, method, url, body), and what a batch adds:
 each line's url is the batch's endpoint, no ``stream: true``, each custom_id once.
 
-Duplicate ids are found with 8-byte hashes (a set of ints, not of strings), and a hash seen twice is checked
-again against the ids themselves in a second pass, so a collision is never called a duplicate."""
+Duplicate ids are found with ``tasks.idset.IdSet`` (16 bytes an id; a hash match is read again from the file,
+so a collision is never called a duplicate)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from evalsup.tasks.idset import id_hash
+from evalsup.tasks.idset import IdSet
 from evalsup.tasks.reader import validate
 from evalsup.tasks.requests import BATCH_URLS
 
@@ -33,34 +33,30 @@ def _error(code: str, message: str, line: int, param: str | None = None) -> dict
     return {"code": code, "message": message, "param": param, "line": line}
 
 
-def lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number from 1, line) of each non-blank line."""
+def lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(line number from 1, byte offset, line) of each non-blank line."""
+    offset = 0
     with open(path, "rb", buffering=1 << 20) as f:
         for n, raw in enumerate(f, 1):
             if raw.strip():
-                yield n, raw
+                yield n, offset, raw
+            offset += len(raw)
 
 
-def repeated(ids: Callable[[], Iterator[str]]) -> set[str]:
-    """The ids that ``ids()`` yields more than once: hashes first (flat memory), then the few ids whose hash
-    repeats, compared exactly."""
-    seen: set[int] = set()
-    twice: set[int] = set()
-    for i in ids():
-        h = id_hash(i)
-        if h in seen:
-            twice.add(h)
-        seen.add(h)
-    if not twice:
-        return set()
-    seen_ids: set[str] = set()
-    out: set[str] = set()
-    for i in ids():
-        if id_hash(i) in twice:
-            if i in seen_ids:
-                out.add(i)
-            seen_ids.add(i)
-    return out
+def id_reader(path: Path) -> Callable[[int], str | None]:
+    """``id_at(offset)``: the custom_id of the line at that offset (IdSet's exact check on a hash match)."""
+
+    def id_at(offset: int) -> str | None:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            try:
+                obj = orjson.loads(f.readline())
+            except orjson.JSONDecodeError:
+                return None
+        cid = obj.get("custom_id") if isinstance(obj, dict) else None
+        return cid if isinstance(cid, str) else None
+
+    return id_at
 
 
 def check_input(path: Path, endpoint: str, max_line_bytes: int = 16 << 20) -> Checked:
@@ -71,16 +67,8 @@ def check_input(path: Path, endpoint: str, max_line_bytes: int = 16 << 20) -> Ch
         if len(out.errors) < MAX_ERRORS:
             out.errors.append(_error(code, message, line, param))
 
-    def ids() -> Iterator[str]:
-        for _, raw in lines(path):
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str) and obj["custom_id"]:
-                yield obj["custom_id"]
-
-    for n, raw in lines(path):
+    ids, id_at = IdSet(), id_reader(path)
+    for n, offset, raw in lines(path):
         out.total += 1
         if len(raw) > max_line_bytes:
             err("invalid_request", f"line {n} is longer than {max_line_bytes:,} bytes", n)
@@ -109,22 +97,12 @@ def check_input(path: Path, endpoint: str, max_line_bytes: int = 16 << 20) -> Ch
             err("invalid_request", f"line {n}: streaming (body.stream: true) is not supported in a batch", n,
                 "body.stream")
             continue
+        if ids.add(obj["custom_id"], offset, id_at, log=False) is not None:
+            err("duplicate_custom_id", f"line {n}: custom_id {obj['custom_id']!r} is used by an earlier line", n,
+                "custom_id")
+            continue
         if out.model is None and isinstance(obj["body"].get("model"), str):
             out.model = obj["body"]["model"]
     if out.total == 0:
         err("empty_file", "the input file has no request line", 0)
-    dups = repeated(ids)
-    if dups:
-        seen: set[str] = set()
-        for n, raw in lines(path):
-            try:
-                cid = orjson.loads(raw).get("custom_id")
-            except (orjson.JSONDecodeError, AttributeError):
-                continue
-            if cid in dups:
-                if cid in seen:
-                    err("duplicate_custom_id", f"line {n}: custom_id {cid!r} is used by an earlier line", n,
-                        "custom_id")
-                seen.add(cid)
-        out.errors.sort(key=lambda e: int(e["line"]))
     return out

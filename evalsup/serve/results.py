@@ -2,7 +2,8 @@
 and error file (the rest), each line in OpenAI's batch output shape {id, custom_id, response: {status_code,
 request_id, body}, error} (evalsup's metrics, metadata and scores left out). An expired batch's unanswered lines
 go to the error file as ``batch_expired``. Each custom_id at most once (a record seen twice is written once: the
-first). Both files are written to temp paths and fsynced; the caller renames them in."""
+first; the ids held in a ``tasks.idset.IdSet``, 16 bytes each). Both files are written to temp paths and
+fsynced; the caller renames them in."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import IO, Any
 
 import orjson
 
-from evalsup.serve.check import lines, repeated
+from evalsup.serve.check import id_reader, lines
+from evalsup.tasks.idset import IdSet
 from evalsup.tasks.records import record_id
 
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
@@ -26,13 +28,16 @@ class Split:
     errors: int = 0  # lines in the error file
 
 
-def _records(results: Path) -> Iterator[dict[str, Any]]:
+def _records(results: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(offset, record) of each complete line (a torn last line is no record)."""
     if not results.exists():
         return
+    offset = 0
     with open(results, "rb", buffering=1 << 20) as f:
         for raw in f:
-            if raw.endswith(b"\n"):  # a torn last line is no record
-                yield orjson.loads(raw)
+            if raw.endswith(b"\n"):
+                yield offset, orjson.loads(raw)
+            offset += len(raw)
 
 
 def openai_line(rec: dict[str, Any]) -> tuple[bool, bytes]:
@@ -57,28 +62,21 @@ def _sync_close(f: IO[bytes]) -> None:
 
 def split(results: Path, input_path: Path, out_path: Path, err_path: Path, expired: bool) -> Split:
     """Write the output and error files of a run's ``results`` (see the module's doc)."""
-    dups = repeated(lambda: (r["custom_id"] for r in _records(results)))
-    written: set[str] = set()  # only of the ids written twice
-    answered: set[str] = set()  # the ids answered, kept only for an expired batch's unanswered lines
+    written, id_at = IdSet(), id_reader(results)  # the ids written, by their record's offset
     s = Split()
     out_f, err_f = open(out_path, "wb"), open(err_path, "wb")  # noqa: SIM115 - closed by _sync_close
     try:
-        for rec in _records(results):
-            cid = rec["custom_id"]
-            if cid in dups:
-                if cid in written:
-                    continue
-                written.add(cid)
-            if expired:
-                answered.add(cid)
+        for offset, rec in _records(results):
+            if written.add(rec["custom_id"], offset, id_at, log=False) is not None:
+                continue  # written already
             ok, line = openai_line(rec)
             (out_f if ok else err_f).write(line)
             s.answered += ok
             s.errors += not ok
         if expired:
-            for _, raw in lines(input_path):
+            for _, _, raw in lines(input_path):
                 cid = orjson.loads(raw)["custom_id"]
-                if cid in answered:
+                if written.find(cid, id_at) is not None:
                     continue
                 err_f.write(orjson.dumps({"id": record_id(), "custom_id": cid, "response": None,
                                           "error": {"code": "batch_expired", "message": EXPIRED_MESSAGE}},
