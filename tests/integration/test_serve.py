@@ -251,10 +251,10 @@ def test_expired_batch_lists_unanswered_as_batch_expired(tmp_path: Path, start: 
                                                          mock: MockThread) -> None:
     p, base = serve(start, tmp_path / "data", mock, "--", "--concurrency", "2")
     c = client(base)
-    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(100, lambda i: {"mock": {"delay_s": 0.2}}))),
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(100, lambda i: {"mock": {"delay_s": 0.3}}))),
                        purpose="batch")
     b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                       completion_window="2s").id, p)  # type: ignore[arg-type]
+                                       completion_window="5s").id, p)  # type: ignore[arg-type]
     assert b.status == "expired" and b.expired_at is not None
     out, err = output_of(c, b.output_file_id), output_of(c, b.error_file_id)
     assert sorted(x["custom_id"] for x in out + err) == sorted(f"r{i}" for i in range(100))
