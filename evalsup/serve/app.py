@@ -116,7 +116,16 @@ class Api:
                   f"evalsup_serve_files {len(self.store.files)}",
                   "# HELP evalsup_serve_running_batches Batches whose run is going.",
                   "# TYPE evalsup_serve_running_batches gauge",
-                  f"evalsup_serve_running_batches {len(self.batches.running)}", ""]
+                  f"evalsup_serve_running_batches {len(self.batches.running)}"]
+        ended = [r for r in self.store.batches.values() if isinstance(r.extra.get("latency_s"), dict)]
+        if ended:  # the upstream's latency over the last batch that ended
+            last = max(ended, key=lambda r: r.batch.get("completed_at") or r.batch.get("cancelled_at")
+                       or r.batch.get("expired_at") or 0)
+            lines += ["# HELP evalsup_serve_upstream_latency_seconds The upstream's answer latency over the "
+                      "requests of the batch that ended last.", "# TYPE evalsup_serve_upstream_latency_seconds gauge"]
+            lines += [f'evalsup_serve_upstream_latency_seconds{{quantile="{q}"}} {last.extra["latency_s"][k]}'
+                      for q, k in (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99")) if k in last.extra["latency_s"]]
+        lines.append("")
         return web.Response(text="\n".join(lines), content_type="text/plain")
 
     # files

@@ -21,10 +21,13 @@ import os
 import signal
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from evalsup.common.child import child_env, die_with_parent, last_message
 from evalsup.config.exitcodes import BAD_INPUT, LOCKED, OK
@@ -72,7 +75,7 @@ class Batches:
         bid = shapes.new_batch_id()
         home = self.store.run_home(bid)
         home.mkdir()
-        os.link(self.store.data_path(input_file_id), home / INPUT)
+        self.store.link_input(input_file_id, home / INPUT)
         seconds = shapes.window_seconds(window) or 0
         batch = shapes.batch_object(bid, input_file_id=input_file_id, endpoint=endpoint, completion_window=window,
                                     created_at=now, expires_at=now + seconds, metadata=metadata)
@@ -185,11 +188,20 @@ class Batches:
         home = self.store.run_home(bid)
         s = self.settings
         cmd = [sys.executable, "-m", "evalsup", "run", str(home / INPUT), "--out", str(home / RUN)]
-        for u in s.upstreams:
-            cmd += ["--base-url", u]
+        if not self._env():
+            for u in s.upstreams:
+                cmd += ["--base-url", u]
         cmd += ["--api-key-env", s.api_key_env, "--max-concurrency", str(share(s.concurrency, s.max_running)),
                 *s.run_args, "--json", "--quiet"]
         return cmd
+
+    def _env(self) -> dict[str, str]:
+        """Upstreams holding user:password@ go to the run as OPENAI_BASE_URL, off its command line (which any
+        process listing shows), as the Python API passes them."""
+        ups = self.settings.upstreams
+        if any("@" in urllib.parse.urlsplit(u).netloc for u in ups) and not any("," in u for u in ups):
+            return {"OPENAI_BASE_URL": ",".join(ups)}
+        return {}
 
     async def _run(self, bid: str) -> str | None:
         """Run the batch's evalsup run to its end; how the batch ends (None: the server stops)."""
@@ -205,7 +217,8 @@ class Batches:
                 return shapes.EXPIRED
             with open(home / CHILD_ERR, "ab") as err, open(home / "child.out", "wb") as out:
                 proc = await asyncio.create_subprocess_exec(
-                    *self._command(bid), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err, env=child_env(),
+                    *self._command(bid), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+                    env={**child_env(), **self._env()},
                     start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None)
             self.children[bid] = proc
             signalled = False
@@ -277,6 +290,9 @@ class Batches:
                 fid, size=path.stat().st_size, created_at=now, filename=f"{bid}_{kind}.jsonl",
                 purpose="batch_output", expires_at=now + self.settings.retention_s), path)
             ids[kind] = fid
+        summary = _json(home / RUN / "summary.json")
+        if isinstance(summary.get("latency_s"), dict):  # the upstream's latency, for /metrics
+            rec.extra["latency_s"] = summary["latency_s"]
         rec.batch = {**rec.batch, "output_file_id": ids["output"], "error_file_id": ids["error"],
                      "request_counts": {"total": rec.total, "completed": s.answered, "failed": s.errors}}
         self._move(bid, ending, f"{s.answered:,} answered, {s.errors:,} in the error file")
@@ -292,3 +308,11 @@ def _tail(path: Path, size: int = 1 << 16) -> list[str]:
     with open(path, "rb") as f:
         f.seek(max(0, path.stat().st_size - size))
         return f.read().decode("utf-8", "replace").splitlines()
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return obj if isinstance(obj, dict) else {}

@@ -106,6 +106,17 @@ class Store:
         os.close(fd)
         return Path(name)
 
+    def link_input(self, file_id: str, dest: Path) -> None:
+        """The file's bytes at ``dest`` too (a batch's input: a hard link, a copy where links are refused), so a
+        DELETE of the file never takes a running batch's input away; durable before the batch is recorded."""
+        try:
+            os.link(self.data_path(file_id), dest)
+        except OSError:
+            shutil.copyfile(self.data_path(file_id), dest)
+            with open(dest, "rb+") as f:
+                os.fsync(f.fileno())
+        fsync_dir(dest.parent)
+
     def add_file(self, owner: str, file: dict[str, Any], data: Path) -> None:
         """``data`` (complete, fsynced) becomes the file's bytes, then the file is recorded: visible from then."""
         os.replace(data, self.data_path(file["id"]))

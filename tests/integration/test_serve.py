@@ -286,6 +286,7 @@ def test_metrics_and_health(tmp_path: Path, start: Callable[..., Run], mock: Moc
     text = urllib.request.urlopen(base.removesuffix("/v1") + "/metrics").read().decode()
     assert 'evalsup_serve_batches{state="completed"} 1' in text
     assert 'evalsup_serve_requests{result="completed"} 4' in text
+    assert 'evalsup_serve_upstream_latency_seconds{quantile="0.5"}' in text
 
 
 def test_kill_9_mid_upload_leaves_nothing(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
@@ -300,7 +301,7 @@ def test_kill_9_mid_upload_leaves_nothing(tmp_path: Path, start: Callable[..., R
     conn.putheader("Content-Type", "multipart/form-data; boundary=B")
     conn.putheader("Content-Length", str(10 << 20))
     conn.endheaders()
-    conn.send(head + batch_lines(2000))
+    conn.send(head + batch_lines(20000))  # past one 1 MiB chunk: some of it is written
     tmp = tmp_path / "data" / "tmp"
     wait_until(lambda: any(x.stat().st_size > 0 for x in tmp.iterdir()), "the upload on disk", proc=p)
     p.signal(signal.SIGKILL)
