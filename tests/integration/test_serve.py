@@ -4,8 +4,11 @@ the batch workflow end to end, kill -9 of the server mid-batch, two keys, bad up
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import signal
 import socket
+import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -346,3 +349,29 @@ def test_disk_full_upload_507_leaves_nothing(tmp_path: Path, start: Callable[...
     assert list((small_fs / "data" / "tmp").iterdir()) == []
     f = c.files.create(file=("small.jsonl", io.BytesIO(batch_lines(2))), purpose="batch")
     assert c.files.retrieve(f.id).bytes > 0
+
+
+INSPECT = os.environ.get("EVALSUP_TEST_INSPECT") or shutil.which("inspect")
+INSPECT_TASK = """
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.solver import generate
+
+
+@task
+def tiny():
+    return Task(dataset=[Sample(input=f"say {i}", target="x") for i in range(4)], solver=generate())
+"""
+
+
+@pytest.mark.skipif(INSPECT is None, reason="Inspect AI is not installed (pip install inspect-ai; or "
+                                            "EVALSUP_TEST_INSPECT=/path/to/inspect)")
+def test_inspect_ai_batch_mode_against_serve(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock)
+    (tmp_path / "tiny.py").write_text(INSPECT_TASK)
+    (tmp_path / "batch.yaml").write_text("size: 4\nsend_delay: 1\ntick: 1\n")
+    r = subprocess.run([str(INSPECT), "eval", "tiny.py", "--model", "openai/mock-model", "--batch", "batch.yaml",
+                        "--log-dir", "logs", "--display", "plain"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "OPENAI_BASE_URL": base, "OPENAI_API_KEY": "x"}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "completed: 4 answered" in p.stderr  # Inspect's requests went as one batch through serve
