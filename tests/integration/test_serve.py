@@ -375,3 +375,17 @@ def test_inspect_ai_batch_mode_against_serve(tmp_path: Path, start: Callable[...
                        env={**os.environ, "OPENAI_BASE_URL": base, "OPENAI_API_KEY": "x"}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "completed: 4 answered" in p.stderr  # Inspect's requests went as one batch through serve
+
+
+def test_two_batches_at_once_share_one_upstream(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock, "--concurrency", "8", "--max-running-batches", "2")
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(150, lambda i: {"mock": {"delay_s": 0.05}}))),
+                       purpose="batch")
+    made = [c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+            for _ in range(2)]
+    assert [wait_ended(c, b, p).status for b in made] == ["completed", "completed"]
+    states = [ln.split()[3].rstrip(":") for ln in p.stderr.splitlines() if ln.split()[2:3] and
+              ln.split()[2] in made]
+    assert states.index("completed") > max(i for i, s in enumerate(states) if s == "in_progress")  # both ran at once
+    assert 0 < mock.stats()["max_in_flight"] <= 8  # together, never more than --concurrency on the upstream
