@@ -200,8 +200,9 @@ class Api:
                 except OSError:  # the disk is full: answer once the client has sent it all
                     await _drop_rest(part, reader)
                     raise
-            if last != b"\n":
-                lines += 1
+            if last != b"\n" and lines + 1 > self.limits.max_lines:  # the last line has no newline
+                raise ApiError(413, f"The file is larger than the server's limit of {self.limits.max_lines:,} "
+                                    "lines.", "file_too_large", "file")
             f.flush()
             os.fsync(f.fileno())
         if size == 0:

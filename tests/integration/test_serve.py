@@ -125,11 +125,14 @@ def test_bad_file_fails_with_line_numbers(tmp_path: Path, start: Callable[..., R
 
 
 def test_oversized_upload_413_leaves_nothing(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
-    _, base = serve(start, tmp_path / "data", mock, "--max-file-mb", "0.01")
+    _, base = serve(start, tmp_path / "data", mock, "--max-file-mb", "0.01", "--max-file-lines", "50")
     c = client(base)
-    with pytest.raises(openai.APIStatusError) as e:
-        c.files.create(file=("big.jsonl", io.BytesIO(batch_lines(200))), purpose="batch")
-    assert e.value.status_code == 413
+    for n in (200, 60):  # past the size (about 24 KB), past the lines (about 7 KB)
+        with pytest.raises(openai.APIStatusError) as e:
+            c.files.create(file=("big.jsonl", io.BytesIO(batch_lines(n))), purpose="batch")
+        assert e.value.status_code == 413 and e.value.code == "file_too_large"
+    assert c.files.create(file=("ok.jsonl", io.BytesIO(batch_lines(50))), purpose="batch").bytes > 0
+    c.files.delete(c.files.list().data[0].id)
     assert c.files.list().data == []
     assert list((tmp_path / "data" / "tmp").iterdir()) == []
     assert list((tmp_path / "data" / "files").iterdir()) == []
