@@ -66,6 +66,7 @@ class Batches:
         self.children: dict[str, asyncio.subprocess.Process] = {}
         self.last_start: dict[str, float] = {}
         self.stopping = False
+        self.wakes: dict[str, asyncio.Event] = {}  # a batch waiting to try its run again is woken by a cancel
 
     # the API's verbs
     def create(self, owner: str, input_file_id: str, endpoint: str, window: str,
@@ -112,7 +113,7 @@ class Batches:
     async def drain(self) -> None:
         """SIGTERM: every run checkpoints and stops (their batches resume at the next start)."""
         self.stopping = True
-        for bid in list(self.children):
+        for bid in {*self.children, *self.wakes}:
             self._signal(bid)
         await asyncio.gather(*self.running.values(), return_exceptions=True)
 
@@ -182,6 +183,7 @@ class Batches:
             log.exception("%s: an internal error; the batch goes on at the next start", bid)
         finally:
             self.running.pop(bid, None)
+            self.wakes.pop(bid, None)
             self.schedule()
 
     def _command(self, bid: str) -> list[str]:
@@ -248,10 +250,13 @@ class Batches:
             if rec.batch["status"] == shapes.CANCELLING or self.clock() >= rec.batch["expires_at"]:
                 continue  # the loop's head says which
             failures += 1
-            delay = min(60.0, 2.0 ** failures)
+            delay = min(60.0, 2.0 ** failures, max(0.0, rec.batch["expires_at"] - self.clock()))
             log.warning("%s: its run stopped (exit %s: %s); again in %.0fs", bid, code,
                         last_message(_tail(home / CHILD_ERR)) or "no message", delay)
-            await asyncio.sleep(delay)
+            wake = self.wakes.setdefault(bid, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)  # a cancel or the server's stop ends the wait
+            wake.clear()
 
     async def _count(self, bid: str) -> None:
         rec = self.store.batches[bid]
@@ -259,6 +264,9 @@ class Batches:
         rec.batch = {**rec.batch, "request_counts": {"total": rec.total, "completed": st.ok, "failed": st.failed}}
 
     def _signal(self, bid: str) -> bool:
+        """SIGTERM to the batch's run (it drains and checkpoints), or wake it from a wait to try again."""
+        if (wake := self.wakes.get(bid)) is not None:
+            wake.set()
         proc = self.children.get(bid)
         if proc is None or proc.returncode is not None:
             return False

@@ -65,7 +65,7 @@ async def _serve(cfg: ServeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     batches.resume()
-    sweeper = loop.create_task(_sweep(batches))
+    sweeper = loop.create_task(_sweep(batches, min(SWEEP_S, max(1.0, cfg.settings.retention_s / 4))))
     await stop.wait()
     log.info("stopping: every run checkpoints; their batches resume at the next start")
     sweeper.cancel()
@@ -74,8 +74,9 @@ async def _serve(cfg: ServeConfig) -> None:
     log.info("stopped")
 
 
-async def _sweep(batches: Batches) -> None:
+async def _sweep(batches: Batches, every: float) -> None:
+    """Retention, every minute (more often under a short --retention-hours)."""
     while True:
         with contextlib.suppress(OSError):
             batches.sweep()
-        await asyncio.sleep(SWEEP_S)
+        await asyncio.sleep(every)

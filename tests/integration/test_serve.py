@@ -392,3 +392,24 @@ def test_two_batches_at_once_share_one_upstream(tmp_path: Path, start: Callable[
               ln.split()[2] in made]
     assert states.index("completed") > max(i for i, s in enumerate(states) if s == "in_progress")  # both ran at once
     assert 0 < mock.stats()["max_in_flight"] <= 8  # together, never more than --concurrency on the upstream
+
+
+def test_retention_removes_expired_files_and_old_batches(tmp_path: Path, start: Callable[..., Run],
+                                                         mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock, "--retention-hours", "0.0006")  # about 2 s
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(3))), purpose="batch")
+    assert f.expires_at is not None and f.expires_at - f.created_at <= 3
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+
+    def gone() -> bool:
+        try:
+            c.batches.retrieve(bid)
+            return False
+        except openai.NotFoundError:
+            return True
+
+    wait_until(gone, "the ended batch removed", proc=p)
+    assert c.files.list().data == []
+    assert list((tmp_path / "data" / "runs").iterdir()) == []
+    assert "removed: ended more than the retention ago" in p.stderr
