@@ -193,8 +193,10 @@ class Batches:
         if not self._env():
             for u in s.upstreams:
                 cmd += ["--base-url", u]
+        # --no-check: an upstream down when a run starts is waited for (the run's breaker, then serve's retries
+        # until the window ends), never a failed batch; a model it does not serve is each line's error
         cmd += ["--api-key-env", s.api_key_env, "--max-concurrency", str(share(s.concurrency, s.max_running)),
-                *s.run_args, "--json", "--quiet"]
+                "--no-check", *s.run_args, "--json", "--quiet"]
         return cmd
 
     def _env(self) -> dict[str, str]:

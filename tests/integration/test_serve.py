@@ -413,3 +413,17 @@ def test_retention_removes_expired_files_and_old_batches(tmp_path: Path, start: 
     assert c.files.list().data == []
     assert list((tmp_path / "data" / "runs").iterdir()) == []
     assert "removed: ended more than the retention ago" in p.stderr
+
+
+def test_upstream_down_at_the_start_is_waited_for(tmp_path: Path, start: Callable[..., Run]) -> None:
+    port = free_port()
+    later = MockThread(MockConfig(seed=4), port=port)
+    p, base = serve(start, tmp_path / "data", later)  # its URL: nothing listens there yet
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(5))), purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    events = tmp_path / "data" / "runs" / bid / "run" / "events.jsonl"
+    wait_until(lambda: events.exists() and b"breaker_open" in events.read_bytes(), "the run to find it down", proc=p)
+    with later:
+        b = wait_ended(c, bid, p)
+    assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 5
