@@ -33,7 +33,7 @@ from evalsup.common.child import child_env, die_with_parent, last_message
 from evalsup.config.exitcodes import BAD_INPUT, LOCKED, OK
 from evalsup.serve import shapes
 from evalsup.serve.check import check_input
-from evalsup.serve.fair import Queued, next_batch, share
+from evalsup.serve.fair import Queued, Running, next_batch, preempt, share
 from evalsup.serve.results import split
 from evalsup.serve.store import BatchRec, Store
 from evalsup.tools.status import run_status
@@ -41,6 +41,7 @@ from evalsup.tools.status import run_status
 log = logging.getLogger("evalsup.serve")
 POLL_S = 1.0  # how often a running batch's counts are read
 INPUT, RUN, CHILD_ERR = "input.jsonl", "run", "child.err"
+YIELDED = "yielded"  # _run's answer for a batch that gave its slot back (not an OpenAI state)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class Batches:
         self.last_start: dict[str, float] = {}
         self.stopping = False
         self.wakes: dict[str, asyncio.Event] = {}  # a batch waiting to try its run again is woken by a cancel
+        self.started: dict[str, float] = {}  # when each running batch got its slot
+        self.yielding: set[str] = set()  # running batches asked to give their slot back (fair.preempt)
 
     # the API's verbs
     def create(self, owner: str, input_file_id: str, endpoint: str, window: str,
@@ -126,6 +129,16 @@ class Batches:
             self.queue.remove(bid)
             self.last_start[self.store.batches[bid].owner] = self.clock()
             self._start(bid)
+        if self.stopping or not self.queue:
+            return
+        victim = preempt([Running(b, self.store.batches[b].owner, self.started.get(b, 0.0))
+                          for b in self.running if b not in self.yielding],
+                         [Queued(b, self.store.batches[b].owner, 0) for b in self.queue],
+                         self.settings.max_running - len(self.yielding))
+        if victim is not None and self.store.batches[victim].batch["status"] == shapes.IN_PROGRESS:
+            self.yielding.add(victim)
+            log.info("%s yields its slot to another key's batch: it waits in line to resume", victim)
+            self._signal(victim)
 
     def sweep(self) -> None:
         """Retention: files past their expires_at, and ended batches older than --retention-hours (their record
@@ -145,6 +158,7 @@ class Batches:
 
     # the life of one batch
     def _start(self, bid: str) -> None:
+        self.started[bid] = self.clock()
         task = asyncio.get_running_loop().create_task(self._life(bid), name=bid)
         self.running[bid] = task
 
@@ -176,6 +190,9 @@ class Batches:
                 ending = await self._run(bid)
                 if ending is None:  # the server is stopping: the batch resumes at the next start
                     return
+                if ending == YIELDED:  # in line again, to resume where its run stopped
+                    self.queue.append(bid)
+                    return
             if ending == shapes.FAILED:
                 return
             await self._finalize(bid, ending)
@@ -184,6 +201,8 @@ class Batches:
         finally:
             self.running.pop(bid, None)
             self.wakes.pop(bid, None)
+            self.started.pop(bid, None)
+            self.yielding.discard(bid)
             self.schedule()
 
     def _command(self, bid: str) -> list[str]:
@@ -208,7 +227,8 @@ class Batches:
         return {}
 
     async def _run(self, bid: str) -> str | None:
-        """Run the batch's evalsup run to its end; how the batch ends (None: the server stops)."""
+        """Run the batch's evalsup run to its end; how the batch ends (None: the server stops; YIELDED: it gave
+        its slot to another key's batch)."""
         rec = self.store.batches[bid]
         home = self.store.run_home(bid)
         failures = 0
@@ -219,6 +239,8 @@ class Batches:
                 return shapes.CANCELLED
             if self.clock() >= rec.batch["expires_at"]:
                 return shapes.EXPIRED
+            if bid in self.yielding:
+                return YIELDED
             with open(home / CHILD_ERR, "ab") as err, open(home / "child.out", "wb") as out:
                 proc = await asyncio.create_subprocess_exec(
                     *self._command(bid), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
@@ -240,6 +262,8 @@ class Batches:
                 return shapes.COMPLETED
             if self.stopping:
                 return None
+            if bid in self.yielding and rec.batch["status"] == shapes.IN_PROGRESS:
+                return YIELDED
             if code == LOCKED:  # the run before a restart still drains
                 await asyncio.sleep(1.0)
                 continue

@@ -427,3 +427,28 @@ def test_upstream_down_at_the_start_is_waited_for(tmp_path: Path, start: Callabl
     with later:
         b = wait_ended(c, bid, p)
     assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 5
+
+
+def test_a_new_key_gets_a_slot_from_a_key_holding_all(tmp_path: Path, start: Callable[..., Run],
+                                                     mock: MockThread) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("key-a\nkey-b\n")
+    p, base = serve(start, tmp_path / "data", mock, "--api-keys", str(keys), "--max-running-batches", "2", "--",
+                    "--concurrency", "2")
+    a, b = client(base, "key-a"), client(base, "key-b")
+    fa = a.files.create(file=("a.jsonl", io.BytesIO(batch_lines(60, lambda i: {"mock": {"delay_s": 0.1}}))),
+                        purpose="batch")
+    big = [a.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h").id
+           for _ in range(2)]
+    wait_until(lambda: all(a.batches.retrieve(x).status == "in_progress" for x in big), "A's two running", proc=p)
+    fb = b.files.create(file=("b.jsonl", io.BytesIO(batch_lines(3))), purpose="batch")
+    small = b.batches.create(input_file_id=fb.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    done_b = wait_ended(b, small, p)
+    assert done_b.status == "completed" and done_b.completed_at is not None
+    ends = [wait_ended(a, x, p) for x in big]
+    assert all(x.status == "completed" for x in ends)
+    assert (ends[1].completed_at or 0) >= done_b.completed_at  # A's newest gave its slot to B's and ended after
+    assert f"{big[1]} yields its slot" in p.stderr
+    for x in ends:  # the yielded batch resumed: each custom_id once
+        ids = [r["custom_id"] for r in output_of(a, x.output_file_id) + output_of(a, x.error_file_id)]
+        assert sorted(ids) == sorted(f"r{i}" for i in range(60))

@@ -121,3 +121,13 @@ def test_start_removes_what_a_crash_left_half_done(tmp_path: Path) -> None:
     assert list(again.batches) == [kept["id"]] and again.batches[kept["id"]].batch == kept
     assert [p.name for p in s.runs_dir.iterdir()] == [kept["id"]]
     assert not list(s.tmp_dir.iterdir()) and not list(s.files_dir.iterdir())
+
+
+def test_a_key_without_a_slot_takes_one_from_the_key_holding_most() -> None:
+    from evalsup.serve.fair import Running, preempt
+
+    a1, a2, b1 = Running("a1", "A", 1), Running("a2", "A", 2), Running("b1", "B", 3)
+    assert preempt([a1, a2], [Queued("c1", "C", 5)], 2) == "a2"  # A's newest yields
+    assert preempt([a1, b1], [Queued("c1", "C", 5)], 2) is None  # nobody holds two
+    assert preempt([a1, a2], [Queued("a3", "A", 5)], 2) is None  # A waits behind itself
+    assert preempt([a1], [Queued("c1", "C", 5)], 2) is None  # a free slot: no one yields
