@@ -452,3 +452,19 @@ def test_a_new_key_gets_a_slot_from_a_key_holding_all(tmp_path: Path, start: Cal
     for x in ends:  # the yielded batch resumed: each custom_id once
         ids = [r["custom_id"] for r in output_of(a, x.output_file_id) + output_of(a, x.error_file_id)]
         assert sorted(ids) == sorted(f"r{i}" for i in range(60))
+
+
+def test_kill_9_right_after_create_then_restart_completes(tmp_path: Path, start: Callable[..., Run],
+                                                          mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(50))), purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    p.signal(signal.SIGKILL)  # the create has answered: the batch is recorded, whatever its phase now
+    p.p.wait()
+    _, base2 = serve(start, tmp_path / "data", mock)
+    c2 = client(base2)
+    b = wait_ended(c2, bid)
+    assert b.status == "completed" and b.input_file_id == f.id
+    ids = [x["custom_id"] for x in output_of(c2, b.output_file_id) + output_of(c2, b.error_file_id)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(50))
