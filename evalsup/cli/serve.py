@@ -42,11 +42,14 @@ def serve_command(upstreams: tuple[str, ...], data: Path, host: str, port: int, 
                   max_file_lines: int, retention_hours: float, run_args: tuple[str, ...]) -> None:
     """Serve OpenAI's Files and Batches API in front of OpenAI-compatible endpoints: each batch is an evalsup
     run (exactly once, resumed after any crash of the server). Options after -- go to each batch's `evalsup run`
-    (e.g. -- --max-attempts 3). See docs/serve.md."""
+    (e.g. -- --max-attempts 3). See docs/serve.md.
+
+    Exit codes: 0 after SIGTERM or SIGINT (drained: every run checkpointed); 2 bad settings (a key file, a host
+    beyond loopback without keys, a port in use); 73 another evalsup serve holds DIR; 1 DIR's state unreadable."""
     from evalsup.serve.app import Limits
     from evalsup.serve.auth import KeysError, read_keys
     from evalsup.serve.runner import Settings
-    from evalsup.serve.server import ServeConfig, is_loopback, serve_forever
+    from evalsup.serve.server import ServeConfig, ServeError, is_loopback, serve_forever
 
     owners = None
     if api_keys is not None:
@@ -67,4 +70,8 @@ def serve_command(upstreams: tuple[str, ...], data: Path, host: str, port: int, 
     except OSError as e:
         click.echo(f"evalsup: --data {data}: {e.strerror}", err=True)
         sys.exit(BAD_INPUT)
-    serve_forever(ServeConfig(host, port, data, settings, limits, owners))
+    try:
+        sys.exit(serve_forever(ServeConfig(host, port, data, settings, limits, owners)))
+    except ServeError as e:
+        click.echo(f"evalsup: {e}", err=True)
+        sys.exit(e.code)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from evalsup.config.exitcodes import BAD_INPUT, FAILED, LOCKED, OK
+from evalsup.rundir.lock import RunDirBusy, RunDirError, RunDirLock
 from evalsup.serve.app import Api, Limits
 from evalsup.serve.runner import Batches, Settings
 from evalsup.serve.store import Store
@@ -43,20 +45,48 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-def serve_forever(cfg: ServeConfig) -> None:
+class ServeError(Exception):
+    """The server cannot start: one line, and the exit code (exitcodes)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def serve_forever(cfg: ServeConfig) -> int:
+    """Serve until SIGTERM or SIGINT; the exit code (0 after a drain). Raises ServeError when it cannot start."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="evalsup serve: %(message)s")
-    asyncio.run(_serve(cfg))
+    lock = RunDirLock(cfg.data)  # one server per DIR (the kernel drops the flock however the holder dies)
+    try:
+        lock.acquire(command="serve")
+    except RunDirBusy as e:
+        raise ServeError(str(e), LOCKED) from None
+    except RunDirError as e:
+        raise ServeError(str(e), BAD_INPUT) from None
+    try:
+        asyncio.run(_serve(cfg))
+    finally:
+        lock.release()
+    return OK
 
 
 async def _serve(cfg: ServeConfig) -> None:
     store = Store(cfg.data)
-    for p in store.load():
+    try:
+        removed = store.load()
+    except (OSError, ValueError, KeyError) as e:
+        raise ServeError(f"--data {cfg.data}: its state cannot be read ({e}); nothing was changed", FAILED) from None
+    for p in removed:
         log.info("removed what a crash left half done: %s", p)
     batches = Batches(store, cfg.settings)
     runner = web.AppRunner(Api(batches, cfg.owners, cfg.limits).app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ServeError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", BAD_INPUT) from None
     port = runner.addresses[0][1] if runner.addresses else cfg.port
     log.info("listening on http://%s:%s/v1 (data %s, upstreams %s, %s)", cfg.host, port, cfg.data,
              len(cfg.settings.upstreams), "keys required" if cfg.owners is not None else "no keys: loopback only")

@@ -468,3 +468,15 @@ def test_kill_9_right_after_create_then_restart_completes(tmp_path: Path, start:
     assert b.status == "completed" and b.input_file_id == f.id
     ids = [x["custom_id"] for x in output_of(c2, b.output_file_id) + output_of(c2, b.error_file_id)]
     assert sorted(ids) == sorted(f"r{i}" for i in range(50))
+
+
+def test_one_server_per_data_dir_and_a_port_in_use(tmp_path: Path, start: Callable[..., Run],
+                                                   mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock)
+    second = start("serve", "--upstream", mock.url, "--data", str(tmp_path / "data"), "--port", str(free_port()))
+    assert second.finish() == 73
+    assert "in use by another evalsup" in second.stderr and "Traceback" not in second.stderr
+    port = base.rsplit(":", 1)[1].split("/")[0]
+    taken = start("serve", "--upstream", mock.url, "--data", str(tmp_path / "other"), "--port", port)
+    assert taken.finish() == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
