@@ -26,6 +26,32 @@ EXPIRED_MESSAGE = "This request could not be executed before the completion wind
 class Split:
     answered: int = 0  # lines in the output file
     errors: int = 0  # lines in the error file
+    input_tokens: int = 0  # summed over the answers' usage (chat's prompt/completion, or responses' input/output)
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def add_usage(self, body: Any) -> None:
+        u = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(u, dict):
+            return
+        self.input_tokens += _int(u.get("prompt_tokens", u.get("input_tokens")))
+        self.output_tokens += _int(u.get("completion_tokens", u.get("output_tokens")))
+        details_in = u.get("prompt_tokens_details") or u.get("input_tokens_details")
+        details_out = u.get("completion_tokens_details") or u.get("output_tokens_details")
+        self.cached_tokens += _int(details_in.get("cached_tokens")) if isinstance(details_in, dict) else 0
+        self.reasoning_tokens += _int(details_out.get("reasoning_tokens")) if isinstance(details_out, dict) else 0
+
+    def usage(self) -> dict[str, Any]:
+        """The Batch's ``usage`` (openai.types.BatchUsage)."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "total_tokens": self.input_tokens + self.output_tokens,
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def _records(results: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -70,6 +96,8 @@ def split(results: Path, input_path: Path, out_path: Path, err_path: Path, expir
             if written.add(rec["custom_id"], offset, id_at, log=False) is not None:
                 continue  # written already
             ok, line = openai_line(rec)
+            if ok:
+                s.add_usage(rec["response"].get("body"))
             (out_f if ok else err_f).write(line)
             s.answered += ok
             s.errors += not ok

@@ -328,7 +328,8 @@ class Batches:
         if isinstance(summary.get("latency_s"), dict):  # the upstream's latency, for /metrics
             rec.extra["latency_s"] = summary["latency_s"]
         rec.batch = {**rec.batch, "output_file_id": ids["output"], "error_file_id": ids["error"],
-                     "request_counts": {"total": rec.total, "completed": s.answered, "failed": s.errors}}
+                     "request_counts": {"total": rec.total, "completed": s.answered, "failed": s.errors},
+                     "usage": s.usage()}
         self._move(bid, ending, f"{s.answered:,} answered, {s.errors:,} in the error file")
 
     def _move(self, bid: str, status: str, note: str = "") -> None:

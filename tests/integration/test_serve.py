@@ -92,6 +92,7 @@ def test_openai_sdk_batch_workflow(tmp_path: Path, start: Callable[..., Run], mo
     Batch.model_validate(c.batches.with_raw_response.retrieve(b.id).http_response.json())
     assert b.request_counts is not None
     assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (20, 19, 1)
+    assert b.usage is not None and b.usage.output_tokens > 0
     out, err = output_of(c, b.output_file_id), output_of(c, b.error_file_id)
     assert sorted(x["custom_id"] for x in out + err) == sorted(f"r{i}" for i in range(20))
     assert all(x["response"]["status_code"] == 200 and x["error"] is None for x in out)

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from openai.types import Batch, FileObject
+from openai.types.batch_usage import BatchUsage
 
 from evalsup.serve import shapes
 from evalsup.serve.auth import KeysError, owner_of, read_keys
@@ -77,7 +78,8 @@ def test_validation_names_each_bad_line(tmp_path: Path) -> None:
 
 
 def record(cid: str, status: int | None, error: dict[str, Any] | None = None) -> bytes:
-    resp = None if status is None else {"status_code": status, "request_id": "r", "body": {"x": 1}}
+    resp = None if status is None else {"status_code": status, "request_id": "r", "body": {
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}}}
     return orjson.dumps({"id": f"batch_req_{cid}", "custom_id": cid, "response": resp, "error": error,
                          "metrics": {"latency_s": 1}}) + b"\n"
 
@@ -93,6 +95,8 @@ def test_split_into_output_and_errors_each_id_once(tmp_path: Path) -> None:
     outs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
     errs = [orjson.loads(x) for x in err.read_bytes().splitlines()]
     assert (s.answered, s.errors) == (1, 4)
+    usage = BatchUsage.model_validate(s.usage())  # the answers' tokens only, each once
+    assert (usage.input_tokens, usage.output_tokens, usage.input_tokens_details.cached_tokens) == (3, 5, 1)
     assert [x["custom_id"] for x in outs] == ["a"] and set(outs[0]) == {"id", "custom_id", "response", "error"}
     assert [(x["custom_id"], x["error"] and x["error"]["code"]) for x in errs] == [
         ("b", None), ("c", "timeout_read"), ("d", "batch_expired"), ("e", "batch_expired")]
