@@ -481,3 +481,19 @@ def test_one_server_per_data_dir_and_a_port_in_use(tmp_path: Path, start: Callab
     taken = start("serve", "--upstream", mock.url, "--data", str(tmp_path / "other"), "--port", port)
     assert taken.finish() == 2
     assert f"cannot listen on 127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
+
+
+def test_responses_and_embeddings_batches(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock)
+    c = client(base)
+    bodies = {"/v1/responses": {"model": "mock-model", "input": "hi"},
+              "/v1/embeddings": {"model": "mock-model", "input": "hi"}}
+    for url, body in bodies.items():
+        data = b"".join(orjson.dumps({"custom_id": f"{url}-{i}", "method": "POST", "url": url, "body": body}) + b"\n"
+                        for i in range(3))
+        f = c.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+        b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint=url,  # type: ignore[arg-type]
+                                           completion_window="24h").id)
+        assert b.status == "completed" and b.endpoint == url
+        out = output_of(c, b.output_file_id)
+        assert len(out) == 3 and all(x["response"]["body"]["object"] in ("response", "list") for x in out)
