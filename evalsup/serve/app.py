@@ -315,10 +315,17 @@ def _limit(request: web.Request, most: int) -> int:
     return int(raw)
 
 
+DROP_MOST = 1 << 30  # past this much more of a refused body, the connection is closed instead
+
+
 async def _drop_rest(part: BodyPartReader, reader: Any) -> None:
-    """Read and drop what is left of the request's body, so the client reads the answer instead of a reset."""
-    while await part.read_chunk(CHUNK):
-        pass
+    """Read and drop what is left of the request's body (up to DROP_MOST), so the client reads the answer
+    instead of a reset."""
+    dropped = 0
+    while dropped <= DROP_MOST and (chunk := await part.read_chunk(CHUNK)):
+        dropped += len(chunk)
+    if dropped > DROP_MOST:
+        return
     while (nxt := await reader.next()) is not None:
         await nxt.release()
 
