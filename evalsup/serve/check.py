@@ -81,6 +81,9 @@ def check_input(path: Path, endpoint: str, max_line_bytes: int = 16 << 20) -> Ch
         if not isinstance(obj, dict) or "custom_id" not in obj:
             err("missing_required_parameter", f"line {n} has no custom_id", n, "custom_id")
             continue
+        if not isinstance(obj["custom_id"], str) or not obj["custom_id"]:
+            err("invalid_request", f"line {n}: custom_id must be a non-empty string", n, "custom_id")
+            continue
         url = obj.get("url")
         if url not in BATCH_URLS:
             err("invalid_url", f"line {n}: url {url!r} is not one of {', '.join(BATCH_URLS)}", n, "url")

@@ -64,11 +64,12 @@ def test_keys_take_turns_and_each_batch_its_share() -> None:
 def test_validation_names_each_bad_line(tmp_path: Path) -> None:
     p = tmp_path / "in.jsonl"
     p.write_bytes(line("a") + b"{oops\n" + line("a") + line("b", "/v1/embeddings") + line("c", "/v1/x")
-                  + line("d", stream=True) + b"\n" + orjson.dumps({"id": "e", "prompt": "x"}) + b"\n")
+                  + line("d", stream=True) + b"\n" + orjson.dumps({"id": "e", "prompt": "x"}) + b"\n"
+                  + line("f").replace(b'"f"', b"7"))
     got = check_input(p, "/v1/chat/completions")
     assert [(e["line"], e["code"]) for e in got.errors] == [
         (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "mismatched_endpoint"), (5, "invalid_url"),
-        (6, "invalid_request"), (8, "missing_required_parameter")]
+        (6, "invalid_request"), (8, "missing_required_parameter"), (9, "invalid_request")]
     ok = tmp_path / "ok.jsonl"
     ok.write_bytes(line("a") + line("b"))
     assert check_input(ok, "/v1/chat/completions").errors == [] and check_input(ok, "/v1/chat/completions").total == 2
