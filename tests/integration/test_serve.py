@@ -343,8 +343,8 @@ def test_finalizing_again_after_a_crash_writes_the_same_files(tmp_path: Path, st
     assert len(c2.files.list(purpose="batch_output").data) == 1
 
 
-def test_disk_full_upload_507_leaves_nothing(tmp_path: Path, start: Callable[..., Run], mock: MockThread,
-                                             small_fs: Path) -> None:
+def test_disk_full_upload_507_leaves_nothing(tmp_path: Path, small_fs: Path, start: Callable[..., Run],
+                                             mock: MockThread) -> None:  # small_fs first: unmounted after the kill
     _, base = serve(start, small_fs / "data", mock)
     c = client(base)
     with pytest.raises(openai.APIStatusError) as e:
