@@ -497,3 +497,14 @@ def test_responses_and_embeddings_batches(tmp_path: Path, start: Callable[..., R
         assert b.status == "completed" and b.endpoint == url
         out = output_of(c, b.output_file_id)
         assert len(out) == 3 and all(x["response"]["body"]["object"] in ("response", "list") for x in out)
+
+
+def test_a_wrong_run_option_fails_the_batch_with_its_message(tmp_path: Path, start: Callable[..., Run],
+                                                             mock: MockThread) -> None:
+    _, base = serve(start, tmp_path / "data", mock, "--", "--no-such-option")
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(2))), purpose="batch")
+    b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h").id)
+    assert b.status == "failed" and b.errors is not None and b.errors.data
+    assert "--no-such-option" in (b.errors.data[0].message or "")
