@@ -231,6 +231,8 @@ class Batches:
         its slot to another key's batch)."""
         rec = self.store.batches[bid]
         home = self.store.run_home(bid)
+        if (home / RUN).exists():  # a resumed batch: its counts so far, before its run's first second
+            await self._count(bid)
         failures = 0
         while True:
             if self.stopping:
