@@ -93,10 +93,14 @@ class Batches:
         rec = self.store.batches[bid]
         if rec.batch["status"] in shapes.ENDED or rec.batch["status"] in (shapes.CANCELLING, shapes.FINALIZING):
             return rec.batch
+        was = rec.batch["status"]
         self._move(bid, shapes.CANCELLING)
-        if bid in self.queue:  # never started: nothing to stop
+        if bid in self.queue:
             self.queue.remove(bid)
-            self._move(bid, shapes.CANCELLED)
+            if was == shapes.VALIDATING:  # never started: nothing answered
+                self._move(bid, shapes.CANCELLED)
+            else:  # it yielded its slot: what its run answered goes to the output file
+                self._start(bid)
         else:
             self._signal(bid)
         return rec.batch
