@@ -16,6 +16,7 @@ from evalsup.cli.cache import cache_command
 from evalsup.cli.config_file import META_KEY as CONFIG_META
 from evalsup.cli.config_file import config_option
 from evalsup.cli.mock import mock_command
+from evalsup.cli.serve import serve_command
 from evalsup.config.options import BY_NAME, GROUPS, Option, env_var
 from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
 
@@ -66,6 +67,7 @@ def main() -> None:
     evalsup run --workers 4 tasks.jsonl       the real job, against $OPENAI_BASE_URL
     evalsup status tasks.run                  progress of a run, from another shell
     evalsup estimate tasks.jsonl              what a run would send and cost, before it starts
+    evalsup serve --upstream URL --data DIR   OpenAI's Batch API (files, batches) in front of URL
     """
 
 
@@ -306,6 +308,7 @@ next steps:
 
 main.add_command(mock_command)  # `evalsup mock`: evalsup/cli/mock.py
 main.add_command(cache_command)  # `evalsup cache ...`: evalsup/cli/cache.py (issue 30)
+main.add_command(serve_command)  # `evalsup serve`: evalsup/cli/serve.py (issue 42)
 
 
 

@@ -25,7 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "supervisor": {"common", "ipc", "tasks", "scoring", "config", "rundir", "cache"},
     "batch": {"common", "ipc", "tasks", "scoring", "config", "rundir", "worker"},
     "tools": {"common", "tasks", "scoring", "config", "rundir", "worker", "batch", "cache"},
-    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray", "cache", "batch"},
+    "serve": {"common", "tasks", "config", "rundir", "tools"},
+    "cli": {"common", "tasks", "config", "rundir", "supervisor", "tools", "mock", "ray", "cache", "batch", "serve"},
     "api": {"common", "tasks", "config", "rundir", "cli"},
     "ray": {"common", "tasks", "config", "rundir", "tools", "api"},
 }

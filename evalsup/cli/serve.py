@@ -1,0 +1,77 @@
+"""`evalsup serve`: the command. Imports the server (aiohttp) only when the command runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from evalsup.config.exitcodes import BAD_INPUT
+
+
+@click.command("serve", context_settings={"ignore_unknown_options": True})
+@click.option("--upstream", "upstreams", multiple=True, required=True, metavar="URL",
+              help="An OpenAI-compatible endpoint's base URL with /v1 (repeatable: requests are spread over them).")
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory of the server's state: files, batches and each batch's run directory.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (anything but loopback needs --api-keys).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="Port to listen on (0: any free one).")
+@click.option("--api-keys", "api_keys", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File of the keys clients may use, one a line (or its SHA-256): each key sees only its own files "
+                   "and batches.")
+@click.option("--upstream-api-key-env", default="OPENAI_API_KEY", show_default=True, metavar="NAME",
+              help="Environment variable holding the upstream's key (never printed or stored).")
+@click.option("--max-running-batches", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Batches whose runs go at once; the others wait, keys served in turn.")
+@click.option("--concurrency", type=click.IntRange(1, 100_000), default=256, show_default=True,
+              help="Requests in flight per upstream, shared equally by the running batches (each run's "
+                   "--max-concurrency is this divided by --max-running-batches).")
+@click.option("--max-file-mb", type=click.FloatRange(0, None, min_open=True), default=200.0, show_default=True,
+              help="Largest upload (413 past it).")
+@click.option("--max-file-lines", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help="Most lines in an upload (413 past it).")
+@click.option("--retention-hours", type=click.FloatRange(0, None, min_open=True), default=720.0, show_default=True,
+              help="Files expire this long after their upload; ended batches (their run directories) are removed "
+                   "this long after their end.")
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- RUN_OPTION ...]")
+def serve_command(upstreams: tuple[str, ...], data: Path, host: str, port: int, api_keys: Path | None,
+                  upstream_api_key_env: str, max_running_batches: int, concurrency: int, max_file_mb: float,
+                  max_file_lines: int, retention_hours: float, run_args: tuple[str, ...]) -> None:
+    """Serve OpenAI's Files and Batches API in front of OpenAI-compatible endpoints: each batch is an evalsup
+    run (exactly once, resumed after any crash of the server). Options after -- go to each batch's `evalsup run`
+    (e.g. -- --max-attempts 3). See docs/serve.md.
+
+    Exit codes: 0 after SIGTERM or SIGINT (drained: every run checkpointed); 2 bad settings (a key file, a host
+    beyond loopback without keys, a port in use); 73 another evalsup serve holds DIR; 1 DIR's state unreadable."""
+    from evalsup.serve.app import Limits
+    from evalsup.serve.auth import KeysError, read_keys
+    from evalsup.serve.runner import Settings
+    from evalsup.serve.server import ServeConfig, ServeError, is_loopback, serve_forever
+
+    owners = None
+    if api_keys is not None:
+        try:
+            owners = read_keys(api_keys)
+        except KeysError as e:
+            click.echo(f"evalsup: {e}", err=True)
+            sys.exit(BAD_INPUT)
+    elif not is_loopback(host):
+        click.echo(f"evalsup: --host {host} is not a loopback address: serving beyond this machine needs "
+                   "--api-keys FILE", err=True)
+        sys.exit(BAD_INPUT)
+    settings = Settings(upstreams=upstreams, api_key_env=upstream_api_key_env, max_running=max_running_batches,
+                        concurrency=concurrency, retention_s=int(retention_hours * 3600), run_args=run_args)
+    limits = Limits(max_bytes=int(max_file_mb * (1 << 20)), max_lines=max_file_lines)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        click.echo(f"evalsup: --data {data}: {e.strerror}", err=True)
+        sys.exit(BAD_INPUT)
+    try:
+        sys.exit(serve_forever(ServeConfig(host, port, data, settings, limits, owners)))
+    except ServeError as e:
+        click.echo(f"evalsup: {e}", err=True)
+        sys.exit(e.code)

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Benchmark of `evalsup serve` (issue 42): one N-line batch through the server (upload, create, poll, download
+with the openai SDK) against the same file through `evalsup run`, both on the same mock (ratio of the wall
+times), and the server process's own RSS (its runs are children, measured apart) while it receives a large upload
+and while its batch runs. Offline, against the project's mock on 127.0.0.1.
+
+    scripts/bench_serve.py                    # the issue's figures: 100,000 lines, a 190 MB upload
+    scripts/bench_serve.py -n 5000 --upload-mb 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "EVALSUP_"))}
+    return e | {"PYTHONPATH": str(ROOT), "OPENAI_API_KEY": "sk-bench"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def batch_file(path: Path, n: int, pad: int = 0) -> Path:
+    with open(path, "wb") as f:
+        for i in range(n):
+            body = {"model": "mock-model", "messages": [{"role": "user", "content": f"q{i} " + "x" * pad}]}
+            f.write(orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                                  "body": body}) + b"\n")
+    return path
+
+
+class Peak:
+    """The peak RSS of one process, sampled every 20 ms while in a ``with``."""
+
+    def __init__(self, pid: int) -> None:
+        self.p, self.mb, self._stop = psutil.Process(pid), 0.0, threading.Event()
+
+    def __enter__(self) -> Peak:
+        def sample() -> None:
+            while not self._stop.wait(0.02):
+                self.mb = max(self.mb, self.p.memory_info().rss / 1e6)
+
+        self._t = threading.Thread(target=sample, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=100_000)
+    ap.add_argument("--upload-mb", type=float, default=190.0)
+    a = ap.parse_args()
+    import openai
+
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        d = Path(tmp)
+        mport, sport = free_port(), free_port()
+        mock = subprocess.Popen([sys.executable, "-m", "evalsup", "mock", "--port", str(mport)], env=env(),
+                                stderr=subprocess.DEVNULL)
+        time.sleep(2)
+        upstream = f"http://127.0.0.1:{mport}/v1"
+        tasks = batch_file(d / "tasks.jsonl", a.n)
+        t = time.monotonic()
+        subprocess.run([sys.executable, "-m", "evalsup", "run", str(tasks), "--out", str(d / "run"), "--base-url",
+                        upstream, "--quiet"], env=env(), check=True, capture_output=True)
+        run_s = time.monotonic() - t
+        server = subprocess.Popen([sys.executable, "-m", "evalsup", "serve", "--upstream", upstream, "--data",
+                                   str(d / "data"), "--port", str(sport), "--max-running-batches", "1"], env=env(),
+                                  stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(100):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{sport}/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            c = openai.OpenAI(base_url=f"http://127.0.0.1:{sport}/v1", api_key="x", max_retries=0, timeout=600)
+            idle = psutil.Process(server.pid).memory_info().rss / 1e6
+            pad = 2000
+            big = batch_file(d / "big.jsonl", int(a.upload_mb * 1e6 / (pad + 120)), pad)
+            big_mb = big.stat().st_size / 1e6
+            with Peak(server.pid) as up, open(big, "rb") as fh:
+                t = time.monotonic()
+                c.files.create(file=("big.jsonl", fh), purpose="batch")
+                up_s = time.monotonic() - t
+            t = time.monotonic()
+            f = c.files.create(file=("tasks.jsonl", io.BytesIO(tasks.read_bytes())), purpose="batch")
+            with Peak(server.pid) as during:
+                b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+                while (b := c.batches.retrieve(b.id)).status not in ("completed", "failed", "expired", "cancelled"):
+                    time.sleep(0.5)
+                out = c.files.content(b.output_file_id or "").content
+            serve_s = time.monotonic() - t
+            assert b.status == "completed" and out.count(b"\n") == a.n, b
+        finally:
+            server.terminate()
+            server.wait(60)
+            mock.terminate()
+            mock.wait(10)
+    print(f"{a.n:,} lines: evalsup run {run_s:.1f} s, through serve (upload, run, download) {serve_s:.1f} s: "
+          f"ratio {serve_s / run_s:.2f}")
+    print(f"server RSS: idle {idle:.0f} MB, peak {up.mb:.0f} MB during a {big_mb:.0f} MB upload "
+          f"({up_s:.1f} s), peak {during.mb:.0f} MB while its batch ran")
+
+
+if __name__ == "__main__":
+    main()
