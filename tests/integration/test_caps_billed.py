@@ -121,3 +121,17 @@ def test_across_kills_the_bill_ends_within_the_worst_case_on_the_wire(
     assert billed <= bound, f"billed ${billed:.4f}; cap {cap} + {kills} kills x {C + JC} on the wire x ${worst:.4f}"
     if r.returncode == 0:
         assert_exactly_once(run_dir, ids_of(n))
+
+
+def test_an_unpriced_judge_under_a_cost_cap_is_refused_before_any_request(
+        tmp_path: Path, mocks: tuple[MockThread, MockThread]) -> None:
+    answers, judge = mocks
+    tasks, _ = _setup(tmp_path, 10, reasks=False)
+    prices = tmp_path / "only-answers.json"
+    prices.write_text(json.dumps({"mock-model": {"input": 1.0, "output": 2.0}}))
+    r = run_cli(*_args(tasks, prices, answers, judge, None), "--max-cost", "5")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "evalsup: --max-cost: no price for the judge's model 'judge-model'; give its price with --prices FILE, or "
+        "--self-hosted for your own endpoint (no request was sent)"]
+    assert answers.stats()["billed"] == {} and judge.stats()["billed"] == {}
