@@ -5,7 +5,6 @@ use, so a damaged line is always one line of error naming ``results.jsonl:LINE``
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import IO, Any
 import orjson
 
 from evalsup.rundir.checkpoint import Checkpoint, RunDirDamaged, load_checkpoint
+from evalsup.rundir.crc import crc32
 from evalsup.rundir.layout import DAMAGED, RESULTS
 
 CHUNK = 4 << 20
@@ -96,7 +96,7 @@ def prefix_sums(path: Path, length: int, start: int = 0, lines: int = 0, crc: in
             if not chunk:
                 break
             lines += chunk.count(b"\n")
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             left -= len(chunk)
     return lines, crc
 

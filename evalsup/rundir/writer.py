@@ -14,12 +14,12 @@ import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from evalsup.rundir.checkpoint import Checkpoint, write_atomic
+from evalsup.rundir.crc import crc32
 
 # past this many bytes handed over and not yet written, the supervisor stops reading results
 # (EVALSUP_BACKLOG_MB: smaller for a small container, or to watch the hold work)
@@ -136,7 +136,7 @@ class Writer(threading.Thread):
             return
         crc, lines = self.crc, len(bufs)
         for b in bufs:  # before write_all, which may cut a buffer it wrote in part
-            crc = zlib.crc32(b, crc)
+            crc = crc32(b, crc)
         try:
             write_all(self.fd, bufs, self.pos)
         except OSError as e:
