@@ -75,6 +75,7 @@ class Journal:
         self._buf_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_due = False  # a flush is scheduled for the end of this loop iteration
+        self._buf_ring = False  # the buffered lines include one in a worker's ring (``on_written`` after them)
         self.appended = 0  # bytes handed to append() this session
         self.base = 0  # the length results.jsonl had when this session opened it: a line goes at base + appended
         self._results: IO[bytes] | None = None
@@ -238,10 +239,13 @@ class Journal:
 
     # ----- writing (event loop side) -----
 
-    def append(self, line: bytes | memoryview) -> None:
+    def append(self, line: bytes | memoryview, ring: bool = False) -> None:
         """Queue one output line (newline included). The lines appended in one iteration of the event loop go
         to the writer together as soon as the iteration's callbacks have run (one ``pwritev``, no fsync), so a
-        kill -9 of the supervisor loses no answer that reached it (DESIGN invariant 13); 1 MiB goes at once."""
+        kill -9 of the supervisor loses no answer that reached it (DESIGN invariant 13); 1 MiB goes at once.
+        ``ring``: the line is a view of a worker's ring, whose space ``on_written`` gives back once it is written
+        (a write of none calls no one: the loop is not woken for it)."""
+        self._buf_ring = self._buf_ring or ring
         self._buf.append(line)
         self._buf_bytes += len(line)
         self.appended += len(line)
@@ -276,10 +280,11 @@ class Journal:
         """Hand the buffered lines to the writer."""
         self._flush_due = False
         if self._buf and self._writer is not None:
-            bufs, n = self._buf, self._buf_bytes
+            bufs, n, ring = self._buf, self._buf_bytes, self._buf_ring
             self._buf = []
             self._buf_bytes = 0
-            self._writer.put(("write", bufs, n), n)
+            self._buf_ring = False
+            self._writer.put(("write", bufs, n, ring), n)
 
     async def checkpoint(self, cp: Checkpoint) -> None:
         """Make durable everything handed over so far, then write ``cp`` (atomically) with the results length

@@ -479,7 +479,7 @@ class Supervisor:
                            int(meta.get("ct") or 0))
             elif "ch" in meta:
                 cache.touch(meta["ch"])
-        self.journal.append(line)
+        self.journal.append(line, ring=meta is not None and "sh" in meta)
 
     def append_invalid(self, e: TaskError) -> None:
         """A bad input line skipped (--on-invalid skip), to invalid.jsonl."""
