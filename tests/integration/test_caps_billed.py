@@ -135,3 +135,20 @@ def test_an_unpriced_judge_under_a_cost_cap_is_refused_before_any_request(
         "evalsup: --max-cost: no price for the judge's model 'judge-model'; give its price with --prices FILE, or "
         "--self-hosted for your own endpoint (no request was sent)"]
     assert answers.stats()["billed"] == {} and judge.stats()["billed"] == {}
+
+
+def test_shards_share_the_cap_at_the_server(tmp_path: Path, mocks: tuple[MockThread, MockThread]) -> None:
+    """--shard K/N (what each Ray shard runs with): each shard keeps its part of the cap, the two together the
+    whole, judge and re-asks included."""
+    answers, judge = mocks
+    tasks, prices = _setup(tmp_path, 300, reasks=True)
+    cap = 10.0
+    for k in range(2):
+        r = run_cli(*_args(tasks, prices, answers, judge, _schema(tmp_path)), "--max-cost", str(cap), "--shard",
+                    f"{k}/2", "--out", str(tmp_path / f"shard{k}.run"))
+        assert r.returncode == 75, r.stderr
+        assert "of --max-cost $5.0000" in r.stderr  # its part
+    quiesce(answers)
+    quiesce(judge)
+    billed = _bill(answers, judge)
+    assert billed <= cap, f"billed ${billed:.4f} at the server by two shards under --max-cost {cap}"
