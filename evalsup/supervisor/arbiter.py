@@ -43,7 +43,7 @@ from evalsup.cache.known import CachedTally, KnownAnswers, Pending, request_key
 from evalsup.common.process import quiet_gc
 from evalsup.common.text import fmt_duration
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.config.prices import load_prices
+from evalsup.config.prices import Price, load_prices
 from evalsup.config.ratelimits import rate_share
 from evalsup.config.run_config import RunConfig
 from evalsup.ipc import FrameKind, decode_json, split_meta
@@ -285,8 +285,10 @@ class Supervisor:
         unpriced_results = 0
         if cfg.caps.any and (cfg.run_dir / RESULTS).exists():  # a resume (or a run dir of records already)
             try:
+                # an unpriced judge (token caps only): its tokens still count, at no known cost
+                read_judge = judge_price if judge_price is not None or not judging else Price(input=0.0, output=0.0)
                 u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
-                                            cfg.worker.model, judge_price)
+                                            cfg.worker.model, read_judge)
             except JournalError as e:  # a damaged results.jsonl: refused as _open refuses it (evalsup repair)
                 raise RunRefused(str(e), e.code) from None
             except OSError as e:
