@@ -22,25 +22,23 @@ import orjson
 from evalsup.config.caps import Caps
 from evalsup.config.prices import load_prices
 from evalsup.mock.server import MockConfig, MockThread
-from evalsup.supervisor.budget import Budget, priced
+from evalsup.supervisor.budget import Budget, TaskCosts
 from evalsup.tasks.requests import RequestDefaults
-from evalsup.tasks.tokens import figures
 
 
 def per_task_us(lines: list[bytes]) -> float:
-    """Microseconds of supervisor work a task costs with a cap (the line is parsed by the reader already)."""
+    """Microseconds of supervisor work a task costs with a cap (the line is parsed by the reader already): all it
+    may cost (issue 40: with a judge, re-asks and a hedge's copy), the decision, the settling of its meta."""
     prices = load_prices(self_hosted=False)
     defaults = RequestDefaults(model="gpt-4o-mini", max_tokens=256)
-    b = Budget(Caps(cost=1e12))
+    b = Budget(Caps(cost=1e12), judge_price=prices.lookup("gpt-4o-mini"))
+    costs = TaskCosts(defaults, prices.lookup, hedge=True, max_reasks=2, run_schema=True, judge=True,
+                      judge_price=prices.lookup("gpt-4o-mini"), judge_max_tokens=64)
     objs = [orjson.loads(x) for x in lines]
     t = time.perf_counter()
     for k, obj in enumerate(objs):
-        f = figures(obj, defaults)
-        price = prices.lookup(f.model)
-        worst = priced(f.approx_prompt, f.max_completion(price.max_output if price else None), price)
-        if b.would_exceed(worst) is None:
-            b.reserve(k, worst, price)
-        b.settle(k, 20, 30)
+        b.afford(k, *costs.worst(obj))
+        b.settle_result(k, {"pt": 20, "ct": 30, "rpt": 10, "rct": 5, "jpt": 40, "jct": 3})
     return (time.perf_counter() - t) / len(objs) * 1e6
 
 

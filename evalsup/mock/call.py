@@ -187,6 +187,15 @@ class Call:
                 out.append(C.Answer(text))
         return out
 
+    def bill(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """This answer is generated: the provider's bill counts it (``MockStats.bill``)."""
+        key = None
+        if self.cfg.bill:
+            first = (self.body.get("messages") or [{}])[0] if "messages" in self.body else {"content": self.body.get(
+                "prompt")}
+            key = str(first.get("content") if isinstance(first, dict) else first)[:500]
+        self.state.stats.bill(model, prompt_tokens, completion_tokens, key)
+
     def pad(self, answers: list[C.Answer], build: Callable[[str, int, list[C.Answer]], bytes]) -> list[C.Answer]:
         """Pad each answer so that the non-streamed JSON body is about response_kb (or mock.kb) KB.
 

@@ -119,6 +119,7 @@ async def generate(
 ) -> web.StreamResponse:
     """Pad, then answer as JSON or SSE, honouring malformed and cut_stream."""
     answers = call.pad(answers, lambda cid, created, a: shape.body(cid, created, model, a, prompt_tokens))
+    call.bill(model, prompt_tokens, sum(a.tokens for a in answers))
     cid = new_id(shape.id_prefix)
     created = int(time.time())
     if call.stream:
@@ -165,6 +166,7 @@ async def chat_completions(call: Call) -> web.StreamResponse:
 
 
 async def _send_rich(call: Call, model: str, plans: list[rich.Plan], prompt_tokens: int) -> web.StreamResponse:
+    call.bill(model, prompt_tokens, 0)
     cid = new_id(CHAT.id_prefix)
     created = int(time.time())
     if call.stream:

@@ -37,6 +37,9 @@ class MockConfig:
     api_key_header: str | None = None  # the header that carries api_key instead of Authorization (Azure: api-key)
     require_query: str | None = None  # "name=value&...": a /v1 or Azure request without each of them gets 404
     tokenize: bool = True  # serve POST /tokenize (vLLM's and SGLang's shape; issue 30); False: 404, as OpenAI
+    # the provider's bill (issue 40): every answer generated is billed by model (tokens and answers), and by the
+    # text of its request's first message (one key a task: a task billed twice shows); bounded only by the test
+    bill: bool = False
     judge: bool = False  # grade requests from evalsup's judge template by a known rule (evalsup.mock.judge)
     # the Batch API (issue 31, evalsup.mock.batches)
     batch_step_ms: float = 50.0  # how long a batch stays validating, and finalizing
@@ -97,7 +100,7 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if name == "basic_auth" and value is not None and ":" not in value:
                 raise ValueError("basic_auth must be 'user:password'")
             changes[name] = value
-        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge", "fast_refusals",
+        elif name in ("echo_headers_in_errors", "revoked", "tokenize", "judge", "fast_refusals", "bill",
                       "batch_files_unlisted", "batch_batches_unlisted"):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a boolean")

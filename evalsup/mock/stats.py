@@ -32,6 +32,8 @@ class MockStats:
         self.arrivals: collections.deque[float] = collections.deque(maxlen=MAX_ARRIVALS)
         self.auth_headers_seen = 0
         self.bytes_out = 0
+        self.billed: dict[str, list[int]] = {}  # model -> [answers, prompt tokens, completion tokens]
+        self.billed_keys: dict[str, int] = {}  # with MockConfig.bill: a request's first message -> answers billed
 
     def reset(self) -> None:
         """Clear everything but the requests still in flight."""
@@ -65,6 +67,16 @@ class MockStats:
         self.statuses[key] = self.statuses.get(key, 0) + 1
         self.bytes_out += nbytes
 
+    def bill(self, model: str, prompt_tokens: int, completion_tokens: int, key: str | None) -> None:
+        """An answer generated (whether or not the client is still there to read it: a provider bills what it
+        generated): by model always, by ``key`` (the first message's text) when the mock is asked to keep them."""
+        b = self.billed.setdefault(model, [0, 0, 0])
+        b[0] += 1
+        b[1] += prompt_tokens
+        b[2] += completion_tokens
+        if key is not None:
+            self.billed_keys[key] = self.billed_keys.get(key, 0) + 1
+
     def fault(self, kind: str) -> None:
         self.faults[kind] = self.faults.get(kind, 0) + 1
 
@@ -79,4 +91,7 @@ class MockStats:
             "auth_headers_seen": self.auth_headers_seen,
             "faults": dict(self.faults),
             "bytes_out": self.bytes_out,
+            "billed": {m: {"answers": a, "prompt_tokens": p, "completion_tokens": c}
+                       for m, (a, p, c) in self.billed.items()},
+            "billed_keys": dict(self.billed_keys),
         }

@@ -14,7 +14,6 @@ The resume, `status`, `score` and `report` refuse it (exit 2, one line naming bo
 from __future__ import annotations
 
 import re
-import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import IO, Any
 import orjson
 
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, RunDirDamaged, load_checkpoint
+from evalsup.rundir.crc import crc32
 from evalsup.rundir.layout import DAMAGED, IDS, RESULTS
 from evalsup.tasks.idset import IdSet, id_hash
 
@@ -240,7 +240,7 @@ def prefix_sums(path: Path, length: int, start: int = 0, lines: int = 0, crc: in
             if not chunk:
                 break
             lines += chunk.count(b"\n")
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             left -= len(chunk)
     return lines, crc
 

@@ -150,7 +150,8 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
     model its answer names, else ``fallback_model`` (the run's --model); an answer from the cache is not spend.
     With ``judge_price`` (--scorer judge, a judge model with a price) the judge's tokens of each record
     (``score_detail.judge.usage``) are spent too, as the run's budget counts them; so are the answers asked
-    again for a JSON schema (``metrics.reask_usage``). The records taken out of ``path`` into replaced.jsonl /
+    again for a JSON schema (``metrics.reask_usage``), and a hedged answer's other copy (``metrics.hedged``: the
+    same usage again, as the budget settles it). The records taken out of ``path`` into replaced.jsonl /
     damaged.jsonl beside it count for the spend only (see the module). Raises RunDirDamaged on a bad line of
     ``path``."""
     u = Usage(unpriced_models=set())
@@ -168,11 +169,13 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
         pt = pt if isinstance(pt, int) and not isinstance(pt, bool) else 0
         ct = ct if isinstance(ct, int) and not isinstance(ct, bool) else 0
         # an answer from the cache (--cache: metrics.cache "hit") cost nothing this run; its lengths still count
-        paid = (rec.get("metrics") or {}).get("cache") != "hit"
+        metrics = rec.get("metrics") or {}
+        paid = metrics.get("cache") != "hit"
         model = body.get("model") if isinstance(body.get("model"), str) else None
+        copies = 2 if metrics.get("hedged") else 1  # --hedge: the other copy was paid too, taken to use as much
         if paid:
-            u.prompt_tokens += pt
-            u.completion_tokens += ct
+            u.prompt_tokens += pt * copies
+            u.completion_tokens += ct * copies
             price = price_of(model) if model else None
             if price is None and fallback_model:
                 price = price_of(fallback_model)
@@ -181,8 +184,8 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
                 if u.unpriced_models is not None and len(u.unpriced_models) < 5:
                     u.unpriced_models.add(str(model or fallback_model))
             else:
-                u.cost += _billed(price, usage, pt, ct, body.get("service_tier"),
-                                  isinstance((rec.get("metrics") or {}).get("batch"), dict))
+                u.cost += copies * _billed(price, usage, pt, ct, body.get("service_tier"),
+                                           isinstance((rec.get("metrics") or {}).get("batch"), dict))
         if judge_price is not None:
             judge = (rec.get("score_detail") or {}).get("judge")
             ju = judge.get("usage") if isinstance(judge, dict) else None

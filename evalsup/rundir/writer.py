@@ -14,12 +14,12 @@ import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from evalsup.rundir.checkpoint import Checkpoint, write_atomic
+from evalsup.rundir.crc import crc32
 
 # past this many bytes handed over and not yet written, the supervisor stops reading results
 # (EVALSUP_BACKLOG_MB: smaller for a small container, or to watch the hold work)
@@ -55,7 +55,8 @@ def write_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> None:
 
 
 class Writer(threading.Thread):
-    """Does the journal's jobs in order: ("write", bufs, n), ("checkpoint", cp, fds, future), None to stop;
+    """Does the journal's jobs in order: ("write", bufs, n, ring: any line in a worker's ring: ``on_written``
+    after it), ("checkpoint", cp, fds, future), None to stop;
     a checkpoint's fsync and file go to a second thread. ``pos`` is the length of results.jsonl written,
     ``lines`` and ``crc`` the line count and CRC-32 of those ``pos`` bytes. Each buffer is one line."""
 
@@ -110,10 +111,10 @@ class Writer(threading.Thread):
                 return
             kind, nbytes = job[0], 0
             if kind == "write":
-                nbytes = job[2]
+                nbytes, ring = job[2], job[3]
                 self._write(job[1], nbytes)
                 job = None  # let go of the lines' buffers before anyone hears they are written
-                if self.journal.on_written is not None:
+                if ring and self.journal.on_written is not None:  # a ring's space to give back
                     self._call(self.journal.on_written)
             elif kind == "checkpoint":
                 self._checkpoint(*job[1:])
@@ -136,7 +137,7 @@ class Writer(threading.Thread):
             return
         crc, lines = self.crc, len(bufs)
         for b in bufs:  # before write_all, which may cut a buffer it wrote in part
-            crc = zlib.crc32(b, crc)
+            crc = crc32(b, crc)
         try:
             write_all(self.fd, bufs, self.pos)
         except OSError as e:

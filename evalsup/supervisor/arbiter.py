@@ -43,7 +43,7 @@ from evalsup.cache.known import CachedTally, KnownAnswers, Pending, request_key
 from evalsup.common.process import quiet_gc
 from evalsup.common.text import fmt_duration
 from evalsup.config import exitcodes as ex  # exit codes in one module (issue 19)
-from evalsup.config.prices import load_prices
+from evalsup.config.prices import Price, load_prices
 from evalsup.config.ratelimits import rate_share
 from evalsup.config.run_config import RunConfig
 from evalsup.ipc import FrameKind, decode_json, split_meta
@@ -61,7 +61,7 @@ from evalsup.scoring.selection import check as check_scorers
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.breaker import PAUSED_PROBE_S
-from evalsup.supervisor.budget import Amount, Budget, priced
+from evalsup.supervisor.budget import Amount, Budget, TaskCosts, Verdict
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.events import EventLog, write_leaks
@@ -87,7 +87,7 @@ from evalsup.tasks.reader import TaskError, TaskReader, TaskRef, read_line_at
 from evalsup.tasks.records import output_line
 from evalsup.tasks.requests import RequestDefaults, to_request
 from evalsup.tasks.response_schema import task_schemas
-from evalsup.tasks.tokens import Tally, figures, fmt_tokens, fmt_usd, start_line
+from evalsup.tasks.tokens import Tally, figures, start_line
 
 MIB = 1 << 20
 TICK_S = 0.25  # the ticker's period: checkpoints, flushes, the breaker's probes, hang detection
@@ -154,8 +154,8 @@ class Supervisor:
         # each task's own JSON schema, compiled once per distinct schema: the pre-scan's and the reader's check
         self.schemas = task_schemas(cfg.worker.validate_schema, cfg.worker.response_schema)
         self.defaults = RequestDefaults(model=cfg.worker.model, max_tokens=cfg.worker.max_tokens)
-        self.budget: Budget | None = None
-        self._budget_wait = False  # the next task would pass a cap while requests are out: wait for them
+        self.budget: Budget | None = None  # the caps' room (supervisor.budget); dispatch asks it through _afford
+        self.costs: TaskCosts | None = None  # what a task may cost, all of it, when a cap is given
         self.stop_reason: str | None = None  # "budget" when a cap stopped the run (summary.json's exit_reason)
         self._start_notes: list[str] = []  # the estimate and the budget, said once the checks have passed
         self._bg: set[asyncio.Task[Any]] = set()
@@ -280,17 +280,23 @@ class Supervisor:
                                  + (f" (nor {len(unpriced) - 1} other(s))" if len(unpriced) > 1 else "")
                                  + "; give its price with --prices FILE, or --self-hosted for your own endpoint "
                                  "(no request was sent)", ex.BAD_INPUT)
-        # the judge's tokens (--scorer judge) count toward the caps when its model has a price (issue 30)
-        judge_price = self.prices.lookup(cfg.worker.judge_model) if cfg.worker.judge_model else None
-        if cfg.caps.any and cfg.worker.judge_model and judge_price is None:
-            self.log(f"budget: the judge's model {cfg.worker.judge_model!r} has no price: its tokens are not counted "
-                     "by the caps (give its price with --prices FILE)", "warning")
+        # the judge's call (--scorer judge) is reserved and spent at its model's price (issue 40): refused
+        # without one under --max-cost, as a task's model is
+        w = cfg.worker
+        judging = "judge" in w.scorers and w.judge_model is not None
+        judge_price = self.prices.lookup(w.judge_model) if judging else None
+        if judging and cfg.caps.cost is not None and judge_price is None:
+            raise RunRefused(f"--max-cost: no price for the judge's model {w.judge_model!r}; give its price with "
+                             "--prices FILE, or --self-hosted for your own endpoint (no request was sent)",
+                             ex.BAD_INPUT)
         spent: Amount | None = None
         unpriced_results = 0
         if (cfg.caps.any or (resumed and not cfg.quiet)) and (cfg.run_dir / RESULTS).exists():  # (issue 40: said)
             try:
+                # an unpriced judge (token caps only): its tokens still count, at no known cost
+                read_judge = judge_price if judge_price is not None or not judging else Price(input=0.0, output=0.0)
                 u = await asyncio.to_thread(usage_of_results, cfg.run_dir / RESULTS, self.prices.lookup,
-                                            cfg.worker.model, judge_price)
+                                            cfg.worker.model, read_judge)
             except JournalError as e:  # a damaged results.jsonl: refused as _open refuses it (evalsup repair)
                 raise RunRefused(str(e), e.code) from None
             except OSError as e:
@@ -309,9 +315,13 @@ class Supervisor:
                                      if tally.requests else f"estimate for {what}: all {hits:,} requests answered "
                                      "from the cache: no request, no cost")
         if cfg.caps.any:
-            self.budget = Budget(cfg.caps, spent, unpriced_results)
+            self.budget = Budget(cfg.caps, spent, unpriced_results, judge_price)
+            self.costs = TaskCosts(self.defaults, self.prices.lookup, hedge=w.hedge, max_reasks=w.max_reasks,
+                                   run_schema=w.response_schema is not None, validate_schema=w.validate_schema,
+                                   judge=judging, judge_price=judge_price, judge_template=w.judge_template,
+                                   judge_max_tokens=w.judge_max_tokens)
             if not cfg.quiet:
-                self._start_notes.append(f"budget: {self._budget_text()}"
+                self._start_notes.append(f"budget: {self.budget.text()}"
                                          + (" (spent so far, from results.jsonl)" if resumed else ""))
 
     def _open(self) -> None:
@@ -480,7 +490,7 @@ class Supervisor:
                            int(meta.get("ct") or 0))
             elif "ch" in meta:
                 cache.touch(meta["ch"])
-        self.journal.append(line)
+        self.journal.append(line, ring=meta is not None and "sh" in meta)
 
     def append_invalid(self, e: TaskError) -> None:
         """A bad input line skipped (--on-invalid skip), to invalid.jsonl."""
@@ -749,60 +759,24 @@ class Supervisor:
         return None
 
     def _afford(self, ref: TaskRef, line: bytes, obj: dict[str, Any] | None) -> bool:
-        """With a cap (issue 30): may this task go? It reserves its worst case (``budget.Budget``) and goes, or
-        it is put back first in line: dispatch waits for the requests out to settle, and when none is out
-        and it still would pass the cap, the run stops (exit 75, exit_reason budget), resumable with a higher
-        cap. A model with no price under --max-cost stops it (exit 2)."""
-        b = self.budget
-        if b is None:
+        """With a cap (issues 30, 40): the budget decides whether this task goes (reserving all it may cost:
+        ``budget.TaskCosts``); a task that may not is put back first in line, and the run waits or stops as the
+        budget says (exit 75, exit_reason budget; a model with no price under --max-cost: exit 2)."""
+        b, costs = self.budget, self.costs
+        if b is None or costs is None:
             return True
-        f = figures(orjson.loads(line) if obj is None else obj, self.defaults)
-        price = self.prices.lookup(f.model)
-        worst = priced(f.approx_prompt, f.max_completion(price.max_output if price else None), price)
-        if price is None and self.cfg.caps.cost is not None:
-            self.ledger.put_back(ref)
-            self.stop(f"--max-cost: no price for model {f.model!r} (task {ref.id!r}, line {ref.line_no}); give its "
-                      "price with --prices FILE, or --self-hosted", ex.BAD_INPUT, StopMode.DRAIN)
-            return False
-        over = b.would_exceed(worst)
-        if over is None:
-            b.reserve(ref.offset, worst, price)
+        d = b.afford(ref.offset, *costs.worst(orjson.loads(line) if obj is None else obj))
+        if d.verdict is Verdict.GO:
             return True
         self.ledger.put_back(ref)
-        if b.reservations:
-            self._budget_wait = True  # the requests out may settle below their worst case: then look again
-            return False
-        self.stop_reason = "budget"
-        nxt = f"${worst.cost:,.4f}" if over == "cost" and worst.cost is not None else \
-            f"{worst.completion if over == 'completion_tokens' else worst.total:,} tokens"
-        self.events("budget", cap=over, **b.to_json())
-        self.stop(f"budget: {self._cap_text(over)}; the next request could use up to {nxt}", ex.RESUMABLE,
-                  StopMode.DRAIN)
+        if d.verdict is Verdict.UNPRICED:
+            self.stop(f"{d.say} (task {ref.id!r}, line {ref.line_no}); give its price with --prices FILE, or "
+                      "--self-hosted", ex.BAD_INPUT, StopMode.DRAIN)
+        elif d.verdict is Verdict.STOP:
+            self.stop_reason = "budget"
+            self.events("budget", cap=d.cap, **b.to_json())
+            self.stop(d.say, ex.RESUMABLE, StopMode.DRAIN)
         return False
-
-    def _cap_text(self, over: str) -> str:
-        b = self.budget
-        assert b is not None
-        c = self.cfg.caps
-        if over == "cost":
-            return f"spent ${b.spent_cost:,.4f} of --max-cost ${c.cost:,.4f}"
-        if over == "completion_tokens":
-            return f"{b.spent_completion:,} completion tokens of --max-completion-tokens-total {c.completion_tokens:,}"
-        return f"{b.spent_prompt + b.spent_completion:,} tokens of --max-total-tokens {c.total_tokens:,}"
-
-    def _budget_text(self) -> str:
-        """spent (and reserved) against each cap, one phrase."""
-        b = self.budget
-        assert b is not None
-        c = self.cfg.caps
-        parts = []
-        if c.cost is not None:
-            parts.append(f"{fmt_usd(b.spent_cost)} of {fmt_usd(c.cost)}")
-        if c.completion_tokens is not None:
-            parts.append(f"{fmt_tokens(b.spent_completion)} of {fmt_tokens(c.completion_tokens)} completion tokens")
-        if c.total_tokens is not None:
-            parts.append(f"{fmt_tokens(b.spent_prompt + b.spent_completion)} of {fmt_tokens(c.total_tokens)} tokens")
-        return "spent " + ", ".join(parts)
 
     def _pick_worker(self, suspect_free: bool = False) -> WorkerHandle | None:
         """The worker with the most free credits, if it has a refill's worth (so that a refill sends many
@@ -821,7 +795,8 @@ class Supervisor:
         await self.credit.wait()
 
     def _may_dispatch(self) -> bool:
-        return self.stopping is None and not self.paused and not self.endpoints.open and not self._budget_wait
+        return self.stopping is None and not self.paused and not self.endpoints.open and \
+            not (self.budget is not None and self.budget.waiting)
 
     async def _dispatch(self) -> None:
         """Hand out tasks until the input is done and nothing is outstanding, or a stop is asked."""
@@ -1039,18 +1014,8 @@ class Supervisor:
         self.append(line, meta)
         if (note := self.stats.on_result(meta)) is not None:
             self.log(note, "warning")
-        if self.budget is not None:
-            paid = meta.get("ca") != "h"  # an answer from the cache cost nothing: its reservation is given back
-            # a re-asked answer's earlier requests (a JSON schema) were paid too: spent with the last one
-            self.budget.settle(ref.offset, int(meta.get("pt") or 0) + int(meta.get("rpt") or 0) if paid else 0,
-                               int(meta.get("ct") or 0) + int(meta.get("rct") or 0) if paid else 0)
-            if "jpt" in meta or "jct" in meta:  # the judge's tokens (--scorer judge): spent when the judge has a price
-                jprice = self.prices.lookup(self.cfg.worker.judge_model)
-                if jprice is not None:
-                    self.budget.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), jprice)
-            if self._budget_wait:
-                self._budget_wait = False  # look again: what settled may leave room
-                self.credit.set()
+        if self.budget is not None and self.budget.settle_result(ref.offset, meta):
+            self.credit.set()  # dispatch waited on the budget: what settled may leave room
         if self.metrics is not None and "ca" in meta:  # --cache: hits and misses (Prometheus)
             self.metrics.on_cache(meta["ca"])
         self.stall.result(time.monotonic())
@@ -1081,10 +1046,7 @@ class Supervisor:
         """Tasks handed back unanswered: their reservations go (nothing spent), and dispatch may look again."""
         if self.budget is None:
             return
-        for k in keys:
-            self.budget.release(int(k))
-        if self._budget_wait:
-            self._budget_wait = False
+        if any([self.budget.release(int(k)) for k in keys]):
             self.credit.set()
 
     def _on_started(self, w: WorkerHandle, payload: memoryview) -> None:
@@ -1290,7 +1252,8 @@ class Supervisor:
             return "waiting for endpoint"
         if self.paused:
             return "throttled"
-        if self._budget_wait:  # the next task would pass a cap: the requests out settle first (issue 30)
+        if self.budget is not None and self.budget.waiting:  # the next task would pass a cap: the tasks out settle
+            # first (issues 30, 40)
             return "waiting for budget"
         return "running"
 

@@ -1,35 +1,70 @@
-"""The run's budget (issue 30): what has been spent, what the requests out reserve, and whether the next request
-may go without passing a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens). A room: it decides
-and holds figures; the arbiter's dispatch asks it (``would_exceed``), reserves when it hands a task out and
-settles when the result comes (and spends the judge's tokens then, ``spend``, when the judge has a price).
-No I/O, no clock.
+"""The run's budget (issues 30, 40): what has been spent, what the tasks out reserve, and whether the next task may
+go without passing a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens). A room: it decides and
+holds figures, and the arbiter acts on what it says. Dispatch asks ``afford`` before it hands a task out (go, wait
+for the tasks out to settle, or stop the run: the words said are made here); a result settles its task
+(``settle_result``: the answer, the answers asked again, the hedge's second copy, the judge's call); a task handed
+back unanswered releases its reservation (``release``). No I/O, no clock.
 
-A request reserves its worst case when it is handed out: its prompt (≈ chars/4, tasks.tokens) and max_tokens a
-choice (the model's largest answer without one), priced. Its result settles it: the reservation goes, the
-usage the worker read (``ResultMeta`` pt/ct) is spent, priced as reserved. A task handed back unanswered (a
-worker gone, a DRAIN) releases its reservation and spends nothing.
+A task reserves everything it may cost before it is sent (``TaskCosts.worst``): its request (its prompt ≈ chars/4,
+tasks.tokens, and max_tokens a choice, the model's largest answer without one), a hedge's second copy of it
+(--hedge), the answers asked again for a JSON schema (at most --max-reasks, each with the conversation so far),
+and the judge's call (--scorer judge: the template, the task's prompt and answer, the judge's max_tokens, at the
+judge's price). Its result settles it: the reservation goes, the usage the worker read (``ResultMeta`` pt/ct,
+rpt/rct, jpt/jct) is spent, priced as reserved; a hedged task spends its answer's usage twice (the other copy's
+usage is not read back: the same request, taken to use as much).
 
 Invariants (tests/unit/test_budget.py drives random sequences against a plain model):
 1. ``reserved`` is the sum of the open reservations, one per key at most; ``reservations`` their count.
 2. ``spent`` only grows: by each settled result's usage, never by a reservation released.
 3. ``would_exceed(a)`` names a cap that spent + reserved + a passes, and only then; with no cap it is None.
-4. While every answer's usage stays within its reservation, spent + reserved never passes a cap that dispatch
-   respected: spent <= cap at any moment, and the overshoot of a cap is at most what the requests out used
-   beyond their reservations.
+4. While every task's usage stays within its reservation, spent + reserved never passes a cap that dispatch
+   respected: spent <= cap at any moment, and the overshoot of a cap is at most what the tasks out used beyond
+   their reservations (after a kill -9: what was on the wire, whose answers no record holds).
+5. ``afford`` says WAIT only while a reservation is open, and then ``waiting`` holds until a settle or a release
+   (which say so: dispatch looks again); STOP only with none open; GO reserves.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evalsup.config.caps import Caps
+from evalsup.scoring.judge import DEFAULT_TEMPLATE
+from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.response_schema import schema_of_request
+from evalsup.tasks.tokens import CHARS_PER_TOKEN, DEFAULT_MAX_OUTPUT, PER_MESSAGE, figures, fmt_tokens, fmt_usd
 
-__all__ = ["Amount", "Budget"]
+__all__ = ["Amount", "Budget", "Decision", "TaskCosts", "Verdict"]
+
+# A re-ask's user turn (worker.reask.REASK_PROMPT) with the validation error in it: its tokens beyond the answer it
+# may quote (the answer itself is counted apart, twice: as the assistant's turn and in the error)
+REASK_TURN = 256
 
 
 class Priced(Protocol):
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
+
+    @property
+    def max_output(self) -> int | None: ...
+
+
+class Verdict(enum.Enum):
+    """What dispatch does with the next task (``Budget.afford``)."""
+
+    GO = "go"  # reserved: hand it out
+    WAIT = "wait"  # it would pass a cap, but tasks are out: put it back first in line, look again as they settle
+    STOP = "stop"  # it would pass a cap with nothing out: the run stops (exit 75, exit_reason budget)
+    UNPRICED = "unpriced"  # its model has no price under --max-cost: the run stops (exit 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    say: str = ""  # the line for a stop
+    cap: str | None = None  # the cap it would pass ("cost", "completion_tokens", "total_tokens")
 
 
 @dataclass(slots=True)
@@ -54,11 +89,54 @@ def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
     return Amount(prompt, completion, None if price is None else price.cost(prompt, completion))
 
 
+class TaskCosts:
+    """The most one task may cost, all of it (see the module): what ``afford`` is asked with. Built once a run
+    from its settings; ``worst(obj)`` is pure."""
+
+    def __init__(self, defaults: RequestDefaults, price_of: Callable[[str | None], Priced | None], *,
+                 hedge: bool = False, max_reasks: int = 0, run_schema: bool = False, validate_schema: bool = True,
+                 judge_price: Priced | None = None, judge: bool = False, judge_template: str | None = None,
+                 judge_max_tokens: int | None = None) -> None:
+        self.defaults = defaults
+        self.price_of = price_of
+        self.copies = 2 if hedge else 1  # a hedge's second copy (worker.race: the first request only)
+        self.max_reasks = max_reasks if validate_schema else 0
+        self.run_schema = run_schema
+        self.judge = judge
+        self.judge_price = judge_price
+        self.judge_template_tokens = -(-len(judge_template or DEFAULT_TEMPLATE) // CHARS_PER_TOKEN) + PER_MESSAGE
+        out = judge_price.max_output if judge_price is not None else None
+        self.judge_completion = judge_max_tokens or out or DEFAULT_MAX_OUTPUT
+
+    def worst(self, obj: dict[str, Any]) -> tuple[Amount, Priced | None, str | None]:
+        """(the task's worst case, its model's price, its model's name)."""
+        f = figures(obj, self.defaults)
+        price = self.price_of(f.model)
+        p, c = f.approx_prompt, f.max_completion(price.max_output if price is not None else None)
+        prompt, completion = p * self.copies, c * self.copies
+        body = obj.get("body") if "custom_id" in obj else obj
+        if self.max_reasks and (self.run_schema or schema_of_request(body) is not None):
+            grow = 4 * c + REASK_TURN + 2 * PER_MESSAGE  # the answer as a turn, the error (which may quote it)
+            for k in range(1, self.max_reasks + 1):
+                prompt += p + k * grow
+                completion += c
+        a = priced(prompt, completion, price)
+        if self.judge:  # the template with the task's prompt (as {prompt} and {messages}), its answer, expected
+            expected = obj.get("expected")
+            jp = self.judge_template_tokens + 2 * p + 2 * c + \
+                (len(str(expected)) // CHARS_PER_TOKEN + 1 if expected is not None else 0)
+            a = a + priced(jp, self.judge_completion, self.judge_price)
+        return a, price, f.model
+
+
 class Budget:
     """Spent and reserved against the caps (``Caps``; a shard's share already taken)."""
 
-    def __init__(self, caps: Caps, spent: Amount | None = None, unpriced: int = 0) -> None:
+    def __init__(self, caps: Caps, spent: Amount | None = None, unpriced: int = 0,
+                 judge_price: Priced | None = None) -> None:
         self.caps = caps
+        self.judge_price = judge_price  # the judge's tokens (--scorer judge) are spent at it
+        self.waiting = False  # the next task would pass a cap while tasks are out: dispatch waits for them
         self.spent_prompt = spent.prompt if spent else 0
         self.spent_completion = spent.completion if spent else 0
         self.spent_cost = (spent.cost or 0.0) if spent else 0.0
@@ -101,6 +179,26 @@ class Budget:
             return "total_tokens"
         return None
 
+    def afford(self, key: int, worst: Amount, price: Priced | None, model: str | None) -> Decision:
+        """May the task ``key`` go, reserving ``worst`` (``TaskCosts.worst``)? GO reserves it."""
+        if price is None and self.caps.cost is not None:
+            return Decision(Verdict.UNPRICED, f"--max-cost: no price for model {model!r}")
+        over = self.would_exceed(worst)
+        if over is None:
+            self.reserve(key, worst, price)
+            return Decision(Verdict.GO)
+        if self._open:
+            self.waiting = True  # the tasks out may settle below their worst case: then look again
+            return Decision(Verdict.WAIT, cap=over)
+        nxt = f"${worst.cost:,.4f}" if over == "cost" and worst.cost is not None else \
+            f"{worst.completion if over == 'completion_tokens' else worst.total:,} tokens"
+        return Decision(Verdict.STOP, f"budget: {self.cap_text(over)}; the next task could use up to {nxt}", over)
+
+    def _look_again(self) -> bool:
+        """After a settle or a release: True when dispatch was waiting on the budget (it looks again now)."""
+        was, self.waiting = self.waiting, False
+        return was
+
     # ----- moves -----
 
     def reserve(self, key: int, a: Amount, price: Priced | None) -> None:
@@ -112,12 +210,15 @@ class Budget:
         self.res_completion += a.completion
         self.res_cost += a.cost or 0.0
 
-    def release(self, key: int) -> None:
-        """A task handed back unanswered: its reservation goes, nothing is spent."""
+    def release(self, key: int) -> bool:
+        """A task handed back unanswered: its reservation goes, nothing is spent. True: dispatch looks again."""
         got = self._open.pop(key, None)
         if got is None:
-            return
-        a = got[0]
+            return self._look_again()
+        self._unreserve(got[0])
+        return self._look_again()
+
+    def _unreserve(self, a: Amount) -> None:
         self.res_prompt -= a.prompt
         self.res_completion -= a.completion
         self.res_cost = max(0.0, self.res_cost - (a.cost or 0.0)) if self._open else 0.0
@@ -125,10 +226,10 @@ class Budget:
     def settle(self, key: int, prompt: int, completion: int, price: Priced | None = None) -> Amount:
         """A result's usage: its reservation goes and the usage is spent, priced as the reservation was (or at
         ``price`` for a result that had none). Returns what was spent."""
-        got = self._open.get(key)
+        got = self._open.pop(key, None)
         if got is not None:
             price = got[1]
-            self.release(key)
+            self._unreserve(got[0])
         prompt, completion = max(0, prompt), max(0, completion)
         cost = None if price is None else price.cost(prompt, completion)
         self.spent_prompt += prompt
@@ -143,21 +244,62 @@ class Budget:
         self.settled += 1
         return Amount(prompt, completion, cost)
 
-    def spend(self, prompt: int, completion: int, price: Priced) -> Amount:
-        """Usage that had no reservation of its own, spent when it is known: the judge's tokens of a task
-        (--scorer judge, a judge model with a price), settled with the task's result. Not a result: the
-        projection's mean a task takes it in, the count of results does not."""
+    def spend(self, prompt: int, completion: int, price: Priced | None) -> Amount:
+        """Usage beside a result's own, spent with it: the judge's tokens of a task (--scorer judge, at the
+        judge's price; none: its tokens count, its cost is not known). Not a result: the projection's mean a task
+        takes it in, the count of results does not."""
         prompt, completion = max(0, prompt), max(0, completion)
-        cost = price.cost(prompt, completion)
+        cost = None if price is None else price.cost(prompt, completion)
         self.spent_prompt += prompt
         self.spent_completion += completion
         self.session_prompt += prompt
         self.session_completion += completion
-        self.spent_cost += cost
-        self.session_cost += cost
+        if cost is not None:
+            self.spent_cost += cost
+            self.session_cost += cost
         return Amount(prompt, completion, cost)
 
+    def settle_result(self, key: int, meta: Mapping[str, Any]) -> bool:
+        """A RESULT's meta settles task ``key``: its answer (none from the cache: it cost nothing), the answers
+        asked again (rpt/rct), the hedge's other copy (hg: the same usage again), and the judge's call (jpt/jct,
+        at the judge's price). True: dispatch was waiting on the budget and looks again."""
+        if meta.get("ca") == "h":
+            pt = ct = 0
+        else:
+            pt, ct = int(meta.get("pt") or 0), int(meta.get("ct") or 0)
+            if meta.get("hg"):
+                pt, ct = 2 * pt, 2 * ct
+            pt += int(meta.get("rpt") or 0)
+            ct += int(meta.get("rct") or 0)
+        self.settle(key, pt, ct)
+        if "jpt" in meta or "jct" in meta:
+            self.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), self.judge_price)
+        return self._look_again()
+
     # ----- what a person sees -----
+
+    def cap_text(self, over: str) -> str:
+        """What was spent of the cap ``over`` names, for the line that stops the run."""
+        c = self.caps
+        if over == "cost":
+            return f"spent ${self.spent_cost:,.4f} of --max-cost ${c.cost:,.4f}"
+        if over == "completion_tokens":
+            return f"{self.spent_completion:,} completion tokens of --max-completion-tokens-total " \
+                f"{c.completion_tokens:,}"
+        return f"{self.spent_prompt + self.spent_completion:,} tokens of --max-total-tokens {c.total_tokens:,}"
+
+    def text(self) -> str:
+        """Spent against each cap, one phrase (the start's line)."""
+        c = self.caps
+        parts = []
+        if c.cost is not None:
+            parts.append(f"{fmt_usd(self.spent_cost)} of {fmt_usd(c.cost)}")
+        if c.completion_tokens is not None:
+            parts.append(f"{fmt_tokens(self.spent_completion)} of {fmt_tokens(c.completion_tokens)} completion tokens")
+        if c.total_tokens is not None:
+            parts.append(f"{fmt_tokens(self.spent_prompt + self.spent_completion)} of {fmt_tokens(c.total_tokens)} "
+                         "tokens")
+        return "spent " + ", ".join(parts)
 
     def projection(self, left: int | None) -> Amount | None:
         """What the whole run will have spent when the ``left`` tasks not yet answered are: spent + the mean of

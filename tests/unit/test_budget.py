@@ -13,7 +13,9 @@ import pytest
 
 from evalsup.config.caps import Caps
 from evalsup.config.prices import Price
-from evalsup.supervisor.budget import Amount, Budget, priced
+from evalsup.supervisor.budget import REASK_TURN, Amount, Budget, TaskCosts, Verdict, priced
+from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.tokens import PER_MESSAGE, approx_prompt_tokens
 
 PRICE = Price(input=2.0, output=8.0)  # USD per million tokens
 
@@ -134,3 +136,104 @@ def test_what_a_person_sees_of_the_budget() -> None:
     text = generate_latest(m.registry).decode()
     assert 'evalsup_budget_usd{what="cap"} 5.0' in text
     assert 'evalsup_budget_tokens{kind="completion",what="spent"} 100.0' in text
+
+
+# ----- issue 40: the budget decides (afford), settles a result's meta, and reserves all a task may cost -----
+
+JUDGE = Price(input=1.0, output=4.0)
+
+
+def _defaults() -> RequestDefaults:
+    return RequestDefaults(model="m", max_tokens=100)
+
+
+def test_afford_goes_waits_and_stops_in_a_persons_words() -> None:
+    b = Budget(Caps(cost=1.0))
+    big = priced(50_000, 100_000, PRICE)  # $0.90
+    assert b.afford(1, big, PRICE, "m").verdict is Verdict.GO and b.reservations == 1
+    d = b.afford(2, big, PRICE, "m")
+    assert d.verdict is Verdict.WAIT and d.cap == "cost" and b.waiting  # task 1 may settle below its worst case
+    assert b.settle_result(1, {"k": 1, "pt": 10_000, "ct": 20_000}) is True and not b.waiting  # look again
+    d = b.afford(2, big, PRICE, "m")
+    assert d.verdict is Verdict.STOP and b.reservations == 0
+    assert d.say == "budget: spent $0.1800 of --max-cost $1.0000; the next task could use up to $0.9000"
+    u = b.afford(3, priced(1, 1, None), None, "nameless")
+    assert u.verdict is Verdict.UNPRICED and u.say == "--max-cost: no price for model 'nameless'"
+    assert Budget(Caps(total_tokens=10)).afford(1, priced(1, 1, None), None, "x").verdict is Verdict.GO
+
+
+def test_a_results_meta_settles_all_it_paid_for() -> None:
+    b = Budget(Caps(total_tokens=1_000_000), judge_price=JUDGE)
+    for k in range(1, 5):
+        b.afford(k, priced(1000, 1000, PRICE), PRICE, "m")
+    b.settle_result(1, {"pt": 10, "ct": 20})
+    assert (b.spent_prompt, b.spent_completion) == (10, 20)
+    b.settle_result(2, {"pt": 10, "ct": 20, "hg": 2, "rpt": 5, "rct": 6})  # hedged: the other copy paid too
+    assert (b.spent_prompt, b.spent_completion) == (10 + 25, 20 + 46)
+    b.settle_result(3, {"pt": 10, "ct": 20, "ca": "h", "jpt": 7, "jct": 8})  # from the cache: only the judge paid
+    assert (b.spent_prompt, b.spent_completion) == (35 + 7, 66 + 8)
+    assert b.spent_cost == pytest.approx(PRICE.cost(35, 66) + JUDGE.cost(7, 8))
+    b.release(4)
+    assert b.reservations == 0 and b.settled == 3
+
+
+def test_a_tasks_worst_case_covers_its_hedge_reasks_and_judge() -> None:
+    task = {"id": "a", "messages": [{"role": "user", "content": "x" * 400}], "expected": "y" * 40}
+    p = approx_prompt_tokens(400, 1)
+    plain, price, model = TaskCosts(_defaults(), lambda m: PRICE).worst(task)
+    assert (plain.prompt, plain.completion, price, model) == (p, 100, PRICE, "m")
+    hedged = TaskCosts(_defaults(), lambda m: PRICE, hedge=True).worst(task)[0]
+    assert (hedged.prompt, hedged.completion) == (2 * p, 200)  # the second copy, before it is sent
+    # re-asks: only where a schema applies (--response-schema, or the task's own), each with the conversation
+    asked = TaskCosts(_defaults(), lambda m: PRICE, max_reasks=2, run_schema=True).worst(task)[0]
+    grow = 4 * 100 + REASK_TURN + 2 * PER_MESSAGE
+    assert (asked.prompt, asked.completion) == (p + (p + grow) + (p + 2 * grow), 300)
+    assert TaskCosts(_defaults(), lambda m: PRICE, max_reasks=2).worst(task)[0] == plain  # no schema: none
+    own = {**task, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}
+    assert TaskCosts(_defaults(), lambda m: PRICE, max_reasks=1).worst(own)[0].completion == 200
+    off = TaskCosts(_defaults(), lambda m: PRICE, max_reasks=2, run_schema=True, validate_schema=False)
+    assert off.worst(task)[0] == plain  # --no-validate-schema: never asked again
+    judged = TaskCosts(_defaults(), lambda m: PRICE, judge=True, judge_price=JUDGE, judge_template="T" * 400,
+                       judge_max_tokens=30).worst(task)[0]
+    jp = 100 + PER_MESSAGE + 2 * p + 2 * 100 + 11
+    assert (judged.prompt, judged.completion) == (p + jp, 130)
+    assert judged.cost == pytest.approx(PRICE.cost(p, 100) + JUDGE.cost(jp, 30))  # at the judge's own price
+    assert TaskCosts(_defaults(), lambda m: PRICE, judge=True, judge_price=None).worst(task)[0].cost is None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_dispatch_through_afford_keeps_the_invariants(seed: int) -> None:
+    """Invariant 5 and the bound: WAIT only with tasks out (and ``waiting`` until one settles or comes back),
+    STOP only with none, GO reserves; with usage within reservations, spent never passes the cap."""
+    rnd = random.Random(seed)
+    cap = rnd.uniform(0.05, 0.5)
+    b = Budget(Caps(cost=cap), judge_price=JUDGE)
+    costs = TaskCosts(_defaults(), lambda m: PRICE, hedge=rnd.random() < 0.5, max_reasks=rnd.randint(0, 2),
+                      run_schema=True, judge=rnd.random() < 0.5, judge_price=JUDGE, judge_max_tokens=50)
+    out: dict[int, Amount] = {}
+    key = 0
+    for _ in range(300):
+        if rnd.random() < 0.55:
+            key += 1
+            task = {"id": str(key), "messages": [{"role": "user", "content": "x" * rnd.randint(1, 4000)}]}
+            worst, price, model = costs.worst(task)
+            d = b.afford(key, worst, price, model)
+            if d.verdict is Verdict.GO:
+                out[key] = worst
+            elif d.verdict is Verdict.WAIT:
+                assert out and b.waiting
+            else:
+                assert d.verdict is Verdict.STOP and not out and d.say.startswith("budget: spent $")
+                break
+        elif out:
+            k = rnd.choice(sorted(out))
+            w = out.pop(k)
+            waited = b.waiting
+            if rnd.random() < 0.8:  # an answer within its reservation, split as a worker reports it
+                pt, ct = rnd.randint(0, w.prompt // 2), rnd.randint(0, w.completion // 2)
+                assert b.settle_result(k, {"pt": pt, "ct": ct}) is waited
+            else:
+                assert b.release(k) is waited
+            assert not b.waiting
+        assert b.reservations == len(out)
+        assert b.spent_cost + b.res_cost <= cap + 1e-9

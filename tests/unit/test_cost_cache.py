@@ -243,3 +243,16 @@ def test_a_reasked_answers_earlier_requests_are_in_the_meta_the_summary_and_the_
     results.write_bytes(b"".join(out))
     u = usage_of_results(results, lookup)
     assert (u.prompt_tokens, u.completion_tokens) == (100, 14) and u.cost == pytest.approx(P.cost(100, 14))
+
+
+def test_a_resume_reads_a_hedged_answers_other_copy_as_paid(tmp_path: Path) -> None:
+    """issue 40: the budget settles a hedged task's two copies; a resume reads the same spend back."""
+    rec = {"id": "b1", "custom_id": "t1", "response": {"status_code": 200, "request_id": "r", "body": {
+        "model": "m", "choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": 10,
+                                                                             "completion_tokens": 20}}},
+        "error": None, "metrics": {"hedged": True, "hedge_won": False}}
+    results = tmp_path / "results.jsonl"
+    results.write_bytes(orjson.dumps(rec) + b"\n")
+    u = usage_of_results(results, lookup)
+    assert (u.prompt_tokens, u.completion_tokens) == (20, 40) and u.cost == pytest.approx(P.cost(20, 40))
+    assert u.seen == (20.0, 20.0)  # the answer's length, once
