@@ -16,7 +16,7 @@ from evalsup.cli.cache import cache_command
 from evalsup.cli.config_file import META_KEY as CONFIG_META
 from evalsup.cli.config_file import config_option
 from evalsup.cli.mock import mock_command
-from evalsup.config.options import BY_NAME, GROUPS, Option, env_var
+from evalsup.config.options import BY_NAME, GROUPS, Option, clash, env_var
 from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
 
 
@@ -175,8 +175,6 @@ def run(tasks: Path | None, **kw: Any) -> None:
     if kw["resume"]:
         from evalsup.rundir.layout import is_run_dir
 
-        if kw["fresh"]:
-            _fail("--resume and --fresh: one resumes the run, the other starts it over; give one")
         if not is_run_dir(cfg.run_dir):
             _fail(f"--resume: nothing to resume in {cfg.run_dir} (no checkpoint, results or events there); leave "
                   "--resume out to start the run" + ("" if kw["out"] else ", or give --out RUN_DIR if it is elsewhere"))
@@ -208,12 +206,9 @@ def _run_on_ray(tasks: Path | None, kw: dict[str, Any]) -> None:
     """`run --ray [ADDRESS] --shards N`: the shards as Ray tasks (evalsup.ray.driver); exits with its code."""
     if tasks is None and kw["ray"] not in (None, "default") and Path(kw["ray"]).is_file():
         tasks, kw["ray"] = Path(kw["ray"]), "default"  # `--ray tasks.jsonl`: the address is optional
-    if kw["ray"] is None:
-        _fail("--shards N runs the shards on Ray and needs --ray [ADDRESS] (on other schedulers: --shard K/N)")
-    if kw["shards"] is None:
-        _fail("--ray needs --shards N (how many shards: Ray runs each as a task)")
-    if kw["shard"] is not None:
-        _fail("--ray runs every shard itself: give --shards N, not --shard K/N")
+    why = clash(kw)  # the option table's needs/conflicts: --shards needs --ray, --shard cannot go with it...
+    if why is not None:
+        _fail(why)
     if tasks is None:
         _fail("missing TASKS (the task file); see evalsup run --help")
     assert tasks is not None

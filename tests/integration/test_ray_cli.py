@@ -12,9 +12,9 @@ from tests.harness import run_cli, write_tasks
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--shards", "4"], "--shards N runs the shards on Ray and needs --ray [ADDRESS]"),
-    (["--ray", "auto"], "--ray needs --shards N"),
-    (["--ray", "auto", "--shards", "4", "--shard", "1/4"], "give --shards N, not --shard K/N"),
+    (["--shards", "4"], "--shards needs --ray: --shards N runs the shards on Ray"),
+    (["--ray", "auto"], "--ray needs --shards: how many shards"),
+    (["--ray", "auto", "--shards", "4", "--shard", "1/4"], "--shard cannot go with --ray"),
     (["--ray", "auto", "--shards", "2", "--base-url", "http://u:secret@127.0.0.1:9/v1"],
      "set OPENAI_BASE_URL on the nodes instead"),
 ])
