@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -179,10 +180,10 @@ def run(tasks: Path | None, **kw: Any) -> None:
             _fail(f"--resume: nothing to resume in {cfg.run_dir} (no checkpoint, results or events there); leave "
                   "--resume out to start the run" + ("" if kw["out"] else ", or give --out RUN_DIR if it is elsewhere"))
     config_used = click.get_current_context().meta.get(CONFIG_META)
-    if config_used and not cfg.quiet:
-        _note(f"settings from {config_used}", cfg.log_format)
-    if resumed is not None and not cfg.quiet:  # request flags left out: the run's own settings, from run.json
-        _note(resumed, cfg.log_format)
+    # said by the run once it holds the run directory and its settings pass: a refusal comes first (issue 44)
+    notes = [f"settings from {config_used}"] if config_used else []
+    if resumed is not None:  # request flags left out: the run's own settings, from run.json
+        notes.append(resumed)
     if cfg.fresh:
         _move_aside(cfg.run_dir, cfg.quiet)
     if src.kind != InputKind.FILE:
@@ -199,7 +200,7 @@ def run(tasks: Path | None, **kw: Any) -> None:
             _fail(str(e))
     from evalsup.supervisor.run import run as run_job
 
-    sys.exit(run_job(cfg))
+    sys.exit(run_job(cfg, notes))
 
 
 def _run_on_ray(tasks: Path | None, kw: dict[str, Any]) -> None:
@@ -279,12 +280,31 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
     sys.exit(code)
 
 
+def evalsup_command() -> str:
+    """How to run this very evalsup from a shell, as printed (issue 44): ``evalsup`` when that is what PATH
+    finds, else the interpreter's own script (a venv's bin/evalsup, not on PATH after scripts/demo), else
+    ``PYTHON -m evalsup``."""
+    import shlex
+    import shutil
+
+    here = Path(sys.executable).parent / "evalsup"
+    on_path = shutil.which("evalsup")
+    if here.is_file() and os.access(here, os.X_OK):
+        if on_path is not None and Path(on_path).resolve() == here.resolve():
+            return "evalsup"
+        return shlex.quote(str(here))
+    return f"{shlex.quote(sys.executable)} -m evalsup"
+
+
 def _next_steps(run_dir: Path) -> None:
+    import shlex
+
+    cmd, where = evalsup_command(), shlex.quote(str(run_dir))
     click.echo(f"""
 next steps:
-  evalsup status {run_dir}      progress of a run (from another shell, while it goes)
-  evalsup report {run_dir}      one HTML page: memory, request rate, latency
-  evalsup run --base-url http://HOST:PORT/v1 --model MODEL tasks.jsonl      against your own server
+  {cmd} status {where}      progress of a run (from another shell, while it goes)
+  {cmd} report {where}      one HTML page: memory, request rate, latency
+  {cmd} run --base-url http://HOST:PORT/v1 --model MODEL tasks.jsonl      against your own server
   python: evalsup.run(tasks, ...) runs a job, evalsup.read_results("{run_dir}") streams its records
           (README: Python)""",
                err=True)
@@ -479,7 +499,6 @@ def cancel(run_dir: Path, tasks: Path | None, base_url: tuple[str, ...], api_key
     command sends them again. The run must be stopped (Ctrl-C or SIGTERM leave its batches running): a run
     still going holds the directory (exit 73). Exit codes as `evalsup run`'s.
     """
-    import os
 
     from evalsup.batch.journal import run_id_of
     from evalsup.rundir.layout import INPUT_COPY

@@ -157,6 +157,7 @@ class Supervisor:
         self.stop_reason: str | None = None  # "budget" when a cap stopped the run (summary.json's exit_reason)
         self._start_notes: list[str] = []  # the estimate and the budget, said once the checks have passed
         self._first: tuple[dict[str, Any] | None, int | None] = (None, None)  # the start line's estimate, hits
+        self._scan_total: int | None = None  # the input's tasks as the pre-scan counted them (status's total)
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
         if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
@@ -233,6 +234,8 @@ class Supervisor:
             self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
         await self._start_budget(tally, cp is not None, hits)
         self._scanned = (start, scan.index)
+        if cfg.shard is None and not scan.stopped:  # every non-blank line counted: the total, exact (issue 44)
+            self._scan_total = (cp.index if cp is not None else 0) + scan.tasks + scan.invalid
 
     def _cache_tally(self, tally: Tally) -> CachedTally | None:
         """With a cache that is read (--cache, mode rw or ro): the estimate at the start counts the requests it
@@ -703,7 +706,8 @@ class Supervisor:
             self.log(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
             self._update_gauges()
         self.events("start", workers=self.active, max_workers=cfg.workers, concurrency=cfg.concurrency,
-                    resumed=self.resumed_from is not None)
+                    resumed=self.resumed_from is not None,
+                    **({} if self._scan_total is None else {"total": self._scan_total}))
         if not cfg.quiet:  # one start line (supervisor.first_line); -v: the check's, the estimate's, the sizing's
             self.log(self.memory.describe() if cfg.verbose else first_line(cfg, *self._first,
                                                                              resumed=self.resumed_from is not None))

@@ -42,20 +42,23 @@ def first_line(cfg: RunConfig, estimate: dict[str, Any] | None, hits: int | None
 def _model(cfg: RunConfig, estimate: dict[str, Any] | None) -> str:
     if cfg.worker.model:
         return cfg.worker.model
-    names = [m for m in (estimate or {}).get("models", {}) if m != "(no model)"]
+    names = [str(m) for m in (estimate or {}).get("models", {}) if m != "(no model)"]
     if not names:
         return ""
     return names[0] + (f" +{len(names) - 1}" if len(names) > 1 else "")
 
 
 def _sizing(cfg: RunConfig) -> str:
-    """Workers x each one's limit: "4 workers x 16" (fixed), "1-4 workers, adaptive ≤256" (in flight in all)."""
+    """Workers x each one's limit: "4 workers x 16" (fixed), "1-4 workers, 64 in flight" (workers added while
+    CPU-bound), "1-4 workers, adaptive ≤256" (in flight in all)."""
     if cfg.worker.batch is not None:
         return "provider batches"
     count = f"1-{cfg.workers} workers" if cfg.autoscale else f"{cfg.workers} worker{'s' if cfg.workers > 1 else ''}"
     if cfg.adaptive:
         return f"{count}, adaptive ≤{cfg.concurrency:,}"
-    return f"{count} x {cfg.per_worker_concurrency(cfg.first_workers)[0]:,}"
+    if cfg.autoscale:  # the limit is split among the workers as they are added
+        return f"{count}, {cfg.concurrency:,} in flight"
+    return f"{count} x {cfg.per_worker_concurrency()[0]:,}"
 
 
 def _cost(s: dict[str, Any] | None) -> str:
