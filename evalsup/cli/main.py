@@ -7,8 +7,9 @@ import dataclasses
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import cloup
@@ -19,6 +20,8 @@ from evalsup.cli.config_file import config_option
 from evalsup.cli.mock import mock_command
 from evalsup.config.options import BY_NAME, GROUPS, Option, clash, env_var
 from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -70,11 +73,11 @@ def main() -> None:
     """
 
 
-def _click_option(o: Option) -> Any:
+def _click_option(o: Option, env: bool = True, **extra: Any) -> Any:
     """The click decorator for one run option of the table in evalsup/config/options.py (its value may also come
-    from $EVALSUP_<OPTION>, or from a --config file)."""
-    kw: dict[str, Any] = {"help": o.help, "hidden": o.hidden}
-    if env_var(o) is not None:
+    from $EVALSUP_<OPTION> when ``env``, or from a --config file). ``extra``: click's own (required=True)."""
+    kw: dict[str, Any] = {"help": o.help, "hidden": o.hidden, **extra}
+    if env and env_var(o) is not None:
         kw["envvar"] = env_var(o)
     if o.show_default:
         kw["show_default"] = True
@@ -93,6 +96,18 @@ def _click_option(o: Option) -> Any:
     if o.flag_value is not None:
         kw.update(is_flag=False, flag_value=o.flag_value)
     return click.option(*o.flags, o.name, default=o.default, multiple=o.multiple, **kw)
+
+
+def table_option(name: str, param: str | None = None, required: bool = False,
+                 **changes: Any) -> Callable[[_F], _F]:
+    """A run option of the table as another command's option where it means the same thing (issue 44: one
+    definition): ``param`` names the command's parameter (default: the option's name), ``changes`` what that
+    command says otherwise (its default, range or help). Not read from $EVALSUP_<OPTION>: only `run` is."""
+    o = dataclasses.replace(BY_NAME[name], **changes)
+    if param is not None:
+        o = dataclasses.replace(o, name=param)
+    deco: Callable[[_F], _F] = _click_option(o, env=False, **({"required": True} if required else {}))
+    return deco
 
 
 def run_options(f: Any) -> Any:
@@ -242,9 +257,8 @@ DEMO_MAX_TOKENS = 512  # the demo's max_tokens: above the mock's ~1 KB answers (
 @main.command()
 @click.option("--tasks", "n", type=click.IntRange(1, 10_000_000), default=2000, show_default=True,
               help="Sample tasks to make.")
-@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Worker processes (as for `evalsup run --workers`).")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True,
+@table_option("workers", default=4, hi=64, show_default=True, help="Worker processes (as for `evalsup run --workers`).")
+@table_option("concurrency", default=64, hi=10_000, show_default=True,
               help="Requests in flight in total, split among the workers.")
 @click.option("--latency-ms", type=float, default=20.0, show_default=True, help="Mock latency per request.")
 @click.option("--response-kb", type=float, default=1.0, show_default=True, help="Mock response size.")
@@ -316,34 +330,27 @@ main.add_command(cache_command)  # `evalsup cache ...`: evalsup/cli/cache.py (is
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("--scorer", "scorers", multiple=True, required=True, metavar="NAME|module:fn|file.py:fn",
-              help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
+@table_option("scorers", required=True, help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
 @click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Processes scoring in parallel.")
-@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively (choice always does).")
-@click.option("--no-strip", is_flag=True, help="Do not strip surrounding white space.")
-@click.option("--normalize", is_flag=True,
-              help="Compare as SQuAD does (lower case; punctuation, articles, extra white space left out).")
-@click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
+@table_option("ignore_case")
+@table_option("no_strip")
+@table_option("normalize")
+@table_option("regex", param="pattern")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write (default: RUN_DIR/results.scored.jsonl).")
-@click.option("--judge-base-url", metavar="URL", default=None,
+@table_option("judge_base_url",
               help="--scorer judge: the judge's endpoint (asked for each answer; the run's endpoints never are).")
-@click.option("--judge-model", metavar="MODEL", default=None, help="--scorer judge: the judge's model.")
-@click.option("--judge-api-key-env", metavar="VAR", default=None,
+@table_option("judge_model", help="--scorer judge: the judge's model.")
+@table_option("judge_api_key_env",
               help="--scorer judge: environment variable that holds the judge's key (default: OPENAI_API_KEY).")
-@click.option("--judge-template", type=click.Path(path_type=Path), default=None, metavar="FILE",
-              help="--scorer judge: the judge's prompt template (as for `evalsup run --judge-template`).")
-@click.option("--judge-concurrency", type=click.IntRange(1, 100_000), default=16, show_default=True,
-              help="--scorer judge: judge requests in flight at most.")
-@click.option("--judge-max-tokens", type=click.IntRange(1, None), default=None,
-              help="--scorer judge: max_tokens of the judge's requests.")
-@click.option("--judge-timeout", type=float, default=900.0, show_default=True,
-              help="--scorer judge: the most one answer's judging may take; then a scorer error.")
+@table_option("judge_template")
+@table_option("judge_concurrency", help="--scorer judge: judge requests in flight at most.")
+@table_option("judge_max_tokens")
+@table_option("judge_timeout")
 @click.option("--tasks", "tasks_file", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="--scorer judge: the run's task file, for each answer's prompt (default: the one the run read).")
-@click.option("--group-by", "group_by", default=None, metavar="metadata.KEY",
-              help="Scores per group of this metadata key too (e.g. metadata.subject).")
+@table_option("group_by", help="Scores per group of this metadata key too (e.g. metadata.subject).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
           normalize: bool, pattern: str | None, output: Path | None, judge_base_url: str | None = None,
           judge_model: str | None = None, judge_api_key_env: str | None = None, judge_template: Path | None = None,
@@ -486,11 +493,9 @@ def status(run_dir: Path, as_json: bool) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option("--tasks", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="The run's task file (default: RUN_DIR's own copy, or RUN_DIR without its .run suffix).")
-@click.option("--base-url", multiple=True, metavar="URL",
-              help="The endpoint (default: $OPENAI_BASE_URL, else the run's last endpoint from run.json).")
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
-              help="Environment variable that holds the API key.")
-@click.option("--quiet", "-q", is_flag=True, help="Print only the final line.")
+@table_option("base_url", help="The endpoint (default: $OPENAI_BASE_URL, else the run's last endpoint from run.json).")
+@table_option("api_key_env")
+@table_option("quiet", help="Print only the final line.")
 def cancel(run_dir: Path, tasks: Path | None, base_url: tuple[str, ...], api_key_env: str, quiet: bool) -> None:
     """Cancel the batches of a --batch-api run at the provider, record what they finished, and stop.
 
@@ -556,26 +561,22 @@ def report(run_dir: Path, output: Path | None, group_by: str | None) -> None:
 @click.option("--base-url", default=None, metavar="URL",
               help="The endpoint: its /tokenize (vLLM, SGLang) counts the prompt tokens. Without it, or when it "
                    "has none, they are estimated as characters / 4 (marked ≈).")
-@click.option("--model", default=None, help="Model for lines whose body has none (as for evalsup run).")
-@click.option("--max-tokens", type=click.IntRange(0), default=None,
-              help="max_tokens for requests that do not set it (as for evalsup run).")
-@click.option("--prices", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, metavar="FILE",
-              help="Model prices (YAML or JSON: MODEL: {input, output, cached_input}, USD per million tokens) "
-                   "over evalsup's own table.")
-@click.option("--self-hosted", is_flag=True, help="Your own endpoint: every model costs 0.")
-@click.option("--out", "-o", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="The run directory (default TASKS.run): its answers so far give the lengths seen, and the "
-                   "estimate covers only the tasks still to do.")
-@click.option("--shard", default=None, metavar="K/N", help="Only the lines of this shard (as for evalsup run).")
+@table_option("model", help="Model for lines whose body has none (as for evalsup run).")
+@table_option("max_tokens", lo=0, help="max_tokens for requests that do not set it (as for evalsup run).")
+@table_option("prices", help="Model prices (YAML or JSON: MODEL: {input, output, cached_input}, USD per million "
+                             "tokens) over evalsup's own table.")
+@table_option("self_hosted", help="Your own endpoint: every model costs 0.")
+@table_option("out", help="The run directory (default TASKS.run): its answers so far give the lengths seen, and the "
+                          "estimate covers only the tasks still to do.")
+@table_option("shard", help="Only the lines of this shard (as for evalsup run).")
 @click.option("--tokenize-max", type=click.IntRange(0), default=2000, show_default=True,
               help="Requests whose prompt the endpoint counts; the rest are scaled by the ratio those showed.")
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
-              help="Environment variable holding the key for /tokenize.")
+@table_option("api_key_env", help="Environment variable holding the key for /tokenize.")
 @click.option("--cache", "cache_dir", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
               help="The answer cache the run will use (--cache DIR): requests it already answers are free (counted "
                    "apart), and its answers' lengths inform the completion band. Read only.")
-@click.option("--cache-model-id", default=None, metavar="NAME", help="As for evalsup run (the cache keys' model).")
-@click.option("--cache-salt", default="", metavar="TEXT", help="As for evalsup run (mixed into every cache key).")
+@table_option("cache_model_id", help="As for evalsup run (the cache keys' model).")
+@table_option("cache_salt", help="As for evalsup run (mixed into every cache key).")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: int | None, prices: Path | None,
              self_hosted: bool, out: Path | None, shard: str | None, tokenize_max: int, api_key_env: str,

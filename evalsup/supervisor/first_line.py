@@ -24,7 +24,7 @@ def first_line(cfg: RunConfig, estimate: dict[str, Any] | None, hits: int | None
     if estimate is not None:
         n = int(estimate.get("requests") or 0) + (hits or 0)
         parts.append(f"{n:,} {'to go' if resumed else 'task' + ('s' if n != 1 else '')}"
-                     + (f" ({hits:,} from the cache)" if hits else ""))
+                     + ("" if not hits else " (all from the cache)" if hits == n else f" ({hits:,} from the cache)"))
     parts.append(_sizing(cfg))
     cost = _cost(estimate)
     if cost:

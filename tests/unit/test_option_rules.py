@@ -71,3 +71,31 @@ def test_the_cli_says_the_same_line_before_anything_moves(tmp_path: Path) -> Non
     assert got.output.strip() == ("evalsup: --resume cannot go with --fresh: one resumes the run, the other starts "
                                   "it over; give one")
     assert (tmp_path / "t.run").is_dir()
+
+
+# flags other commands declare with a meaning of their own (not the run's option of the same name)
+OWN = {("score", "--workers"), ("estimate", "--base-url"), ("estimate", "--cache")}
+
+
+def test_other_commands_take_the_run_flags_from_the_table() -> None:
+    """demo, score, cancel and estimate declare a run flag as `evalsup run` does (its short flag, type, range,
+    repeatability, metavar): from the option table, not restated."""
+    import click
+
+    run = {p.opts[0] if p.opts[0].startswith("--") else p.opts[-1]: p for p in main.commands["run"].params
+           if isinstance(p, click.Option)}
+    checked = 0
+    for name in ("demo", "score", "cancel", "estimate"):
+        for p in main.commands[name].params:
+            if not isinstance(p, click.Option):
+                continue
+            flag = next(f for f in p.opts if f.startswith("--"))
+            if flag not in run or (name, flag) in OWN:
+                continue
+            r = run[flag]
+            assert sorted(p.opts) == sorted(r.opts) and p.multiple == r.multiple, (name, flag)
+            kinds = type(p.type), type(r.type)  # (a command may bound a number otherwise: IntRange of an int)
+            assert issubclass(*kinds) or issubclass(*kinds[::-1]), (name, flag)
+            assert p.metavar == r.metavar, (name, flag)
+            checked += 1
+    assert checked >= 25
