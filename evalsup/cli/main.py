@@ -430,6 +430,7 @@ def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bo
     """
     import orjson
 
+    from evalsup.common.tty_progress import TtyProgress
     from evalsup.rundir.checkpoint import write_atomic
     from evalsup.tools.coverage import coverage_problems
     from evalsup.tools.merge import MergeError, find_run_dirs, merged_summary
@@ -444,7 +445,11 @@ def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bo
             for p in problems:
                 click.echo(f"  {p}", err=True)
             sys.exit(1)
-        rep = do_merge(dirs, output, tasks, sort)
+        progress = TtyProgress("records merged")  # on a terminal only
+        try:
+            rep = do_merge(dirs, output, tasks, sort, tick=progress.tick)
+        finally:
+            progress.close()
     except (MergeError, OSError) as e:
         _fail(str(e), 1)
     if rep.complete:
