@@ -418,6 +418,7 @@ RULES: tuple[Rule, ...] = (
     Rule("hedge", "conflicts", "batch_api", "it works on requests sent one by one"),
     Rule("response_schema", "conflicts", "batch_api", "it works on requests sent one by one"),
     Rule("batch_provider", "needs", "batch_api", "it is for --batch-api runs"),
+    Rule("verbose", "conflicts", "quiet", "one says more at the start, the other only the end; give one"),
 )
 
 
