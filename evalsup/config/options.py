@@ -395,12 +395,16 @@ GROUP_OF: dict[str, str] = {n: g.key for g in GROUPS for n in g.names}
 @dataclass(frozen=True)
 class Rule:
     """One option needs another (``needs``), or cannot go with it (``conflicts``): a run given ``name`` (a value
-    other than its default) without ``other`` (or with it) is refused in one line, ``why`` after it."""
+    other than its default) without ``other`` (or with it) is refused in one line, ``why`` after it. ``value``:
+    ``name`` counts only with this value (among its values, for a repeatable one); ``other_value``: likewise
+    ``other`` (``--judge-model`` needs ``--scorer judge``)."""
 
     name: str
     kind: Literal["needs", "conflicts"]
     other: str
     why: str = ""
+    value: str | None = None
+    other_value: str | None = None
 
 
 # Every plain "A needs B" and "A cannot go with B" between run options (issue 44), checked by ``clash`` in one
@@ -419,6 +423,8 @@ RULES: tuple[Rule, ...] = (
     Rule("response_schema", "conflicts", "batch_api", "it works on requests sent one by one"),
     Rule("batch_provider", "needs", "batch_api", "it is for --batch-api runs"),
     Rule("verbose", "conflicts", "quiet", "one says more at the start, the other only the end; give one"),
+    *(Rule(n, "needs", "scorers", "the judge's settings are for the model-graded scorer", other_value="judge")
+      for n in ("judge_base_url", "judge_model", "judge_api_key_env", "judge_template", "judge_max_tokens")),
 )
 
 
@@ -437,17 +443,23 @@ def shown(o: Option, value: Any) -> str:
 def clash(values: Mapping[str, Any]) -> str | None:
     """The first rule of ``RULES`` that ``values`` (option name -> value; a name left out is at its default)
     break, in one line; None when they break none."""
-    def on(name: str) -> bool:
-        return is_set(BY_NAME[name], values.get(name, BY_NAME[name].default))
+    def on(name: str, value: str | None) -> bool:
+        o = BY_NAME[name]
+        v = values.get(name, o.default)
+        if value is not None:
+            return v == value or (o.multiple and v is not None and value in v)
+        return is_set(o, v)
+
+    def flag(name: str, value: str | None, has: bool) -> str:
+        o = BY_NAME[name]
+        return shown(o, values.get(name, o.default) if has else True) + (f" {value}" if value is not None else "")
 
     for r in RULES:
-        if not on(r.name) or on(r.other) == (r.kind == "needs"):
+        if not on(r.name, r.value) or on(r.other, r.other_value) == (r.kind == "needs"):
             continue
-        a, b = BY_NAME[r.name], BY_NAME[r.other]
-        a_flag = shown(a, values.get(r.name))
         verb = "needs" if r.kind == "needs" else "cannot go with"
-        return f"{a_flag} {verb} {shown(b, values.get(r.other, b.default) if r.kind == 'conflicts' else True)}" \
-            + (f": {r.why}" if r.why else "")
+        return (f"{flag(r.name, r.value, True)} {verb} {flag(r.other, r.other_value, r.kind == 'conflicts')}"
+                + (f": {r.why}" if r.why else ""))
     return None
 
 # EVALSUP_<OPTION> in the environment sets a run option (issue 44), but for these, whose variable already

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from evalsup.config.caps import CapError, Caps, parse_caps
-from evalsup.config.options import BY_NAME
 from evalsup.config.options import DEFAULTS as OPT  # every run option's default, defined once (options.py)
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
 from evalsup.config.shards import shard_dir_name
@@ -172,11 +171,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     _check_requests(wc)
     judge_template_path = None
     if "judge" in wc.scorers:  # the model-graded scorer: its endpoint, model, key and template, checked now
-        wc, judge_template_path = _with_judge(wc, kw)
-    else:
-        given_judge = [BY_NAME[k].flag for k in _JUDGE_OPTIONS if kw[k] is not None and kw[k] != OPT[k]]
-        if given_judge:
-            raise ConfigError(f"{given_judge[0]} is for --scorer judge, which is not among the scorers")
+        wc, judge_template_path = _with_judge(wc, kw)  # (its settings without it: the option table's RULES)
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
 
     def mb(name: str) -> int | None:
@@ -278,9 +273,6 @@ def response_schema(value: Any) -> dict[str, Any] | None:
         return load_schema_file(value)
     except SchemaError as e:
         raise ConfigError(str(e)) from None
-
-
-_JUDGE_OPTIONS = ("judge_base_url", "judge_model", "judge_api_key_env", "judge_template", "judge_max_tokens")
 
 
 def _with_judge(wc: WorkerConfig, kw: dict[str, Any]) -> tuple[WorkerConfig, str | None]:
