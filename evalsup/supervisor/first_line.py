@@ -18,12 +18,13 @@ MAX_WIDTH = 120  # the line's aim: an endpoint URL longer than it leaves room fo
 def first_line(cfg: RunConfig, estimate: dict[str, Any] | None, hits: int | None = None,
                endpoints: tuple[str, ...] | None = None, resumed: bool = False) -> str:
     """``estimate``: the pre-scan's ``Tally.summary`` (None when there is none); ``hits``: requests the cache
-    answers; ``endpoints``: those that passed the check (default: every one of the run's)."""
+    answers; ``endpoints``: those that passed the check (default: every one of the run's). A resume counts the
+    lines not yet read ("unread"); the tasks it redoes are said by its "resuming:" line."""
     urls = [public_url(u) for u in (endpoints if endpoints is not None else cfg.worker.endpoints)]
     parts = [_model(cfg, estimate)]
     if estimate is not None:
         n = int(estimate.get("requests") or 0) + (hits or 0)
-        parts.append(f"{n:,} {'to go' if resumed else 'task' + ('s' if n != 1 else '')}"
+        parts.append(f"{n:,} {'unread' if resumed else 'task' + ('s' if n != 1 else '')}"
                      + ("" if not hits else " (all from the cache)" if hits == n else f" ({hits:,} from the cache)"))
     parts.append(_sizing(cfg))
     cost = _cost(estimate)

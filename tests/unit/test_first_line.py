@@ -53,7 +53,7 @@ def test_an_unpriced_model_says_so_and_many_endpoints_are_counted(tmp_path: Path
     cfg = build_config(tmp_path / "t.jsonl", {"base_url": [URL, "http://127.0.0.1:10/v1"], "workers": 2,
                                               "concurrency": 8, "model": "my-own-model"})
     line = _said(first_line(cfg, _estimate(10, "my-own-model", 100), resumed=True))
-    assert line == f"evalsup: {URL} (+1): my-own-model, 10 to go, 2 workers x 4, cost unknown (no price)"
+    assert line == f"evalsup: {URL} (+1): my-own-model, 10 unread, 2 workers x 4, cost unknown (no price)"
 
 
 def test_a_long_endpoint_gives_way_to_the_figures(tmp_path: Path) -> None:
