@@ -13,6 +13,8 @@ from typing import IO
 import click
 import orjson
 
+from evalsup.common.tty_progress import TtyProgress
+
 CACHE_DIR = click.Path(path_type=Path, file_okay=False)
 
 
@@ -169,11 +171,13 @@ def import_(directory: Path, source: Path, cache_length: bool, max_line_mb: floa
     store = _open(directory, create=True)
     assert isinstance(store, Store)
     left = Skipped()
+    progress = TtyProgress("lines read")  # on a terminal only
 
     def read() -> Iterator[Entry]:
         i = 0
         while line := f.readline(limit + 1):  # bounded: a line past the limit is never held whole
             i += 1
+            progress.tick()
             if len(line) > limit and not line.endswith(b"\n"):
                 raise BadEntry(f"{name}:{i}: a line longer than {max_line_mb:g} MiB (--max-line-mb); "
                                "nothing was imported")
@@ -196,6 +200,7 @@ def import_(directory: Path, source: Path, cache_length: bool, max_line_mb: floa
     except sqlite3.Error as e:  # (one transaction: nothing was added)
         _fail(f"the cache {store.path} cannot be written ({describe(e)}); nothing was imported")
     finally:
+        progress.close()
         if f is not sys.stdin.buffer:
             f.close()
         store.close()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import cloup
@@ -17,8 +19,10 @@ from evalsup.cli.config_file import META_KEY as CONFIG_META
 from evalsup.cli.config_file import config_option
 from evalsup.cli.mock import mock_command
 from evalsup.cli.serve import serve_command
-from evalsup.config.options import BY_NAME, GROUPS, Option, env_var
+from evalsup.config.options import BY_NAME, GROUPS, Option, clash, env_var
 from evalsup.config.run_config import ConfigError, build_config, retry_failed_task_file
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -71,11 +75,11 @@ def main() -> None:
     """
 
 
-def _click_option(o: Option) -> Any:
+def _click_option(o: Option, env: bool = True, **extra: Any) -> Any:
     """The click decorator for one run option of the table in evalsup/config/options.py (its value may also come
-    from $EVALSUP_<OPTION>, or from a --config file)."""
-    kw: dict[str, Any] = {"help": o.help, "hidden": o.hidden}
-    if env_var(o) is not None:
+    from $EVALSUP_<OPTION> when ``env``, or from a --config file). ``extra``: click's own (required=True)."""
+    kw: dict[str, Any] = {"help": o.help, "hidden": o.hidden, **extra}
+    if env and env_var(o) is not None:
         kw["envvar"] = env_var(o)
     if o.show_default:
         kw["show_default"] = True
@@ -94,6 +98,18 @@ def _click_option(o: Option) -> Any:
     if o.flag_value is not None:
         kw.update(is_flag=False, flag_value=o.flag_value)
     return click.option(*o.flags, o.name, default=o.default, multiple=o.multiple, **kw)
+
+
+def table_option(name: str, param: str | None = None, required: bool = False,
+                 **changes: Any) -> Callable[[_F], _F]:
+    """A run option of the table as another command's option where it means the same thing (issue 44: one
+    definition): ``param`` names the command's parameter (default: the option's name), ``changes`` what that
+    command says otherwise (its default, range or help). Not read from $EVALSUP_<OPTION>: only `run` is."""
+    o = dataclasses.replace(BY_NAME[name], **changes)
+    if param is not None:
+        o = dataclasses.replace(o, name=param)
+    deco: Callable[[_F], _F] = _click_option(o, env=False, **({"required": True} if required else {}))
+    return deco
 
 
 def run_options(f: Any) -> Any:
@@ -186,16 +202,14 @@ def run(tasks: Path | None, **kw: Any) -> None:
     if kw["resume"]:
         from evalsup.rundir.layout import is_run_dir
 
-        if kw["fresh"]:
-            _fail("--resume and --fresh: one resumes the run, the other starts it over; give one")
         if not is_run_dir(cfg.run_dir):
             _fail(f"--resume: nothing to resume in {cfg.run_dir} (no checkpoint, results or events there); leave "
                   "--resume out to start the run" + ("" if kw["out"] else ", or give --out RUN_DIR if it is elsewhere"))
     config_used = click.get_current_context().meta.get(CONFIG_META)
-    if config_used and not cfg.quiet:
-        _note(f"settings from {config_used}", cfg.log_format)
-    if resumed is not None and not cfg.quiet:  # request flags left out: the run's own settings, from run.json
-        _note(resumed, cfg.log_format)
+    # said by the run once it holds the run directory and its settings pass: a refusal comes first (issue 44)
+    notes = [f"settings from {config_used}"] if config_used else []
+    if resumed is not None:  # request flags left out: the run's own settings, from run.json
+        notes.append(resumed)
     if cfg.fresh:
         _move_aside(cfg.run_dir, cfg.quiet, tasks)
     if src.kind != InputKind.FILE:
@@ -212,19 +226,16 @@ def run(tasks: Path | None, **kw: Any) -> None:
             _fail(str(e))
     from evalsup.supervisor.run import run as run_job
 
-    sys.exit(run_job(cfg))
+    sys.exit(run_job(cfg, notes))
 
 
 def _run_on_ray(tasks: Path | None, kw: dict[str, Any]) -> None:
     """`run --ray [ADDRESS] --shards N`: the shards as Ray tasks (evalsup.ray.driver); exits with its code."""
     if tasks is None and kw["ray"] not in (None, "default") and Path(kw["ray"]).is_file():
         tasks, kw["ray"] = Path(kw["ray"]), "default"  # `--ray tasks.jsonl`: the address is optional
-    if kw["ray"] is None:
-        _fail("--shards N runs the shards on Ray and needs --ray [ADDRESS] (on other schedulers: --shard K/N)")
-    if kw["shards"] is None:
-        _fail("--ray needs --shards N (how many shards: Ray runs each as a task)")
-    if kw["shard"] is not None:
-        _fail("--ray runs every shard itself: give --shards N, not --shard K/N")
+    why = clash(kw)  # the option table's needs/conflicts: --shards needs --ray, --shard cannot go with it...
+    if why is not None:
+        _fail(why)
     if tasks is None:
         _fail("missing TASKS (the task file); see evalsup run --help")
     assert tasks is not None
@@ -257,9 +268,8 @@ DEMO_MAX_TOKENS = 512  # the demo's max_tokens: above the mock's ~1 KB answers (
 @main.command()
 @click.option("--tasks", "n", type=click.IntRange(1, 10_000_000), default=2000, show_default=True,
               help="Sample tasks to make.")
-@click.option("--workers", "-w", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Worker processes (as for `evalsup run --workers`).")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 10_000), default=64, show_default=True,
+@table_option("workers", default=4, hi=64, show_default=True, help="Worker processes (as for `evalsup run --workers`).")
+@table_option("concurrency", default=64, hi=10_000, show_default=True,
               help="Requests in flight in total, split among the workers.")
 @click.option("--latency-ms", type=float, default=20.0, show_default=True, help="Mock latency per request.")
 @click.option("--response-kb", type=float, default=1.0, show_default=True, help="Mock response size.")
@@ -295,12 +305,31 @@ def demo(n: int, workers: int, concurrency: int, latency_ms: float, response_kb:
     sys.exit(code)
 
 
+def evalsup_command() -> str:
+    """How to run this very evalsup from a shell, as printed (issue 44): ``evalsup`` when that is what PATH
+    finds, else the interpreter's own script (a venv's bin/evalsup, not on PATH after scripts/demo), else
+    ``PYTHON -m evalsup``."""
+    import shlex
+    import shutil
+
+    here = Path(sys.executable).parent / "evalsup"
+    on_path = shutil.which("evalsup")
+    if here.is_file() and os.access(here, os.X_OK):
+        if on_path is not None and Path(on_path).resolve() == here.resolve():
+            return "evalsup"
+        return shlex.quote(str(here))
+    return f"{shlex.quote(sys.executable)} -m evalsup"
+
+
 def _next_steps(run_dir: Path) -> None:
+    import shlex
+
+    cmd, where = evalsup_command(), shlex.quote(str(run_dir))
     click.echo(f"""
 next steps:
-  evalsup status {run_dir}      progress of a run (from another shell, while it goes)
-  evalsup report {run_dir}      one HTML page: memory, request rate, latency
-  evalsup run --base-url http://HOST:PORT/v1 --model MODEL tasks.jsonl      against your own server
+  {cmd} status {where}      progress of a run (from another shell, while it goes)
+  {cmd} report {where}      one HTML page: memory, request rate, latency
+  {cmd} run --base-url http://HOST:PORT/v1 --model MODEL tasks.jsonl      against your own server
   python: evalsup.run(tasks, ...) runs a job, evalsup.read_results("{run_dir}") streams its records
           (README: Python)""",
                err=True)
@@ -312,14 +341,21 @@ main.add_command(serve_command)  # `evalsup serve`: evalsup/cli/serve.py (issue 
 
 
 
-def _judge_caps(model: str | None, max_tokens: int | None, cost: float | None, tokens: int | None,
+def _judge_caps(model: str | None, max_tokens: int | None, max_cost: str | None, max_total: str | None,
                 prices_file: Path | None) -> Any:
-    """`evalsup score`'s caps on the judge's spend (None without one); an unpriced judge under --max-cost is
-    refused, as an unpriced model is by `evalsup run`."""
-    if cost is None and tokens is None:
+    """`evalsup score`'s caps on the judge's spend (None without one), read as `evalsup run` reads its caps; an
+    unpriced judge under --max-cost is refused, as an unpriced model is by `evalsup run`."""
+    if max_cost is None and max_total is None:
         return None
+    from evalsup.config.caps import CapError, parse_caps
     from evalsup.config.prices import PriceError, load_prices
     from evalsup.tools.judge_caps import JudgeCaps
+
+    try:
+        caps = parse_caps(max_cost, None, max_total, None)
+    except CapError as e:
+        raise ValueError(str(e)) from None
+    cost, tokens = caps.cost, caps.total_tokens
 
     try:
         price = load_prices(prices_file).lookup(model)
@@ -332,51 +368,43 @@ def _judge_caps(model: str | None, max_tokens: int | None, cost: float | None, t
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("--scorer", "scorers", multiple=True, required=True, metavar="NAME|module:fn|file.py:fn",
-              help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
+@table_option("scorers", required=True, help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
 @click.option("--workers", "-w", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Processes scoring in parallel.")
-@click.option("--ignore-case", is_flag=True, help="Compare case-insensitively (choice always does).")
-@click.option("--no-strip", is_flag=True, help="Do not strip surrounding white space.")
-@click.option("--normalize", is_flag=True,
-              help="Compare as SQuAD does (lower case; punctuation, articles, extra white space left out).")
-@click.option("--regex", "pattern", default=None, help="Pattern for the regex scorer.")
+@table_option("ignore_case")
+@table_option("no_strip")
+@table_option("normalize")
+@table_option("regex", param="pattern")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Where to write (default: RUN_DIR/results.scored.jsonl).")
-@click.option("--judge-base-url", metavar="URL", default=None,
+@table_option("judge_base_url",
               help="--scorer judge: the judge's endpoint (asked for each answer; the run's endpoints never are).")
-@click.option("--judge-model", metavar="MODEL", default=None, help="--scorer judge: the judge's model.")
-@click.option("--judge-api-key-env", metavar="VAR", default=None,
+@table_option("judge_model", help="--scorer judge: the judge's model.")
+@table_option("judge_api_key_env",
               help="--scorer judge: environment variable that holds the judge's key (default: OPENAI_API_KEY).")
-@click.option("--judge-template", type=click.Path(path_type=Path), default=None, metavar="FILE",
-              help="--scorer judge: the judge's prompt template (as for `evalsup run --judge-template`).")
-@click.option("--judge-concurrency", type=click.IntRange(1, 100_000), default=16, show_default=True,
-              help="--scorer judge: judge requests in flight at most.")
-@click.option("--judge-max-tokens", type=click.IntRange(1, None), default=None,
-              help="--scorer judge: max_tokens of the judge's requests.")
-@click.option("--judge-timeout", type=float, default=900.0, show_default=True,
-              help="--scorer judge: the most one answer's judging may take; then a scorer error.")
+@table_option("judge_template")
+@table_option("judge_concurrency", help="--scorer judge: judge requests in flight at most.")
+@table_option("judge_max_tokens")
+@table_option("judge_timeout")
 @click.option("--tasks", "tasks_file", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="--scorer judge: the run's task file, for each answer's prompt (default: the one the run read).")
-@click.option("--group-by", "group_by", default=None, metavar="metadata.KEY",
-              help="Scores per group of this metadata key too (e.g. metadata.subject).")
-@click.option("--max-cost", type=click.FloatRange(0, 1e12), default=None, metavar="USD",
+@table_option("group_by", help="Scores per group of this metadata key too (e.g. metadata.subject).")
+@table_option("max_cost",
               help="--scorer judge: stop before the judge's spend could pass this (its model must have a price); "
                    "exit 75, what was scored kept: rerun with a higher cap to go on.")
-@click.option("--max-total-tokens", type=click.IntRange(1, 10**15), default=None, metavar="N",
+@table_option("max_total_tokens",
               help="--scorer judge: stop before the judge's prompt + completion tokens could pass N (exit 75, as "
                    "--max-cost).")
-@click.option("--check/--no-check", "check", default=True,
-              help="--scorer judge: ask the judge's endpoint first (reachable, its key taken, its model served) and "
-                   "stop in one line if not (default); --no-check skips it, as for evalsup run.")
-@click.option("--prices", "prices_file", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
-              metavar="FILE", help="--max-cost: prices over the maintained and shipped ones (as for evalsup run).")
+@table_option("check", help="--scorer judge: ask the judge's endpoint first (reachable, its key taken, its model "
+                            "served) and stop in one line if not (default); --no-check skips it, as for evalsup run.")
+@table_option("prices", param="prices_file",
+              help="--max-cost: prices over the maintained and shipped ones (as for evalsup run).")
 def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bool, no_strip: bool,
           normalize: bool, pattern: str | None, output: Path | None, judge_base_url: str | None = None,
           judge_model: str | None = None, judge_api_key_env: str | None = None, judge_template: Path | None = None,
           judge_concurrency: int = 16, judge_max_tokens: int | None = None, judge_timeout: float = 900.0,
-          tasks_file: Path | None = None, group_by: str | None = None, max_cost: float | None = None,
-          max_total_tokens: int | None = None, prices_file: Path | None = None, check: bool = True) -> None:
+          tasks_file: Path | None = None, group_by: str | None = None, max_cost: str | None = None,
+          max_total_tokens: str | None = None, prices_file: Path | None = None, check: bool = True) -> None:
     """Score an existing run's results again, without sending any request to its endpoints.
 
     Streams RUN_DIR/results.jsonl through WORKERS processes and writes each record with its new "scores"
@@ -456,6 +484,7 @@ def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bo
     """
     import orjson
 
+    from evalsup.common.tty_progress import TtyProgress
     from evalsup.rundir.checkpoint import write_atomic
     from evalsup.tools.coverage import coverage_problems
     from evalsup.tools.merge import MergeError, find_run_dirs, merged_summary
@@ -470,7 +499,11 @@ def merge(run_dirs: tuple[Path, ...], output: Path, tasks: Path | None, sort: bo
             for p in problems:
                 click.echo(f"  {p}", err=True)
             sys.exit(1)
-        rep = do_merge(dirs, output, tasks, sort)
+        progress = TtyProgress("records merged")  # on a terminal only
+        try:
+            rep = do_merge(dirs, output, tasks, sort, tick=progress.tick)
+        finally:
+            progress.close()
     except (MergeError, OSError) as e:
         _fail(str(e), 1)
     if rep.complete:
@@ -519,11 +552,9 @@ def status(run_dir: Path, as_json: bool) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option("--tasks", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="The run's task file (default: RUN_DIR's own copy, or RUN_DIR without its .run suffix).")
-@click.option("--base-url", multiple=True, metavar="URL",
-              help="The endpoint (default: $OPENAI_BASE_URL, else the run's last endpoint from run.json).")
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
-              help="Environment variable that holds the API key.")
-@click.option("--quiet", "-q", is_flag=True, help="Print only the final line.")
+@table_option("base_url", help="The endpoint (default: $OPENAI_BASE_URL, else the run's last endpoint from run.json).")
+@table_option("api_key_env")
+@table_option("quiet", help="Print only the final line.")
 def cancel(run_dir: Path, tasks: Path | None, base_url: tuple[str, ...], api_key_env: str, quiet: bool) -> None:
     """Cancel the batches of a --batch-api run at the provider, record what they finished, and stop.
 
@@ -532,7 +563,6 @@ def cancel(run_dir: Path, tasks: Path | None, base_url: tuple[str, ...], api_key
     command sends them again. The run must be stopped (Ctrl-C or SIGTERM leave its batches running): a run
     still going holds the directory (exit 73). Exit codes as `evalsup run`'s.
     """
-    import os
 
     from evalsup.batch.journal import run_id_of
     from evalsup.rundir.layout import INPUT_COPY
@@ -590,26 +620,22 @@ def report(run_dir: Path, output: Path | None, group_by: str | None) -> None:
 @click.option("--base-url", default=None, metavar="URL",
               help="The endpoint: its /tokenize (vLLM, SGLang) counts the prompt tokens. Without it, or when it "
                    "has none, they are estimated as characters / 4 (marked ≈).")
-@click.option("--model", default=None, help="Model for lines whose body has none (as for evalsup run).")
-@click.option("--max-tokens", type=click.IntRange(0), default=None,
-              help="max_tokens for requests that do not set it (as for evalsup run).")
-@click.option("--prices", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, metavar="FILE",
-              help="Model prices (YAML or JSON: MODEL: {input, output, cached_input}, USD per million tokens) "
-                   "over evalsup's own table.")
-@click.option("--self-hosted", is_flag=True, help="Your own endpoint: every model costs 0.")
-@click.option("--out", "-o", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="The run directory (default TASKS.run): its answers so far give the lengths seen, and the "
-                   "estimate covers only the tasks still to do.")
-@click.option("--shard", default=None, metavar="K/N", help="Only the lines of this shard (as for evalsup run).")
+@table_option("model", help="Model for lines whose body has none (as for evalsup run).")
+@table_option("max_tokens", lo=0, help="max_tokens for requests that do not set it (as for evalsup run).")
+@table_option("prices", help="Model prices (YAML or JSON: MODEL: {input, output, cached_input}, USD per million "
+                             "tokens) over evalsup's own table.")
+@table_option("self_hosted", help="Your own endpoint: every model costs 0.")
+@table_option("out", help="The run directory (default TASKS.run): its answers so far give the lengths seen, and the "
+                          "estimate covers only the tasks still to do.")
+@table_option("shard", help="Only the lines of this shard (as for evalsup run).")
 @click.option("--tokenize-max", type=click.IntRange(0), default=2000, show_default=True,
               help="Requests whose prompt the endpoint counts; the rest are scaled by the ratio those showed.")
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True,
-              help="Environment variable holding the key for /tokenize.")
+@table_option("api_key_env", help="Environment variable holding the key for /tokenize.")
 @click.option("--cache", "cache_dir", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
               help="The answer cache the run will use (--cache DIR): requests it already answers are free (counted "
                    "apart), and its answers' lengths inform the completion band. Read only.")
-@click.option("--cache-model-id", default=None, metavar="NAME", help="As for evalsup run (the cache keys' model).")
-@click.option("--cache-salt", default="", metavar="TEXT", help="As for evalsup run (mixed into every cache key).")
+@table_option("cache_model_id", help="As for evalsup run (the cache keys' model).")
+@table_option("cache_salt", help="As for evalsup run (mixed into every cache key).")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: int | None, prices: Path | None,
              self_hosted: bool, out: Path | None, shard: str | None, tokenize_max: int, api_key_env: str,

@@ -333,6 +333,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("metrics_host", ("--metrics-host",), "str", "127.0.0.1", show_default=True,
            help="Address for --metrics-port (0.0.0.0 to expose it, e.g. in a pod)."),
     Option("quiet", ("--quiet", "-q"), "flag", False, help="Print only the final summary.", api=False),
+    Option("verbose", ("--verbose", "-v"), "flag", False, api=False,
+           help="Say the endpoint check, the whole estimate and the sizing at the start, each on its own line "
+                "(without it: one start line of the endpoint, model, tasks, workers x limit and cost)."),
     Option("json_summary", ("--json",), "flag", False,
            help="Print the final summary as JSON on stdout.", api=False),
 )
@@ -384,9 +387,80 @@ GROUPS: tuple[Group, ...] = (
     Group("scale", "Scale-out", "shards on Kubernetes, Slurm or Ray",
           ("shard", "ray", "shards", "ray_retries")),
     Group("logging", "Logging", "what is printed, and where metrics go",
-          ("quiet", "json_summary", "log_interval", "log_format", "metrics_port", "metrics_host")),
+          ("quiet", "verbose", "json_summary", "log_interval", "log_format", "metrics_port", "metrics_host")),
 )
 GROUP_OF: dict[str, str] = {n: g.key for g in GROUPS for n in g.names}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One option needs another (``needs``), or cannot go with it (``conflicts``): a run given ``name`` (a value
+    other than its default) without ``other`` (or with it) is refused in one line, ``why`` after it. ``value``:
+    ``name`` counts only with this value (among its values, for a repeatable one); ``other_value``: likewise
+    ``other`` (``--judge-model`` needs ``--scorer judge``)."""
+
+    name: str
+    kind: Literal["needs", "conflicts"]
+    other: str
+    why: str = ""
+    value: str | None = None
+    other_value: str | None = None
+
+
+# Every plain "A needs B" and "A cannot go with B" between run options (issue 44), checked by ``clash`` in one
+# place (config.run_config.build_config, and `evalsup run` before a Ray run); refusals that need more than two
+# options' presence (the cache's options and $EVALSUP_CACHE, the judge's and --scorer judge, number bounds)
+# stay written out where the values are read.
+RULES: tuple[Rule, ...] = (
+    Rule("resume", "conflicts", "fresh", "one resumes the run, the other starts it over; give one"),
+    Rule("retry_failed", "conflicts", "fresh", "--retry-failed needs the run to retry"),
+    Rule("shards", "needs", "ray", "--shards N runs the shards on Ray (on other schedulers: --shard K/N)"),
+    Rule("ray", "needs", "shards", "how many shards (Ray runs each as a task)"),
+    Rule("shard", "conflicts", "ray", "--ray runs every shard itself (give --shards N)"),
+    Rule("validate_schema", "conflicts", "response_schema",
+         "--no-validate-schema turns off the validation --response-schema asks for; give one of them"),
+    Rule("hedge", "conflicts", "batch_api", "it works on requests sent one by one"),
+    Rule("response_schema", "conflicts", "batch_api", "it works on requests sent one by one"),
+    Rule("batch_provider", "needs", "batch_api", "it is for --batch-api runs"),
+    Rule("verbose", "conflicts", "quiet", "one says more at the start, the other only the end; give one"),
+    *(Rule(n, "needs", "scorers", "the judge's settings are for the model-graded scorer", other_value="judge")
+      for n in ("judge_base_url", "judge_model", "judge_api_key_env", "judge_template", "judge_max_tokens")),
+)
+
+
+def is_set(o: Option, value: Any) -> bool:
+    """Whether ``value`` sets option ``o`` (anything but its default, or nothing)."""
+    return value is not None and value != o.default and not (o.multiple and not value)
+
+
+def shown(o: Option, value: Any) -> str:
+    """The flag as a user gives it for ``value`` (``--no-validate-schema`` for a bool turned off)."""
+    if o.kind == "bool" and not value:
+        return o.flags[0].split("/")[1]
+    return o.flag
+
+
+def clash(values: Mapping[str, Any]) -> str | None:
+    """The first rule of ``RULES`` that ``values`` (option name -> value; a name left out is at its default)
+    break, in one line; None when they break none."""
+    def on(name: str, value: str | None) -> bool:
+        o = BY_NAME[name]
+        v = values.get(name, o.default)
+        if value is not None:
+            return v == value or (o.multiple and v is not None and value in v)
+        return is_set(o, v)
+
+    def flag(name: str, value: str | None, has: bool) -> str:
+        o = BY_NAME[name]
+        return shown(o, values.get(name, o.default) if has else True) + (f" {value}" if value is not None else "")
+
+    for r in RULES:
+        if not on(r.name, r.value) or on(r.other, r.other_value) == (r.kind == "needs"):
+            continue
+        verb = "needs" if r.kind == "needs" else "cannot go with"
+        return (f"{flag(r.name, r.value, True)} {verb} {flag(r.other, r.other_value, r.kind == 'conflicts')}"
+                + (f": {r.why}" if r.why else ""))
+    return None
 
 # EVALSUP_<OPTION> in the environment sets a run option (issue 44), but for these, whose variable already
 # means something else: $EVALSUP_CACHE is --cache's own default (read with the cache's rules), $EVALSUP_SHARDS is

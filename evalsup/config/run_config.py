@@ -13,7 +13,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from evalsup.config.caps import CapError, Caps, parse_caps
-from evalsup.config.options import BY_NAME
 from evalsup.config.options import DEFAULTS as OPT  # every run option's default, defined once (options.py)
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
 from evalsup.config.shards import shard_dir_name
@@ -61,6 +60,7 @@ class RunConfig:
     max_task_crashes: int = OPT["max_task_crashes"]
     max_restarts: int = OPT["max_restarts"]
     quiet: bool = OPT["quiet"]
+    verbose: bool = OPT["verbose"]  # -v: the start's check, estimate and sizing lines in full (issue 44)
     json_summary: bool = OPT["json_summary"]
     log_interval_s: float = OPT["log_interval"]
     log_format: Literal["text", "json"] = OPT["log_format"]
@@ -129,15 +129,15 @@ class RunConfig:
 def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     """The RunConfig of a run of ``tasks`` with the options ``given`` (keys of evalsup.config.options.RUN_OPTIONS; the
     rest take their defaults). An explicit value is used as given: 0 is 0. Raises ConfigError."""
-    from evalsup.config.options import out_of_bounds, with_defaults
+    from evalsup.config.options import BY_NAME, clash, out_of_bounds, with_defaults
 
     kw = with_defaults(given)
     for name, value in given.items():  # numbers past their bounds (options.BOUNDS), before anything uses them
         problem = out_of_bounds(BY_NAME[name], value)
         if problem is not None:
             raise ConfigError(problem)
-    if kw["retry_failed"] is not None and kw["fresh"]:  # refused before --fresh moves anything aside
-        raise ConfigError("--retry-failed needs the run to retry; it cannot go with --fresh")
+    if (why := clash(kw)) is not None:  # the option table's needs/conflicts (before --fresh moves anything aside)
+        raise ConfigError(why)
     urls = resolve_base_urls(kw["base_url"])  # many endpoints (issue 21 item 1)
     if kw["cache_max_gb"] is not None and not kw["cache_max_gb"] > 0:  # inf and nan: refused by the bounds above
         raise ConfigError(f"--cache-max-gb must be a number of GB more than 0, got {kw['cache_max_gb']:g}")
@@ -178,8 +178,6 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         cache_dir=cache_dir(kw["cache"]), cache_mode=kw["cache_mode"], cache_model_id=kw["cache_model_id"] or None,
         cache_salt=kw["cache_salt"] or "", cache_length=kw["cache_length"],
     )
-    if not wc.validate_schema and wc.response_schema is not None:
-        raise ConfigError("--no-validate-schema turns off the validation --response-schema asks for: give one of them")
     if not kw["hedge_factor"] > 0:
         raise ConfigError(f"--hedge-factor must be more than 0 (a multiple of the p95 latency), got "
                           f"{kw['hedge_factor']}")
@@ -187,11 +185,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     _check_scorers(wc)
     judge_template_path = None
     if "judge" in wc.scorers:  # the model-graded scorer: its endpoint, model, key and template, checked now
-        wc, judge_template_path = _with_judge(wc, kw)
-    else:
-        given_judge = [BY_NAME[k].flag for k in _JUDGE_OPTIONS if kw[k] is not None and kw[k] != OPT[k]]
-        if given_judge:
-            raise ConfigError(f"{given_judge[0]} is for --scorer judge, which is not among the scorers")
+        wc, judge_template_path = _with_judge(wc, kw)  # (its settings without it: the option table's RULES)
     adaptive = wc.adaptive  # without --concurrency each worker's limit adapts (issue 21)
 
     def mb(name: str) -> int | None:
@@ -223,15 +217,16 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     window = kw["window"]
     if kw["batch_api"] or kw["batch_cancel"]:  # one batch driver in the workers' place (issue 31)
         cache_from = "--cache" if kw["cache"] is not None else f"${CACHE_ENV} (a cache)"  # whence it came
-        online_only = [flag for flag, on in (("--hedge", kw["hedge"]), (cache_from, wc.cache_dir is not None),
-                                             ("--scorer judge", "judge" in wc.scorers),
-                                             ("--response-schema", wc.response_schema is not None)) if on]
-        if online_only:  # each acts on a request as it is answered, which a provider's batch does not let it do
+        # (--hedge and --response-schema: the option table's conflicts) each acts on a request as it is
+        # answered, which a provider's batch does not let it do; a cache may come from the environment
+        online_only = [flag for flag, on in ((cache_from, wc.cache_dir is not None),
+                                             ("--scorer judge", "judge" in wc.scorers)) if on]
+        if online_only:
             judge = "judge" in online_only[0]
             after = " (grade a batch run afterwards: evalsup score RUN --scorer judge)" if judge else (
                 f" (unset {CACHE_ENV}, or give --cache off)" if online_only[0] == cache_from != "--cache" else "")
-            raise ConfigError(f"{online_only[0]} works on requests sent one by one and cannot go with "
-                              f"--batch-api{after}")
+            raise ConfigError(f"{online_only[0]} cannot go with --batch-api: it works on requests sent one by "
+                              f"one{after}")
         if kw["batch_poll_interval"] <= 0 or kw["batch_poll_max"] < kw["batch_poll_interval"]:
             raise ConfigError("--batch-poll-interval must be above 0 and at most --batch-poll-max")
         provider = batch_provider(kw["batch_provider"], wc.endpoints[0])
@@ -245,8 +240,6 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         workers, autoscale = 1, False
         # the driver holds up to two chunks' tasks (one filling while one runs)
         window = window or min(200_000, 2 * kw["batch_max_requests"])
-    elif kw["batch_provider"] != OPT["batch_provider"]:
-        raise ConfigError("--batch-provider is for --batch-api runs")
     per_worker = None if wc.batch is not None else kw["max_tasks_per_worker"]  # a driver is not recycled by count
     jitter = kw["max_tasks_jitter"]
     return RunConfig(
@@ -257,6 +250,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         on_invalid=kw["on_invalid"], fresh=kw["fresh"], grace_s=kw["grace"], hang_timeout_s=kw["hang_timeout"],
         stall_after_s=kw["stall_after"],
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
+        verbose=kw["verbose"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=per_worker,
         max_tasks_jitter=int(jitter) if jitter is not None else int(per_worker or 0) // 10,
@@ -293,9 +287,6 @@ def response_schema(value: Any) -> dict[str, Any] | None:
         return load_schema_file(value)
     except SchemaError as e:
         raise ConfigError(str(e)) from None
-
-
-_JUDGE_OPTIONS = ("judge_base_url", "judge_model", "judge_api_key_env", "judge_template", "judge_max_tokens")
 
 
 def _with_judge(wc: WorkerConfig, kw: dict[str, Any]) -> tuple[WorkerConfig, str | None]:

@@ -188,25 +188,43 @@ def guard(run_dir: Path, settings: dict[str, Any], resuming: bool, accept: bool)
             {"version": RUN_JSON_VERSION, "settings": settings, "created": now}, option=orjson.OPT_INDENT_2))
         return []
     diff = differences(rec["settings"], settings)
+    if diff and not accept:
+        raise SettingsChanged(_refusal(run_dir, diff))
     if not diff:
         # an older run.json: the settings it lacked, at their defaults; a FREE setting's new value, kept
         if {**rec["settings"], **settings} != rec["settings"]:
             write_atomic(run_dir / RUN_JSON, orjson.dumps(
                 {**rec, "settings": {**rec["settings"], **settings}}, option=orjson.OPT_INDENT_2))
         return []
-    if not accept:
-        lines = [f"{run_dir}: the run was started with other request settings; resuming would mix them in one "
-                 "results file:"]
-        lines += [f"  {d}" for d in diff]
-        lines.append("  rerun without those flags (a request flag left out takes the run's value), with --fresh to "
-                     "start over (the old run directory is moved aside), with --out for a new one, or with "
-                     "--accept-changed-settings to go on with the new ones (recorded in run.json)")
-        raise SettingsChanged("\n".join(lines))
     changes = list(rec.get("changes", []))
     changes.append({"time": now, "from": rec["settings"], "to": settings})
     write_atomic(run_dir / RUN_JSON, orjson.dumps(
         {**rec, "settings": settings, "changes": changes}, option=orjson.OPT_INDENT_2))
     return diff
+
+
+def _refusal(run_dir: Path, diff: list[str]) -> str:
+    lines = [f"{run_dir}: the run was started with other request settings; resuming would mix them in one "
+             "results file:"]
+    lines += [f"  {d}" for d in diff]
+    lines.append("  rerun without those flags (a request flag left out takes the run's value), with --fresh to "
+                 "start over (the old run directory is moved aside), with --out for a new one, or with "
+                 "--accept-changed-settings to go on with the new ones (recorded in run.json)")
+    return "\n".join(lines)
+
+
+def refusal(run_dir: Path, settings: dict[str, Any], accept: bool) -> str | None:
+    """What ``guard`` will refuse on a resume, said before anything else (issue 44: before the endpoint check's
+    request): the changed request settings' lines, or None (nothing to refuse, or a run.json that cannot be
+    read, which the guard refuses in its own words under the run's lock). Reads only."""
+    try:
+        rec = read_run_json(run_dir)
+    except (JournalError, OSError):
+        return None
+    if rec is None or accept:
+        return None
+    diff = differences(rec["settings"], settings)
+    return _refusal(run_dir, diff) if diff else None
 
 
 def recorded_settings(run_dir: Path) -> dict[str, Any] | None:

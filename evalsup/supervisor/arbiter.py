@@ -65,6 +65,7 @@ from evalsup.supervisor.budget import Amount, Budget, TaskCosts, Verdict
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.events import EventLog, write_leaks
+from evalsup.supervisor.first_line import first_line
 from evalsup.supervisor.hang import HangWatch
 from evalsup.supervisor.input_check import bad_input, judge
 from evalsup.supervisor.ledger import TaskLedger
@@ -158,6 +159,8 @@ class Supervisor:
         self.costs: TaskCosts | None = None  # what a task may cost, all of it, when a cap is given
         self.stop_reason: str | None = None  # "budget" when a cap stopped the run (summary.json's exit_reason)
         self._start_notes: list[str] = []  # the estimate and the budget, said once the checks have passed
+        self._first: tuple[dict[str, Any] | None, int | None] = (None, None)  # the start line's estimate, hits
+        self._scan_total: int | None = None  # the input's tasks as the pre-scan counted them (status's total)
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
         if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
@@ -235,6 +238,8 @@ class Supervisor:
             self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
         await self._start_budget(tally, cp is not None, hits)
         self._scanned = (start, scan.index)
+        if cfg.shard is None and not scan.stopped:  # every non-blank line counted: the total, exact (issue 44)
+            self._scan_total = (cp.index if cp is not None else 0) + scan.tasks + scan.invalid
 
     def _cache_tally(self, tally: Tally) -> CachedTally | None:
         """With a cache that is read (--cache, mode rw or ro): the estimate at the start counts the requests it
@@ -303,12 +308,13 @@ class Supervisor:
                 raise RunRefused(f"cannot read {cfg.run_dir / RESULTS}: {e.strerror}", ex.BAD_INPUT) from None
             spent, unpriced_results = Amount(u.prompt_tokens, u.completion_tokens, u.cost), u.unpriced
             tally.seen = tally.seen or u.seen
-            if resumed and not cfg.quiet:
+            if resumed and cfg.verbose and not cfg.quiet:
                 self._start_notes.append(u.said())
             if u.unpriced and cfg.caps.cost is not None:
                 self.log(f"--max-cost: {u.unpriced:,} earlier answer(s) of a model with no price "
                          f"({', '.join(sorted(u.unpriced_models or ()))}): their cost is not counted", "warning")
-        if (tally.requests or hits) and not cfg.quiet:
+        self._first = (tally.summary(self.prices.lookup) if tally.requests or hits else None, hits)  # (issue 44)
+        if (tally.requests or hits) and cfg.verbose and not cfg.quiet:  # -v: the whole estimate, and the rest
             what = "the lines not yet read" if resumed else "this run"
             cached = "" if hits is None else f"; {hits:,} answered from the cache (free, not counted)"
             self._start_notes.append(start_line(tally.summary(self.prices.lookup), what, self.prices.describe(), cached)
@@ -684,7 +690,7 @@ class Supervisor:
                     found, failed = await check
                 except CheckFailed as e:
                     raise RunRefused(str(e), ex.BAD_INPUT) from None
-                if not self.cfg.quiet:
+                if self.cfg.verbose and not self.cfg.quiet:
                     self.log("; ".join(found))
                 self._leave_out(failed)  # endpoints that failed the check: reported, the run goes on without
             self._open()
@@ -715,9 +721,11 @@ class Supervisor:
             self.log(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
             self._update_gauges()
         self.events("start", workers=self.active, max_workers=cfg.workers, concurrency=cfg.concurrency,
-                    resumed=self.resumed_from is not None)
-        if not cfg.quiet:
-            self.log(self.memory.describe())
+                    resumed=self.resumed_from is not None,
+                    **({} if self._scan_total is None else {"total": self._scan_total}))
+        if not cfg.quiet:  # one start line (supervisor.first_line); -v: the check's, the estimate's, the sizing's
+            self.log(self.memory.describe() if cfg.verbose else first_line(cfg, *self._first,
+                                                                             resumed=self.resumed_from is not None))
         if self.memory.cap < cfg.concurrency:
             self.log(f"memory: capping requests in flight at {self.memory.cap} of --concurrency {cfg.concurrency} "
                      "until response sizes are known (1 MiB each assumed); the cap follows what they turn out to be")
@@ -879,7 +887,9 @@ class Supervisor:
 
     def _on_wire(self, now: float) -> list[OnWire]:
         """The requests the live workers' last heartbeats name, oldest first (supervisor.stall)."""
-        return on_wire(((w.id, w.last_beat, w.old) for w in self.workers if w.alive), now)
+        # a row of a task answered since the heartbeat was sent is stale: its task is no longer held (issue 44)
+        return on_wire(((w.id, w.last_beat, [r for r in w.old or () if int(r[0]) in w.held])
+                        for w in self.workers if w.alive), now)
 
     def _name_wire(self, x: OnWire) -> dict[str, Any]:
         """A request on the wire as memory.jsonl and the stall line name it: the task's id, not its key."""

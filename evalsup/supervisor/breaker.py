@@ -13,6 +13,8 @@ dispatch, broadcast open/close, send a probe).
 
 from __future__ import annotations
 
+from evalsup.common.timescale import scaled
+
 # The longest gap between probes while the whole run is paused for the endpoints: recovery is noticed within
 # about this long (measured: the only endpoint down for 25 s was seen back after 32.9 s with probes backing off
 # to 30 s; docs/benchmarks.md has the figures with this cap).
@@ -22,15 +24,15 @@ PAUSED_PROBE_S = 5.0
 class EndpointBreaker:
     def __init__(self, first_probe_s: float = 1.0, max_probe_s: float = 30.0, max_down_s: float = 600.0,
                  paused_probe_s: float = PAUSED_PROBE_S) -> None:
-        self.first_probe_s = first_probe_s
-        self.max_probe_s = max_probe_s
-        self.paused_probe_s = paused_probe_s
+        # (scaled only by the integration tests' hook, common/timescale.py)
+        self.first_probe_s, self.max_probe_s = scaled(first_probe_s), scaled(max_probe_s)
+        self.paused_probe_s = scaled(paused_probe_s)
         self.max_down_s = max_down_s
         self.open = False
         self.reason = ""
         self.opened_at = 0.0
         self.next_probe_at = 0.0
-        self.interval = first_probe_s
+        self.interval = self.first_probe_s
         self.probe_out = False  # a probe was sent and has not answered
         self.probe_sent_at = 0.0
         self.answered_at = 0.0  # the last probe's answer (or the opening, before any)

@@ -7,6 +7,7 @@ import dataclasses
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from evalsup.config.run_config import RunConfig
 from evalsup.config.shards import shard_mismatch
 from evalsup.rundir.checkpoint import EXIT_DISK, JournalError, load_checkpoint, write_atomic
 from evalsup.rundir.journal import OpenOptions
-from evalsup.rundir.layout import RESULTS, SUMMARY
+from evalsup.rundir.layout import CHECKPOINT, RESULTS, SUMMARY
 from evalsup.rundir.lock import RunDirBusy, RunDirError, RunDirLock
 from evalsup.supervisor import early_signals as earlysignals
 from evalsup.supervisor.arbiter import RunRefused, Supervisor
@@ -53,15 +54,16 @@ def _logger(cfg: RunConfig) -> Any:
     return log
 
 
-def run(cfg: RunConfig) -> int:
+def run(cfg: RunConfig, notes: Sequence[str] = ()) -> int:
     """Run a job to its end (or a stop); returns the process exit code (evalsup.config.exitcodes). With
     ``cfg.retry_failed``, the records of those error codes are taken out and their tasks sent again (see
     evalsup.rundir.rewrite).
 
     The run directory's lock is taken before anything else (before the endpoint check, whose request a second,
     refused run must not send) and held until the end; a run refused for any reason leaves no directory of
-    its own making behind."""
-    from evalsup.rundir.run_json import request_settings
+    its own making behind. ``notes``: the command's lines for the start (the settings taken from a file or from
+    run.json), said once the lock is held and the run's settings pass: a refused run says only why (issue 44)."""
+    from evalsup.rundir.run_json import refusal, request_settings
 
     log = _logger(cfg)
     lock = RunDirLock(cfg.run_dir)
@@ -73,8 +75,12 @@ def run(cfg: RunConfig) -> int:
         return _refused(cfg, log, str(e), exitcodes.BAD_INPUT)
     try:
         why = _wrong_shard(cfg)
+        if why is None and _resuming(cfg.run_dir):  # changed request settings: before the endpoint check's request
+            why = refusal(cfg.run_dir, request_settings(cfg), cfg.accept_changed_settings)
         if why is not None:
             return _refused(cfg, log, why, exitcodes.BAD_INPUT)
+        for note in notes:
+            log(note)
         cfg, feed = _open_cache(cfg, log)
         if isinstance(feed, str):
             return _refused(cfg, log, feed, exitcodes.BAD_INPUT)
@@ -106,6 +112,12 @@ def _open_cache(cfg: RunConfig, log: Any) -> tuple[RunConfig, CacheFeed | str | 
         log(f"warning: {e}; the run goes on without the cache (every request is sent)", "warning")
         return dataclasses.replace(cfg, worker=dataclasses.replace(w, cache_dir=None)), None
     return cfg, CacheFeed(store, cfg.run_dir / RESULTS, w.cache_mode, cfg.cache_max_bytes, log)
+
+
+def _resuming(run_dir: Path) -> bool:
+    """As the journal tells a resume: a checkpoint, or results (rundir.journal.Journal.prepare)."""
+    results = run_dir / RESULTS
+    return (run_dir / CHECKPOINT).exists() or (results.exists() and results.stat().st_size > 0)
 
 
 def _wrong_shard(cfg: RunConfig) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,14 +50,15 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
 
 
 def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool = False,
-          max_listed: int = 20) -> MergeReport:
+          max_listed: int = 20, tick: Callable[[], None] = lambda: None) -> MergeReport:
+    """``tick``: called for each record read (the command's progress line on a terminal)."""
     if sort and tasks is None:
         raise MergeError("--sort needs --tasks (the input order comes from the task file)")
     rep = MergeReport(run_dirs=[str(d) for d in run_dirs])
     ids = IdSet()
     tmp = out.with_name(out.name + ".partial")
     try:
-        _merge_into(tmp, run_dirs, rep, ids, tasks, sort, max_listed)
+        _merge_into(tmp, run_dirs, rep, ids, tasks, sort, max_listed, tick)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -68,7 +70,7 @@ def merge(run_dirs: list[Path], out: Path, tasks: Path | None = None, sort: bool
 
 
 def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, tasks: Path | None, sort: bool,
-                max_listed: int) -> None:
+                max_listed: int, tick: Callable[[], None]) -> None:
     with open(tmp, "wb") as w:
         reader = LineAt(tmp, w)
         pos = 0
@@ -77,6 +79,7 @@ def _merge_into(tmp: Path, run_dirs: list[Path], rep: MergeReport, ids: IdSet, t
                 continue  # a shard whose every line was invalid (and skipped) has no results
             try:  # checked: a damaged line is a one-line error naming results.jsonl:LINE (a torn last line ends)
                 for _n, line, rec in iter_records(d / layout.RESULTS):
+                    tick()
                     cid = str(rec["custom_id"])
                     if ids.add(cid, pos, reader) is not None:
                         rep.duplicate_count += 1

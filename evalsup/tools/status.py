@@ -31,7 +31,9 @@ from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint
 from evalsup.rundir.layout import is_run_dir, parse_shard_dir, shard_dir_name, writer_alive
 from evalsup.rundir.results_file import json_file as _json_file
+from evalsup.rundir.run_json import SETTING_DEFAULTS
 
+SHOWN_DEFAULTS = {**SETTING_DEFAULTS, "endpoint_path": "/v1"}  # status's text leaves these out (the usual path too)
 TAIL_EVENTS = 1 << 20  # bytes of events.jsonl read from its end
 SHOW_IDS = 10
 OK_MARK = b',"error":null,"metrics":'  # a record without error (tasks.output_line writes this order)
@@ -221,14 +223,24 @@ def _why_stopped(run_dir: Path, cp: Checkpoint, events: list[dict[str, Any]]) ->
     return reason + "; rerun the same command to resume", code
 
 
-def _total(cp: Checkpoint, done: int, outstanding: int) -> tuple[int | None, bool]:
-    """Tasks in the input: exact once the reader reached the end it knew of, else extrapolated from the bytes
-    read (the fingerprint's size), divided among the shards."""
+def _scanned_total(events: list[dict[str, Any]]) -> int | None:
+    """The session's total as its pre-scan counted it (the last ``start`` event's ``total``), None without."""
+    starts = [e for e in events if e.get("event") == "start"]
+    total = starts[-1].get("total") if starts else None
+    return total if isinstance(total, int) and not isinstance(total, bool) else None
+
+
+def _total(cp: Checkpoint, done: int, outstanding: int, scanned: int | None = None) -> tuple[int | None, bool]:
+    """Tasks in the input: exact once the reader reached the end it knew of, or once the pre-scan counted every
+    line (``scanned``, issue 44), else extrapolated from the bytes read (the fingerprint's size), divided among
+    the shards."""
     size = int(cp.fingerprint.get("size") or 0)
     shards = cp.fingerprint.get("shard")
     n = int(shards[1]) if isinstance(shards, list) and len(shards) == 2 else 1
     if cp.finished or (size and cp.frontier >= size):
         return done + outstanding + cp.invalid, False
+    if scanned is not None:
+        return max(scanned, done + outstanding + cp.invalid), False
     if cp.frontier <= 0 or cp.index <= 0 or not size:
         return None, True
     return max(done + outstanding, round(cp.index * size / cp.frontier / n)), True
@@ -265,8 +277,8 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
     st.budget = budget if isinstance(budget, dict) and isinstance(budget.get("caps"), dict) else None
     cache = cp.counters.get("cache")
     st.cache = cache if isinstance(cache, dict) else None
-    st.total, st.total_estimated = _total(cp, st.done, st.outstanding)
     events = tail_events(run_dir)
+    st.total, st.total_estimated = _total(cp, st.done, st.outstanding, _scanned_total(events))
     if cp.finished:
         st.state = RunState.FINISHED
         summary = _json_file(run_dir / layout.SUMMARY) or {}
@@ -367,8 +379,10 @@ def format_run(st: RunStatus) -> str:
                      "misses this session" + (f"; {usd}" if usd else ""))
     if st.restarts:
         lines.append("  restarts    " + ", ".join(f"{k} {v}" for k, v in st.restarts.items()))
-    if st.settings:
-        lines.append("  settings    " + ", ".join(f"{k}={v}" for k, v in st.settings.items() if v is not None))
+    if st.settings:  # those that differ from the defaults (issue 44); status --json has them all
+        changed = [f"{k}={v}" for k, v in st.settings.items()
+                   if v is not None and (k not in SHOWN_DEFAULTS or v != SHOWN_DEFAULTS[k])]
+        lines.append("  settings    " + (", ".join(changed) if changed else "the defaults") + " (all: --json)")
     shown = st.batches
     if len(shown) > BATCH_ROWS:  # many chunks: the count by state, then the open ones and the newest
         by = Counter(str(b["status"] or b["step"]) for b in st.batches)

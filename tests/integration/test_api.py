@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -306,9 +307,10 @@ def test_the_demo_prints_next_steps_that_work(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     run_dir = tmp_path / "tasks.run"
     steps = r.stderr[r.stderr.index("next steps:"):].splitlines()
-    status = next(line.split()[:3] for line in steps if "evalsup status" in line)
-    assert status == ["evalsup", "status", str(run_dir)]
-    shown = run_cli(*status[1:])
+    # the command as printed: `evalsup` when PATH finds this one, else its full path (issue 44)
+    status = next(shlex.split(line.split("      ")[0]) for line in steps if " status " in line)
+    assert status[-2:] == ["status", str(run_dir)] and Path(status[0]).name.startswith(("evalsup", "python"))
+    shown = subprocess.run(status, capture_output=True, text=True, timeout=60, env=env_for())
     assert shown.returncode == 0 and "30" in shown.stdout, shown.stdout + shown.stderr
-    assert any(line.split()[:3] == ["evalsup", "report", str(run_dir)] for line in steps)
+    assert any(shlex.split(line.split("      ")[0])[-2:] == ["report", str(run_dir)] for line in steps)
     assert any("--base-url http://HOST:PORT/v1" in line for line in steps)

@@ -35,7 +35,7 @@ def test_a_cached_run_says_the_money_saved_and_status_its_hits(tmp_path: Path, m
     mock.reset_stats()
     r = run_cli(*run_args(mock, tasks, "--cache", str(cache), "--prices", str(prices), "--out", str(tmp_path / "r2")))
     assert r.returncode == 0, r.stderr
-    assert "all 40 requests answered from the cache" in r.stderr  # the estimate at the start knew
+    assert "40 tasks (all from the cache)" in r.stderr  # the estimate at the start knew
     assert chat_requests(mock) == 0
     c = summary(tmp_path / "r2")["cache"]
     tokens = first["tokens"]

@@ -1,8 +1,10 @@
 """Logs that respect the reader, and recovery noticed fast (issue 28): ``--quiet`` prints the final line and
 nothing else through an outage; a default run says an endpoint's outage once and its return once, never each
-probe; the only endpoint down for 25 s is probed at most 5 s apart, the run resumes soon after it returns,
+probe; the only endpoint down for 20 s is probed at most 5 s apart, the run resumes soon after it returns,
 and the ETA says ``paused`` meanwhile instead of counting the wait. Real processes, real HTTP on 127.0.0.1
-(the project's mock, set down and up at runtime); the rooms as units: unit/test_log_gate.py."""
+(the project's mock, set down and up at runtime), the outage timers at a fifth of their length
+($EVALSUP_TEST_TIME_SCALE, evalsup/common/timescale.py: seconds of outage, not minutes); the rooms as units:
+unit/test_log_gate.py."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from evalsup.mock.server import MockThread
 from tests.harness import Run, assert_exactly_once, ids_of, mock_endpoints, wait_until, write_tasks
 
 PACE = "200"  # requests a second: the run's length is known whatever the machine's load
+# the outage timers (probe intervals, the log gate's repeat) at a fifth of their length (common/timescale.py):
+# probes 0.2, 0.4, 0.8 s apart, at most 1 s while paused, so an outage of seconds shows what minutes would
+FAST = {"EVALSUP_TEST_TIME_SCALE": "0.2"}
 
 
 @pytest.fixture
@@ -34,13 +39,13 @@ def events(run_dir: Path) -> list[dict[str, object]]:
 
 def test_quiet_run_through_a_dead_replica_prints_only_the_final_line(
         tmp_path: Path, two: list[MockThread], start: Callable[..., Run]) -> None:
-    n = 3000
+    n = 800
     tasks = write_tasks(tmp_path / "t.jsonl", n, form="prompt")
     run_dir = tmp_path / "t.run"
     p = start("run", "-q", "-w", "2", "-c", "16", "--max-requests-per-s", PACE, "--model", "mock-model",
-              "--base-url", two[0].url, "--base-url", two[1].url, "--log-interval", "0.2", str(tasks))
-    p.wait_results(run_dir, at_least=300)
-    two[1].configure(down=True)  # dead for the rest of the run (~13 s: probed every 5 s, a line each before)
+              "--base-url", two[0].url, "--base-url", two[1].url, "--log-interval", "0.2", str(tasks), env=FAST)
+    p.wait_results(run_dir, at_least=200)
+    two[1].configure(down=True)  # dead for the rest of the run (~3 s: probed every 1 s, a line each before)
     assert p.finish() == 0, p.stderr
     assert p.stderr == "", p.stderr  # no "looks down", no "still down ... next probe in 5s", no progress
     out = p.stdout.splitlines()
@@ -62,17 +67,17 @@ def test_quiet_run_that_stops_says_only_why(tmp_path: Path, mock: MockThread, st
     assert len(p.stdout.splitlines()) == 1 and "stopped (" in p.stdout, p.stdout
 
 
-def test_a_replica_down_for_10s_is_said_down_once_and_back_once(
+def test_a_replica_down_is_said_down_once_and_back_once(
         tmp_path: Path, two: list[MockThread], start: Callable[..., Run]) -> None:
-    n = 6000  # ~30 s at the pace: the run outlasts the outage and the rejoin
+    n = 1300  # ~6.5 s at the pace: the run outlasts the outage and the rejoin
     tasks = write_tasks(tmp_path / "t.jsonl", n, form="prompt")
     run_dir = tmp_path / "t.run"
     p = start("run", "-w", "2", "-c", "16", "--max-requests-per-s", PACE, "--model", "mock-model",
-              "--base-url", two[0].url, "--base-url", two[1].url, "--log-interval", "1", str(tasks))
+              "--base-url", two[0].url, "--base-url", two[1].url, "--log-interval", "1", str(tasks), env=FAST)
     p.wait_results(run_dir, at_least=300)
     two[1].configure(down=True)
     wait_until(lambda: "looks down" in p.stderr, "endpoint 1 to be said down", proc=p)
-    time.sleep(10.0)  # probed at 0, 1, 3, 7 s then every 5 s: each was a line before
+    time.sleep(2.0)  # probed at 0, 0.2, 0.6, 1.4 s then every 1 s (scaled 1/5): each was a line before
     assert p.running(), "the run ended during the outage: give it more tasks"
     two[1].configure(down=False)
     wait_until(lambda: "it rejoins" in p.stderr, "endpoint 1 to rejoin", proc=p)
@@ -97,14 +102,14 @@ def eta_s(text: str) -> float:
 PROGRESS = re.compile(r"evalsup: (running|waiting for endpoint): .* ([\d.]+) req/s, ETA (\S+),")
 
 
-def test_the_only_endpoint_down_25s_is_seen_back_soon_and_the_eta_waits(
+def test_the_only_endpoint_down_is_seen_back_soon_and_the_eta_waits(
         tmp_path: Path, mock: MockThread, start: Callable[..., Run]) -> None:
-    n, down_s = 3000, 25.0
+    n, down_s = 1000, 4.0  # 20 s of outage at the timers' full length (FAST: probes at most 1 s apart, not 5)
     tasks = write_tasks(tmp_path / "t.jsonl", n)
     run_dir = tmp_path / "t.run"
     p = start("run", "-w", "2", "-c", "16", "--max-requests-per-s", PACE, "--model", "mock-model",
-              "--base-url", mock.url, "--log-interval", "0.5", str(tasks))
-    p.wait_results(run_dir, at_least=600)
+              "--base-url", mock.url, "--log-interval", "0.5", str(tasks), env=FAST)
+    p.wait_results(run_dir, at_least=400)
     t_down = time.time()
     mock.configure(down=True)
     wait_until(lambda: "endpoint looks down" in p.stderr, "the endpoint to be said down", proc=p)
@@ -122,12 +127,12 @@ def test_the_only_endpoint_down_25s_is_seen_back_soon_and_the_eta_waits(
     back = float(re.search(r"endpoint is back after ([\d.]+)s", err).group(1))  # type: ignore[union-attr]
     # the mock's view: probes while it was down, then the first request after it came back
     arrivals = sorted(mock.stats()["arrivals"])
-    during = [a for a in arrivals if t_down + 1.0 < a < t_up]  # (the requests on the wire when it went, aside)
-    gaps = [b - a for a, b in zip([t_down + 1.0, *during], [*during, t_up], strict=True)]
+    during = [a for a in arrivals if t_down + 0.5 < a < t_up]  # (the requests on the wire when it went, aside)
+    gaps = [b - a for a, b in zip([t_down + 0.5, *during], [*during, t_up], strict=True)]
     first_after = min(a for a in arrivals if a >= t_up) - t_up
     print(f"\ndown {down_s:g}s: probes while down {len(during)}, widest gap {max(gaps):.2f}s; first request "
           f"{first_after:.2f}s after it came back; said back after {back:.1f}s")
-    assert max(gaps) < 10.0, gaps  # every 5 s at most while the run waits (was 8, then 16, with 30 s back-off)
+    assert max(gaps) < 2.0, gaps  # every 1 s (5 s unscaled) at most while the run waits (was 8, then 16 s)
     assert first_after < 20.0, first_after  # a liveness bound; the seconds themselves are the report's
     # the ETA: "paused" while paused; after it, the rate is the running rate, not one diluted by the wait
     lines = [(m.group(1), float(m.group(2)), m.group(3)) for m in PROGRESS.finditer(err)]

@@ -12,10 +12,11 @@ from tests.harness import run_cli, write_tasks
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--shards", "4"], "--shards N runs the shards on Ray and needs --ray [ADDRESS]"),
-    (["--ray", "auto"], "--ray needs --shards N"),
-    (["--ray", "auto", "--shards", "4", "--shard", "1/4"], "give --shards N, not --shard K/N"),
-    (["--ray", "auto", "--shards", "2", "--judge-base-url", "http://127.0.0.1:9/v1?code=secret-1"],
+    (["--shards", "4"], "--shards needs --ray: --shards N runs the shards on Ray"),
+    (["--ray", "auto"], "--ray needs --shards: how many shards"),
+    (["--ray", "auto", "--shards", "4", "--shard", "1/4"], "--shard cannot go with --ray"),
+    (["--ray", "auto", "--shards", "2", "--scorer", "judge", "--judge-base-url",
+      "http://127.0.0.1:9/v1?code=secret-1"],
      "give the judge's key with --judge-api-key-env VAR instead"),
 ])
 def test_refused_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
@@ -31,8 +32,8 @@ def test_retry_failed_takes_the_task_file_as_its_value_under_ray_too(tmp_path: P
     """`run --ray --shards N --retry-failed TASKS` (README's form): the file is TASKS, not a missing argument; the
     run gets as far as the first check of its settings (no cluster needed to see that)."""
     tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
-    r = run_cli("run", "--ray", "--shards", "2", "--judge-base-url", "http://u:secret@127.0.0.1:9/v1",
-                "--retry-failed", str(tasks))
+    r = run_cli("run", "--ray", "--shards", "2", "--scorer", "judge", "--judge-base-url",
+                "http://u:secret@127.0.0.1:9/v1", "--retry-failed", str(tasks))
     assert r.returncode == 2 and "missing TASKS" not in r.stderr
     assert "--judge-api-key-env VAR instead" in r.stderr and "secret" not in r.stderr
 

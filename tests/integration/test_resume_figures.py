@@ -68,7 +68,7 @@ def test_a_resume_says_what_was_spent_and_estimates_with_it_as_evalsup_estimate_
     e: dict[str, Any] = json.loads(est.stdout)
     assert e["done"] == 100 and e["completion_from"] == "seen"
     assert abs(e["completion_tokens"]["expected"] - mean * 100) <= 1
-    r = run_cli(*args)
+    r = run_cli(*args, "-v")  # -v: the spend and the whole estimate, each on its line
     assert r.returncode == 0, r.stderr
     _says_the_spend(r.stderr, n, pt, ct, mean)
     line = _line(r.stderr, "estimate for the lines not yet read:")
@@ -83,6 +83,6 @@ def test_after_kill_9_the_resume_says_what_the_results_hold(tmp_path: Path, mock
     _tasks, run_dir, args = killed_mid_run(tmp_path, mock, start, n=1000, at_least=150)
     n, pt, ct, mean = _spent(run_dir)
     assert n == complete_lines(run_dir / "results.jsonl") and 0 < n < 1000
-    r = run_cli(*args, "--prices", str(_prices(tmp_path)))
+    r = run_cli(*args, "-v", "--prices", str(_prices(tmp_path)))
     assert r.returncode == 0, r.stderr
     _says_the_spend(r.stderr, n, pt, ct, mean)

@@ -91,8 +91,8 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
         s = status_json(run_dir)
         assert proc.running(), "the run ended before status was checked: make it slower"
         assert s["state"] == "running" and s["rate"] > 0 and s["eta_s"] is not None, s
-        # the input is not all read yet: the total is extrapolated from the bytes read, and says so
-        assert 380 <= s["total"] <= 420 and s["total_estimated"] is True, s
+        # the input is not all read yet, but the pre-scan counted every line: the total is exact (issue 44)
+        assert s["total"] == 400 and s["total_estimated"] is False, s
         assert s["settings"]["model"] == "mock-model" and "sk-must-not-show" not in orjson.dumps(s).decode()
         # -c 4: the limit is the fixed concurrency, the requests on the wire never more
         assert s["concurrency_limit"] == 4 and 0 <= s["in_flight"] <= 4, s
@@ -113,7 +113,7 @@ def test_status_running_then_stopped_by_sigterm(tmp_path: Path, mock: MockThread
     # rerun); the rest is unread input
     assert s["input_line"] == s["done"] + s["outstanding"] < 400, s
     text = run_cli("status", str(run_dir)).stdout
-    assert "stopped (stopped by SIGTERM" in text and re.search(rf"done\s+{s['done']} of ~\d+", text), text
+    assert "stopped (stopped by SIGTERM" in text and re.search(rf"done\s+{s['done']} of 400\b", text), text
 
 
 def test_status_of_a_killed_run_counts_what_is_on_disk(tmp_path: Path, mock: MockThread,

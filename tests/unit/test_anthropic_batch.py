@@ -170,5 +170,5 @@ def test_provider_choice_headers_and_key_variable(tmp_path: Any) -> None:
     other = build_config(tmp_path / "t.jsonl", {"base_url": ["http://127.0.0.1:9/v1"], "batch_api": True,
                                                 "batch_provider": "anthropic", "api_key_env": "MY_KEY"})
     assert other.worker.api_key_env == "MY_KEY"
-    with pytest.raises(ConfigError, match="--batch-provider is for --batch-api"):
+    with pytest.raises(ConfigError, match="--batch-provider needs --batch-api"):
         build_config(tmp_path / "t.jsonl", {"base_url": ["http://127.0.0.1:9/v1"], "batch_provider": "anthropic"})

@@ -38,5 +38,5 @@ def test_bad_polling_is_refused(tmp_path: Path) -> None:
 def test_what_acts_on_each_answer_as_it_comes_is_refused_with_batch_api(tmp_path: Path, given: dict[str, object],
                                                                         says: str) -> None:
     given = {k: str(tmp_path / "c") if v == "CACHE" else v for k, v in given.items()}
-    with pytest.raises(ConfigError, match=f"{says} works on requests sent one by one"):
+    with pytest.raises(ConfigError, match=f"{says} cannot go with --batch-api: it works on requests sent one by one"):
         build_config(tmp_path / "t.jsonl", {"base_url": [URL], "batch_api": True, **given})

@@ -185,9 +185,10 @@ def test_batch_api_names_the_cache_setting_where_it_came_from(tmp_path: Path, mo
     monkeypatch.setenv("EVALSUP_CACHE", str(tmp_path / "c"))
     with pytest.raises(ConfigError) as got:
         build_config(tmp_path / "t.jsonl", base)
-    assert str(got.value).startswith("$EVALSUP_CACHE (a cache) works on requests sent one by one")
+    assert str(got.value).startswith("$EVALSUP_CACHE (a cache) cannot go with --batch-api: it works on requests "
+                                     "sent one by one")
     assert "unset EVALSUP_CACHE, or give --cache off" in str(got.value)
-    with pytest.raises(ConfigError, match=r"^--cache works on requests"):
+    with pytest.raises(ConfigError, match=r"^--cache cannot go with --batch-api: it works on requests"):
         build_config(tmp_path / "t.jsonl", {**base, "cache": str(tmp_path / "c")})
     assert build_config(tmp_path / "t.jsonl", {**base, "cache": "off"}).worker.cache_dir is None
 

@@ -134,7 +134,7 @@ def test_the_settings_refuse_a_judge_run_before_any_request(tmp_path: Path, monk
     monkeypatch.delenv("JUDGE_KEY_FOR_TEST", raising=False)
     assert "JUDGE_KEY_FOR_TEST" in refused(judge_base_url=URL, judge_api_key_env="JUDGE_KEY_FOR_TEST")
     assert "--judge-model" in refused(judge_base_url=URL, model=None)
-    with pytest.raises(ConfigError, match="--judge-model is for --scorer judge"):
+    with pytest.raises(ConfigError, match="--judge-model needs --scorer judge"):
         build_config(tasks, {"base_url": [URL], "judge_model": "j"})
     monkeypatch.setenv("JUDGE_KEY_FOR_TEST", "sk-judge-secret")
     cfg = build_config(tasks, {**base, "judge_base_url": URL + "/", "judge_api_key_env": "JUDGE_KEY_FOR_TEST",

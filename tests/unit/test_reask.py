@@ -149,7 +149,7 @@ def test_validation_is_on_by_default_and_off_only_without_a_run_schema(tmp_path:
     assert not off.worker.validate_schema
     assert differences(request_settings(cfg), request_settings(off)) == [
         "validate_schema (--validate-schema): True then, False now"]
-    with pytest.raises(ConfigError, match="--no-validate-schema turns off the validation --response-schema asks"):
+    with pytest.raises(ConfigError, match="--no-validate-schema cannot go with --response-schema"):
         build_config(tmp_path / "t.jsonl", {"base_url": [url], "validate_schema": False,
                                             "response_schema": str(schema)})
 
