@@ -117,3 +117,15 @@ def test_every_link_of_the_docs_leads_to_a_file_and_heading_that_are_there() -> 
             elif anchor and dest.suffix == ".md" and anchor not in {_slug(h) for h in _headings(dest)}:
                 broken.append(f"{rel(doc)}:{n}: {target}: no heading of {rel(dest)} has that anchor")
     assert not broken, "\n".join(broken)
+
+
+def test_the_readme_is_the_first_hour_and_maps_every_guide() -> None:
+    readme = ROOT / "README.md"
+    lines = readme.read_text().splitlines()
+    assert len(lines) <= 160, (f"README.md is {len(lines)} lines: it is the first hour (~150); a feature's detail "
+                               "goes to its guide in docs/ (docs/README.md)")
+    linked = {t.split("#", 1)[0] for _, t in _relative_links(readme)}
+    guides = {f"docs/{name}" for name in _links(MAP.read_text())}
+    assert guides <= linked, f"README.md's map of the docs lacks {sorted(guides - linked)}"
+    for title in ("Install", "The options that matter"):
+        assert any(h.startswith(title) for h in _headings(readme)), title
