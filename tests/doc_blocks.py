@@ -20,7 +20,7 @@ dummy and ``HOME`` in the temporary directory; ``export`` in one block does not 
 
 Which blocks need a comment: in every docs/*.md, each fenced block whose info string is empty or a shell's
 (``sh``, ``bash``, ``shell``, ``console``); ``text``, ``json``, ``toml``, ``yaml``, ``python``... are not
-commands. README.md is held to that once it is cut down (PENDING); until then its marked blocks are run.
+commands. README.md is held to that too (a doc may be let off for a while through PENDING).
 
 tests/unit/test_docs.py checks the comments (well formed, a reason for every skip, lines that exist, every
 block marked); tests/integration/test_docs_commands.py runs them.
@@ -35,9 +35,9 @@ from pathlib import Path
 from tests.harness import ROOT
 
 SHELLS = frozenset({"", "sh", "bash", "shell", "console"})
-# docs whose unmarked shell blocks are allowed for now: the README, until it is cut down to its first hour and
-# the rest moves to docs/ (issue 44 item 6); remove it from here then
-PENDING = frozenset({"README.md"})
+# docs whose unmarked shell blocks are allowed for now (none: README.md was the last, until issue 44 item 6 cut it
+# down and moved the rest to docs/); a doc named here is still checked for well-formed comments
+PENDING: frozenset[str] = frozenset()
 GIVEN: dict[str, str] = {  # what `given NAME` writes into the block's directory first
     "tasks.jsonl": "".join(
         f'{{"id": "q{i}", "messages": [{{"role": "user", "content": "What is {i} + {i}?"}}], "expected": "{2 * i}"}}\n'

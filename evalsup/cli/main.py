@@ -331,7 +331,7 @@ next steps:
   {cmd} report {where}      one HTML page: memory, request rate, latency
   {cmd} run --base-url http://HOST:PORT/v1 --model MODEL tasks.jsonl      against your own server
   python: evalsup.run(tasks, ...) runs a job, evalsup.read_results("{run_dir}") streams its records
-          (README: Python)""",
+          (docs/evaluations.md: Python)""",
                err=True)
 
 

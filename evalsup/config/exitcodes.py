@@ -2,7 +2,7 @@
 
 0 only when every task has its record. 75 (``EX_TEMPFAIL``) for every stop that a rerun of the same command
 resumes: nothing is lost and nothing done is redone. 2 for input or settings a rerun would meet again. 73 when
-another evalsup holds the run directory. Documented in README.md ("Exit codes").
+another evalsup holds the run directory. Documented in docs/operations.md ("Exit codes").
 """
 
 from __future__ import annotations

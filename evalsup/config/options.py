@@ -266,7 +266,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "key). Only the name is recorded, never the key."),
     Option("judge_template", ("--judge-template",), "path", metavar="FILE",
            help="--scorer judge: the judge's prompt, with {prompt}, {messages}, {answer}, {expected}, {id}; a "
-                "head block may set the grade's pattern and values (README: model-graded scoring). Default: is "
+                "head block may set the grade's pattern and values (docs/evaluations.md). Default: is "
                 "the answer correct given the reference, graded GRADE: C (1) or GRADE: I (0)."),
     Option("judge_concurrency", ("--judge-concurrency",), "int", 16, lo=1, hi=100_000, show_default=True,
            help="--scorer judge: judge requests in flight at most, in all (split among the workers running)."),

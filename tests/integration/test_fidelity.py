@@ -1,6 +1,7 @@
 """OpenAI fidelity end to end: every body evalsup writes (chat, completions, embeddings, responses; streamed and
 not) validates with the openai SDK's types, streamed bodies equal plain ones, error records follow the schema
-table of the README. Real CLI runs against the project's mock (and a small FastAPI-style server) on 127.0.0.1."""
+table of docs/evaluations.md. Real CLI runs against the project's mock (and a small FastAPI-style server) on
+127.0.0.1."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from tests.responses_stream import responses_events as _responses_events
 SDK_TYPE: dict[str, Any] = {"/v1/chat/completions": ChatCompletion, "/v1/completions": Completion,
                             "/v1/embeddings": CreateEmbeddingResponse, "/v1/responses": Response}
 
-# The README's record table, as a JSON schema.
+# The record table of docs/evaluations.md ("Output records"), as a JSON schema.
 _ERROR = {"type": "object", "required": ["code", "message", "type", "param", "evalsup_code"],
           "additionalProperties": False,
           "properties": {"code": {"type": "string", "minLength": 1}, "message": {"type": "string"},
