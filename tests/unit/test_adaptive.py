@@ -38,6 +38,7 @@ class Sim:
         ev: list[tuple[float, int, str, float]] = []
         seq = itertools.count()
         running, queue, inflight, sent, done, t = 0, list[float](), 0, 0, 0, 0.0
+        back = 0  # requests whose Retry-After ended, waiting for a place (ahead of new tasks)
 
         def push(at: float, kind: str, start: float = 0.0) -> None:
             heapq.heappush(ev, (at, next(seq), kind, start))
@@ -63,7 +64,11 @@ class Sim:
                 push(at + 0.001, "429", at)
 
         def fill(at: float) -> None:
-            nonlocal inflight, sent
+            nonlocal inflight, sent, back
+            while inflight < limit() and back:
+                inflight += 1
+                back -= 1
+                arrive(at)
             while inflight < limit() and sent < tasks:
                 inflight += 1
                 sent += 1
@@ -90,13 +95,19 @@ class Sim:
                 self.answers += 1
                 if ctl:
                     ctl.observe(t, t - start, 429, "http_429", inflight)
-                push(t + self.retry_after, "retry")  # the request keeps its slot while it waits, as in the worker
+                # the request gives up its place while it waits out Retry-After, then waits for one ahead of the
+                # new tasks, as in the worker (client.Client._rest, schedule.Schedule.back)
+                inflight -= 1
+                push(t + self.retry_after, "retry")
+                fill(t)
             elif kind == "retry":
-                arrive(t)
+                back += 1
+                fill(t)
             elif kind == "tick":
                 if ctl and self.server_metrics:
                     ctl.server(t, len(queue), running)
-                self.trace.append((t, limit()))
+                if not (ctl and ctl.measuring):  # (a floor's re-measure, one window at half the limit, apart)
+                    self.trace.append((t, limit()))
                 push(t + 0.5, "tick")
             elif kind == "capacity" and change:
                 self.k = change[1]
