@@ -374,3 +374,31 @@ def test_one_reading_of_a_status_for_the_client_the_limit_and_the_batch_planner(
         assert retryable(status, None) == (status_kind(status) in RETRYABLE_KINDS), status
     assert retryable(529, "overloaded_error") and not retryable(501, None)
     assert pushback(529, None) and pushback(503, None) and not pushback(500, None)
+
+
+def test_the_progress_line_and_status_say_why_a_low_limit_is_low() -> None:
+    from dataclasses import dataclass as dc
+
+    from evalsup.supervisor.limits import limit_reason
+    from evalsup.supervisor.progress import fmt_snapshot_plain
+    from evalsup.tools.status import RunState, RunStatus, format_run
+
+    @dc
+    class W:
+        conc_limit: int
+        limit_why: list[Any] | None
+        wire: int = 0
+        ep_load: list[list[int]] | None = None
+        alive: bool = True
+
+    assert limit_reason([W(64, None), W(60, None)]) is None  # not low: nothing to say
+    why = limit_reason([W(2, ["latency 3.1x its baseline", 8]), W(3, ["latency 2.0x its baseline", 8])])
+    assert why is not None and why.startswith("latency 3.1x its baseline") and "--concurrency 16" in why
+    # a worker that measured nothing better: no setting to try
+    assert "--concurrency" not in (limit_reason([W(2, ["latency 3.1x its baseline", 8]), W(2, ["x", 0])]) or "")
+    snap = {"state": "running", "done": 10, "total": 100, "rate": 1.0, "eta_s": 90.0, "inflight": 2, "queued": 5,
+            "failed": 0, "retries": 3, "workers_mb": [40.0], "conc_limit": 5, "limit_why": why}
+    assert "(limit 5: latency 3.1x its baseline; --concurrency 16" in fmt_snapshot_plain(snap)
+    text = format_run(RunStatus("r", RunState.RUNNING, in_flight=2, concurrency_limit=5, limit_why=why,
+                                checkpoint_age_s=1.0))
+    assert "limit 5: latency 3.1x its baseline" in text
