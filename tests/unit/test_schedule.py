@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from evalsup.worker.adaptive import AdaptiveLimit, AdaptiveSettings
 from evalsup.worker.endpoints import EndpointPool
