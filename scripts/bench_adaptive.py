@@ -328,11 +328,14 @@ def main() -> None:
     if llmock_rows:
         print(f"\nllmock 0.2.2 ({args.llmock_args}), {args.llmock_n:,} streamed tasks, --max-tokens 32\n")
         best = max((r["ok_per_s"] for r in llmock_rows if r["name"].startswith("fixed")), default=0.0)
-        print("| run | wall s | ok tasks/s | of best fixed | failed | limit (median) | s at a limit under 4 |")
-        print("|---|---|---|---|---|---|---|")
+        t98 = min((r["t98_s"] for r in llmock_rows if r["name"].startswith("fixed") and r["t98_s"]), default=0.0)
+        print("| run | wall s | ok tasks/s | of best fixed | s to 98 % | of best fixed | failed | limit (median) | "
+              "s at a limit under 4 |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in llmock_rows:
+            r98 = f"{t98 / r['t98_s']:.2f}" if r["t98_s"] and t98 else "-"
             print(f"| {r['name']} | {r['wall_s']} | {r['ok_per_s']} | {r['ok_per_s'] / best if best else 0:.2f} | "
-                  f"{r['failed']} | {r['limit_median']} | {r['low_s']} |")
+                  f"{r['t98_s']} | {r98} | {r['failed']} | {r['limit_median']} | {r['low_s']} |")
     if recovery_rows:
         print(f"\nSlow spell: K={args.capacity} Q={args.queue} {args.latency_ms:.0f} ms, "
               f"latency x{args.spell_factor:g} "
@@ -492,9 +495,12 @@ def llmock(args: argparse.Namespace, work: Path, defaults: list[tuple[str, Path]
             samples = _samples(out)
             busy = [lim for _, lim, d in samples if lim and d < 0.9 * args.llmock_n]
             low = sum(1 for _, lim, d in samples if 0 < lim < 4 and d < 0.9 * args.llmock_n) * 0.5
+            # the last few tasks' retries (8 attempts, back-offs doubling to 32 s) are a lottery that no setting
+            # changes: the time to 98 % done beside the wall time
+            t98 = next((round(t - t0, 1) for t, _, d in samples if d >= 0.98 * args.llmock_n), None)
             rows.append({"name": name, "wall_s": round(wall, 1), "ok_per_s": round(ok / wall, 1), "failed": failed,
                          "stopped_at_cap": stopped, "limit_median": statistics.median(busy) if busy else None,
-                         "low_s": low})
+                         "low_s": low, "t98_s": t98})
             print(json.dumps(rows[-1]), flush=True)
     finally:
         srv.terminate()
