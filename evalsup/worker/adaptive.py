@@ -171,6 +171,12 @@ class AdaptiveLimit:
         return max(self.s.min_limit, int(self._limit))
 
     @property
+    def background_refusals(self) -> bool:
+        """The server refuses a share whatever the load (a cut was undone and that share learnt): a request
+        waiting out such a refusal's Retry-After need not hold a place (``client.Client._flow_wait``)."""
+        return self.baseline is not None
+
+    @property
     def measuring(self) -> bool:
         """A re-measure of the floor is under way (one window at half the limit)."""
         return self._rtt_saved is not None

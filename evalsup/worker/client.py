@@ -132,9 +132,11 @@ class Client:
         self.retries = 0
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
         self.wire: set[OnWire] = set()  # those requests, each its attempt's (heartbeat "old", STALL)
-        # tasks waiting out a retry's back-off (a 5xx, a reset) or a 429's Retry-After: with an adaptive limit
-        # they hold no slot, as they load no server (schedule.Schedule.active); a 429 that is load is the
-        # limit's to answer (it cuts), and one that is not must not cost a slot a second (issue 41)
+        # tasks waiting out a retry's back-off (a 5xx, a reset), or a 429's Retry-After once the limit has found
+        # refusals that the load does not explain (AdaptiveLimit.background_refusals): with an adaptive limit
+        # they hold no slot, as they load no server (schedule.Schedule.active). A 429 that is load keeps its
+        # slot while it waits, as the server asked for less; one that is not must not cost a slot a second
+        # (issue 41: at limit 1, llmock's random 429s held the run to a task a second)
         self.resting = 0
         self.on_rest: Callable[[], None] = lambda: None  # a task began to rest: its slot may take another
         # when its rest ends, a place under the limit to wait for (schedule.Schedule.back; with an adaptive limit)
@@ -362,7 +364,10 @@ class Client:
             st.waited(time.monotonic() - t_w, ep if moved else None)
             return
         st.waited(w)
-        await self._rest(w)
+        if ep.adaptive is not None and ep.adaptive.background_refusals:
+            await self._rest(w)  # refusals the load does not explain: the wait holds no place
+        else:
+            await asyncio.sleep(w)  # the server asked for less: the wait keeps its place, until the limit knows
 
     async def _key_verdict(self, ep: Endpoint, key: int, f: Failure) -> bool:
         """Task ``key``'s request was refused (401/403) at ``ep``: hold it until the key check (or a later

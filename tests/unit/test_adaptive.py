@@ -100,14 +100,19 @@ class Sim:
                 self.answers += 1
                 if ctl:
                     ctl.observe(t, t - start, 429, "http_429", inflight)
-                # the request gives up its place while it waits out Retry-After, then waits for one ahead of the
-                # new tasks, as in the worker (client.Client._rest, schedule.Schedule.back)
-                inflight -= 1
-                push(t + self.retry_after, "retry")
-                fill(t)
-            elif kind == "retry":
+                # once the limit knows the refusals are not load, the request gives up its place while it waits
+                # out Retry-After, then waits for one ahead of the new tasks, as in the worker
+                # (client.Client._flow_wait, schedule.Schedule.back); until then it keeps it
+                rest = ctl is not None and ctl.background_refusals
+                if rest:
+                    inflight -= 1
+                    fill(t)
+                push(t + self.retry_after, "back" if rest else "retry")
+            elif kind == "back":
                 back += 1
                 fill(t)
+            elif kind == "retry":
+                arrive(t)
             elif kind == "tick":
                 if ctl and self.server_metrics:
                     ctl.server(t, len(queue), running)
