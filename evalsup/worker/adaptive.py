@@ -42,8 +42,9 @@ What keeps it from getting stuck (issue 41; docs/architecture.md "Adaptive concu
   is ``floor_ttl_s`` old (at least 30 answer times), or after 5 windows below ``low`` (a limit stuck low), one
   window runs at half the limit and its mean becomes the floor, up or down; then the limit is restored. A floor
   learnt at a fast moment thus lasts seconds, not the run.
-* After a cut for latency, the limit doubles back towards where it was (``_high``) each window whose latency is
-  under ``start_tolerance`` x floor (BBR's return to the last bandwidth), then grows by sqrt(limit) past it.
+* After a cut for a latency ``spell`` (2.5) x the floor or more (a slow spell: a queue past a knee reads
+  1.25-2x), the limit doubles back towards where it was (``_high``) each window whose latency is under
+  ``start_tolerance`` x floor (BBR's return to the last bandwidth), then grows by sqrt(limit) past it.
 * A floor from what the server does (Little's law): the highest rate of answers served over 1 s buckets of the
   last ``rate_window_s``, times the lowest mean latency (whole answers) over the same buckets, is what the server
   sustained in flight (BBR's bandwidth-delay product); the limit never sits below ``bdp_share`` of it.
@@ -75,6 +76,7 @@ class AdaptiveSettings:
     noise_s: float = 0.005  # latency differences this small are the client's loop, not the server's queue
     floor_ttl_s: float = 10.0  # the floor is re-measured once this old (and at least 30 answer times)
     low: int = 4  # a limit under this for 5 windows re-measures the floor at once (Envoy: at its minimum)
+    spell: float = 2.5  # a cut for a latency this many x the floor remembers where it came from (recovery)
     rate_bucket_s: float = 1.0  # answers served are counted in buckets this long (the Little's-law floor)
     rate_window_s: float = 10.0  # the buckets the floor reads: the last this many seconds
     bdp_share: float = 0.5  # the limit never sits below this share of the sustained rate x latency
@@ -387,7 +389,10 @@ class AdaptiveLimit:
                     if target < limit:
                         self.cause = ("latency", ratio)
                         # (a recovery that overshot is no evidence of where the limit was worth being)
-                        self._high = None if overshoot else max(self._high or 0.0, limit)
+                        if overshoot:
+                            self._high = None
+                        elif ratio >= s.spell:  # (a queue past the knee reads 1.25-2x: no spell to return from)
+                            self._high = max(self._high or 0.0, limit)
                     limit = limit * (1 - s.smoothing) + target * s.smoothing
         sustained = self.sustained(now)
         if self._probe is None and sustained:  # never far below what the server was seen to sustain
