@@ -74,6 +74,7 @@ class Schedule:
             return
         fut = asyncio.get_running_loop().create_future()
         self._back.append(fut)
+        self._grant()  # (those ahead may be waiting for a pump that no event brings)
         try:
             await fut
         finally:
@@ -89,11 +90,7 @@ class Schedule:
     def pump(self) -> bool:
         """Start every task that may start now; True when one did."""
         started = False
-        while self._back and self.active() < self.allowed():  # rests ended first: they were begun before
-            fut = self._back.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                self._granted += 1
+        self._grant()  # rests ended first: they were begun before
         while self.can_start():
             meta, line = self.queue.popleft()
             meta["q"] = time.monotonic() - meta.get("q", 0.0)  # the time it waited here for a slot (queue_s)
@@ -102,6 +99,14 @@ class Schedule:
             self.start(meta, line)
             started = True
         return started
+
+    def _grant(self) -> None:
+        """Places under the limit to the requests back from a rest, in order."""
+        while self._back and self.active() < self.allowed():
+            fut = self._back.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                self._granted += 1
 
     def answered(self) -> None:
         """A task's requests are over (its record is built, or it was handed back)."""

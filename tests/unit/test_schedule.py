@@ -35,3 +35,23 @@ def test_a_request_back_from_its_rest_takes_the_next_place_before_a_new_task_and
         assert sch.active() == 1 and not sch.can_start()
 
     asyncio.run(main())
+
+
+
+def test_requests_back_from_their_rests_never_wait_for_each_other_while_places_are_free() -> None:
+    async def main() -> None:
+        pool = EndpointPool(["http://127.0.0.1:1/v1"],
+                            adaptive=lambda: AdaptiveLimit(AdaptiveSettings(max_limit=2, initial=2)))
+        sch = Schedule(10, None, pool, lambda meta, line: None)
+        sch.resting = lambda: 2
+        sch.inflight = 4  # two on the wire (the limit), two resting
+        first = asyncio.ensure_future(sch.back())  # one rest ends: no place
+        await asyncio.sleep(0)
+        assert not first.done()
+        sch.inflight = 2  # the two on the wire end without a pump (handed back, say)
+        second = asyncio.ensure_future(sch.back())  # the other rest ends: both places are free
+        for _ in range(3):  # (a few turns of the loop: nothing else runs that could pump)
+            await asyncio.sleep(0)
+        assert first.done() and second.done()
+
+    asyncio.run(main())
