@@ -38,11 +38,13 @@ def limit_total(workers: Iterable[_Limited]) -> int:
 
 
 def limit_reason(workers: Iterable[_Limited]) -> str | None:
-    """Why the limit is low, in words, from the heartbeats of the live workers whose limit is low (the lowest
-    one's reason), and, when every one of them measured a --concurrency that served answers 1.5x as fast, the
-    sum of those as the setting to try. None when no worker's limit is low."""
-    low = [(w.conc_limit, w.limit_why) for w in workers if w.alive and w.limit_why]
-    if not low:
+    """Why the limit is low, in words, from the heartbeats of the live workers (the lowest one's reason), and,
+    when every one of them measured a --concurrency that served answers 1.5x as fast, the sum of those as the
+    setting to try. None unless every live worker's limit is low (one low worker beside others that are not
+    does not make the run's limit low)."""
+    live = [w for w in workers if w.alive]
+    low = [(w.conc_limit, w.limit_why) for w in live if w.limit_why]
+    if not low or len(low) < len(live):
         return None
     text = str(min(low, key=lambda x: x[0])[1][0])
     tries = [int(why[1]) if len(why) > 1 else 0 for _, why in low]

@@ -139,6 +139,7 @@ class Client:
         # (issue 41: at limit 1, llmock's random 429s held the run to a task a second)
         self.resting = 0
         self.on_rest: Callable[[], None] = lambda: None  # a task began to rest: its slot may take another
+        self.flow_resting = 0  # of them, those waiting out a 429's Retry-After
         # when its rest ends, a place under the limit to wait for (schedule.Schedule.back; with an adaptive limit)
         self.wait_slot: Callable[[], Awaitable[None]] | None = None
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
@@ -364,8 +365,15 @@ class Client:
             st.waited(time.monotonic() - t_w, ep if moved else None)
             return
         st.waited(w)
-        if ep.adaptive is not None and ep.adaptive.background_refusals:
-            await self._rest(w)  # refusals the load does not explain: the wait holds no place
+        # refusals the load does not explain: the wait holds no place, for as many waits at once as the limit
+        # (beyond that, refusals the limit took for background would let the worker begin task after task into
+        # a server that is only full: several workers sharing one, issue 41)
+        if ep.adaptive is not None and ep.adaptive.background_refusals and self.flow_resting < ep.limit(self.cap()):
+            self.flow_resting += 1
+            try:
+                await self._rest(w)
+            finally:
+                self.flow_resting -= 1
         else:
             await asyncio.sleep(w)  # the server asked for less: the wait keeps its place, until the limit knows
 

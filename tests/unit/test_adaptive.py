@@ -397,6 +397,7 @@ def test_the_progress_line_and_status_say_why_a_low_limit_is_low() -> None:
         alive: bool = True
 
     assert limit_reason([W(64, None), W(60, None)]) is None  # not low: nothing to say
+    assert limit_reason([W(64, None), W(2, ["latency 3.1x its baseline", 8])]) is None  # the run's is not low
     why = limit_reason([W(2, ["latency 3.1x its baseline", 8]), W(3, ["latency 2.0x its baseline", 8])])
     assert why is not None and why.startswith("latency 3.1x its baseline") and "--concurrency 16" in why
     # a worker that measured nothing better: no setting to try
