@@ -28,6 +28,19 @@ A third (``--replica-n``, issue 28): a surviving replica. Two mocks, each ``--ca
 p50 / p90 latency over the records finished from 3 s after the stop until 90 % done, against its own p50 at
 its knee (one mock alone at ``--concurrency K``), and the ratio.
 
+A fourth (``--llmock-n``, issue 41): a server nobody here wrote. llmock (PyPI, ``--llmock`` names its executable,
+installed into a venv of the benchmark's own, never evalsup's: ``python -m venv /tmp/llmock-venv &&
+/tmp/llmock-venv/bin/pip install llmock==0.2.2``) started with the issue's fault mix (``--llmock-args``: 30 % 429
+with ``retry-after: 1``, 10 % 500, streams cut, truncated or malformed 10 / 5 / 5 %); streamed tasks with
+``--max-tokens 32``; a fixed sweep (``--llmock-sweep``, 1, 4, 16, 64) against the default. Per run: ok tasks/s,
+its ratio to the best fixed, the limit (median), the seconds spent at a limit under 4.
+
+A fifth (``--recovery-n``, issue 41): a slow spell. The capacity model (K, Q, latency as the first scenario)
+whose latency rises ``--spell-factor`` (5) x at ``--spell-at`` s for ``--spell-s`` (12) s and then returns
+(``POST /_mock/config {"latency_ms": ...}``). Per run: the rate before the spell (results a second, from
+memory.jsonl's ``done`` every 0.5 s), and the seconds from the spell's end until the rate over 1 s is back at
+0.8 x that (the target: within 5 s); the default with and without the server's metrics.
+
 ``--before DIR``: also run each default from another checkout (the code before a change), in the same
 invocation, so that the ratios compare on one machine's load.
 
@@ -35,6 +48,8 @@ invocation, so that the ratios compare on one machine's load.
     scripts/bench_adaptive.py --n 3000 --sweep 32,64,128 --json out.json
     scripts/bench_adaptive.py --n 0 --halve-at 0 --mix-n 500 --before /work/before   # the mix alone
     scripts/bench_adaptive.py --n 3000 --sweep 64,128 --mix-n 500 --replica-n 6000    # issue 28's three
+    scripts/bench_adaptive.py --n 0 --halve-at 0 --llmock /tmp/llmock-venv/bin/llmock --llmock-n 500 \
+        --recovery-n 8000                                                            # issue 41's two
 """
 
 from __future__ import annotations
@@ -219,6 +234,15 @@ def main() -> None:
     ap.add_argument("--replica-k", type=int, default=32, help="Each replica's capacity (its knee).")
     ap.add_argument("--replica-latency-ms", type=float, default=100.0)
     ap.add_argument("--replica-stop-at", type=float, default=4.0)
+    ap.add_argument("--llmock", type=Path, default=None, help="llmock's executable (in a venv of its own).")
+    ap.add_argument("--llmock-n", type=int, default=0, help="Tasks of the llmock scenario (0: skip it).")
+    ap.add_argument("--llmock-sweep", default="1,4,16,64")
+    ap.add_argument("--llmock-args", default="--error-rate 429=0.3 --error-rate 500=0.1 --stream-fault "
+                    "disconnect=0.1 --stream-fault truncate=0.05 --stream-fault malformed=0.05")
+    ap.add_argument("--recovery-n", type=int, default=0, help="Tasks of the slow-spell scenario (0: skip it).")
+    ap.add_argument("--spell-at", type=float, default=8.0)
+    ap.add_argument("--spell-s", type=float, default=12.0)
+    ap.add_argument("--spell-factor", type=float, default=5.0)
     ap.add_argument("--before", type=Path, default=None, help="Also run each default from this checkout.")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -280,6 +304,8 @@ def main() -> None:
     replica_rows: list[dict[str, Any]] = []
     if args.replica_n > 0:
         replica_rows = replicas(args, work, defaults)
+    llmock_rows = llmock(args, work, defaults) if args.llmock_n > 0 and args.llmock is not None else []
+    recovery_rows = recovery(args, work, defaults) if args.recovery_n > 0 else []
     if rows:
         print(f"\nK={args.capacity} Q={args.queue} {args.latency_ms:.0f} ms (+-{args.jitter_ms:.0f}), "
               f"{args.n:,} tasks; ideal {args.capacity / args.latency_ms * 1000:.0f} tasks/s\n")
@@ -299,9 +325,31 @@ def main() -> None:
             print(f"| {r['name']} | {r['p50_s']} / {r['p90_s']} | {r['p50_s'] / knee:.2f} "
                   f"| {r.get('limit_after', '-')} "
                   f"| {r['tasks_per_s']} | {r['failed']} |")
+    if llmock_rows:
+        print(f"\nllmock 0.2.2 ({args.llmock_args}), {args.llmock_n:,} streamed tasks, --max-tokens 32\n")
+        best = max((r["ok_per_s"] for r in llmock_rows if r["name"].startswith("fixed")), default=0.0)
+        t98 = min((r["t98_s"] for r in llmock_rows if r["name"].startswith("fixed") and r["t98_s"]), default=0.0)
+        print("| run | wall s | ok tasks/s | of best fixed | s to 98 % | of best fixed | failed | limit (median) | "
+              "s at a limit under 4 |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in llmock_rows:
+            r98 = f"{t98 / r['t98_s']:.2f}" if r["t98_s"] and t98 else "-"
+            print(f"| {r['name']} | {r['wall_s']} | {r['ok_per_s']} | {r['ok_per_s'] / best if best else 0:.2f} | "
+                  f"{r['t98_s']} | {r98} | {r['failed']} | {r['limit_median']} | {r['low_s']} |")
+    if recovery_rows:
+        print(f"\nSlow spell: K={args.capacity} Q={args.queue} {args.latency_ms:.0f} ms, "
+              f"latency x{args.spell_factor:g} "
+              f"from {args.spell_at:g} s for {args.spell_s:g} s, {args.recovery_n:,} tasks\n")
+        print("| run | rate before | rate in the spell | back at 0.8x within s | limit before / in / 5 s after | "
+              "tasks/s | failed |")
+        print("|---|---|---|---|---|---|---|")
+        for r in recovery_rows:
+            print(f"| {r['name']} | {r['rate_before']} | {r['rate_spell']} | {r['back_s']} | {r['limit_before']} / "
+                  f"{r['limit_spell']} / {r['limit_after5']} | {r['ok_per_s']} | {r['failed']} |")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-                                         "mix_rows": mix_rows, "replica_rows": replica_rows}, indent=2))
+                                         "mix_rows": mix_rows, "replica_rows": replica_rows,
+                                         "llmock_rows": llmock_rows, "recovery_rows": recovery_rows}, indent=2))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -379,6 +427,146 @@ def replicas(args: argparse.Namespace, work: Path, defaults: list[tuple[str, Pat
                          "limit_after": statistics.median(lims) if lims else None, "measured": len(after),
                          "stopped_after": marks.get("stop")})
             print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _write_tasks(path: Path, n: int, prefix: str) -> Path:
+    with open(path, "w") as f:
+        for i in range(n):
+            line = {"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"question {i}"}]}
+            f.write(json.dumps(line) + "\n")
+    return path
+
+
+def _samples(run_dir: Path) -> list[tuple[float, int, int]]:
+    """(t, summed limit, done) of every memory.jsonl sample."""
+    out = []
+    with open(run_dir / "memory.jsonl", "rb") as f:
+        for line in f:
+            r = json.loads(line)
+            out.append((float(r["t"]), int(r.get("concurrency_limit") or 0), int(r.get("done") or 0)))
+    return out
+
+
+def _rate(smp: list[tuple[float, int, int]], a: float, b: float) -> float:
+    """Results a second between ``a`` and ``b`` (memory.jsonl's ``done``)."""
+    inside = [(t, d) for t, _, d in smp if a <= t <= b]
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
+
+
+def _lim(smp: list[tuple[float, int, int]], a: float, b: float) -> float | None:
+    """The summed limit's median between ``a`` and ``b``."""
+    xs = [x for t, x, _ in smp if a <= t < b and x]
+    return statistics.median(xs) if xs else None
+
+
+def llmock(args: argparse.Namespace, work: Path, defaults: list[tuple[str, Path]]) -> list[dict[str, Any]]:
+    """llmock with a load-independent fault mix: the fixed sweep and each default, one llmock process."""
+    tasks = _write_tasks(work / "llmock.jsonl", args.llmock_n, "l")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    srv = subprocess.Popen([str(args.llmock), "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level",
+                            "warning", *args.llmock_args.split()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(base + "/v1/models", timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        runs = [(f"fixed-{c}", ["--concurrency", c], ROOT) for c in args.llmock_sweep.split(",") if c]
+        runs += [(dname, [], code) for dname, code in defaults]
+        for name, extra, code in runs:
+            out = work / f"llmock_{_slug(name)}.run"
+            cmd = [PY, "-m", "evalsup", "run", str(tasks), "--base-url", base + "/v1", "--model", "gpt-4o-mini",
+                   "--out", str(out), "--fresh", "--quiet", "--monitor-interval", "0.5", "--stream",
+                   "--max-tokens", "32", *extra]
+            t0 = time.time()
+            rc, err, stopped = _evalsup(cmd, code, args.cap_s)
+            wall = time.time() - t0
+            if rc != 0 and not stopped:
+                raise SystemExit(f"llmock {name}: evalsup exited {rc}: {err[-2000:]}")
+            summary = json.loads((out / "summary.json").read_text())
+            ok, failed = int(summary.get("succeeded") or 0), int(summary.get("failed") or 0)
+            samples = _samples(out)
+            busy = [lim for _, lim, d in samples if lim and d < 0.9 * args.llmock_n]
+            low = sum(1 for _, lim, d in samples if 0 < lim < 4 and d < 0.9 * args.llmock_n) * 0.5
+            # the last few tasks' retries (8 attempts, back-offs doubling to 32 s) are a lottery that no setting
+            # changes: the time to 98 % done beside the wall time
+            t98 = next((round(t - t0, 1) for t, _, d in samples if d >= 0.98 * args.llmock_n), None)
+            rows.append({"name": name, "wall_s": round(wall, 1), "ok_per_s": round(ok / wall, 1), "failed": failed,
+                         "stopped_at_cap": stopped, "limit_median": statistics.median(busy) if busy else None,
+                         "low_s": low, "t98_s": t98})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    return rows
+
+
+def recovery(args: argparse.Namespace, work: Path, defaults: list[tuple[str, Path]]) -> list[dict[str, Any]]:
+    """The capacity model slowed ``--spell-factor`` x for ``--spell-s`` s: how soon the rate is back after it."""
+    n = args.recovery_n
+    tasks = _write_tasks(work / "recovery.jsonl", n, "s")
+    rows: list[dict[str, Any]] = []
+    mock, base = _start_mock(["--latency-ms", str(args.latency_ms), "--jitter-ms", str(args.jitter_ms),
+                              "--capacity", str(args.capacity), "--queue", str(args.queue)])
+    slow = args.latency_ms * args.spell_factor
+    try:
+        runs = [(dname, [], code) for dname, code in defaults]
+        runs += [(f"{dname}, --server-metrics off", ["--server-metrics", "off"], code) for dname, code in defaults]
+        for name, extra, code in runs:
+            _admin(base, "/_mock/config", {"latency_ms": args.latency_ms})
+            _admin(base, "/_mock/reset", {})
+            out = work / f"recovery_{_slug(name)}.run"
+            cmd = [PY, "-m", "evalsup", "run", str(tasks), "--base-url", base + "/v1", "--model", "mock-model",
+                   "--out", str(out), "--fresh", "--quiet", "--monitor-interval", "0.5", *extra]
+            marks: dict[str, float] = {}
+
+            def slow_down(marks: dict[str, float] = marks) -> None:
+                _admin(base, "/_mock/config", {"latency_ms": slow})
+                marks["from"] = time.time()
+
+            def speed_up(marks: dict[str, float] = marks) -> None:
+                _admin(base, "/_mock/config", {"latency_ms": args.latency_ms})
+                marks["until"] = time.time()
+
+            timers = [threading.Timer(args.spell_at, slow_down),
+                      threading.Timer(args.spell_at + args.spell_s, speed_up)]
+            t0 = time.time()
+            for t in timers:
+                t.start()
+            try:
+                rc, err, _ = _evalsup(cmd, code, None)
+            finally:
+                for t in timers:
+                    t.cancel()
+            wall = time.time() - t0
+            if rc != 0:
+                raise SystemExit(f"recovery {name}: evalsup exited {rc}: {err[-2000:]}")
+            summary = json.loads((out / "summary.json").read_text())
+            smp = _samples(out)
+            t_from = marks.get("from", t0 + args.spell_at)
+            t_until = marks.get("until", t0 + args.spell_at + args.spell_s)
+            before = _rate(smp, t_from - 5, t_from)
+            back = None
+            for t, _, d in smp:
+                if t >= t_until and d < 0.95 * n and _rate(smp, t - 1.0, t) >= 0.8 * before:
+                    back = round(t - t_until, 1)
+                    break
+            rows.append({"name": name, "rate_before": round(before, 1),
+                         "rate_spell": round(_rate(smp, t_from, t_until), 1), "back_s": back,
+                         "limit_before": _lim(smp, t_from - 5, t_from), "limit_spell": _lim(smp, t_from, t_until),
+                         "limit_after5": _lim(smp, t_until + 5, t_until + 8), "ok_per_s": round(n / wall, 1),
+                         "failed": summary.get("failed")})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        mock.terminate()
+        mock.wait(10)
     return rows
 
 

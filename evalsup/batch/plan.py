@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalsup.worker.errors import RETRYABLE_KINDS, status_kind
+
 MAX_REQUESTS = 50_000  # OpenAI's limits for one batch input file
 MAX_BYTES = 200 * 1024 * 1024
 
@@ -68,7 +70,7 @@ def retryable(status: int | None, code: str | None) -> bool:
     """An answer worth another attempt: the provider never ran it, flow control, or the server's fault."""
     if status is None:
         return code in NOT_RUN or code is None
-    return status in (408, 409, 429) or status >= 500
+    return status_kind(status) in RETRYABLE_KINDS  # the client's reading of a status (worker.errors)
 
 
 def on_line(status: int | None, code: str | None, attempts: int, max_attempts: int, fallback: str) -> Verdict:

@@ -69,6 +69,9 @@ class Heartbeat(TypedDict):
     # [task key, endpoint index, seconds on the wire, attempt, bytes received so far, 1 if a hedge's second copy
     # else 0] (issue 28; an older worker's rows lack the last)
     old: NotRequired[list[list[float]]]
+    # a low adaptive limit (issue 41): [why, in words ("latency 3.1x its baseline"), the --concurrency that
+    # served answers at least 1.5x as fast by the worker's own measurements, or 0]; absent when not low
+    why: NotRequired[list[Any]]
 
 
 WIRE_TOP = 5  # requests on the wire a heartbeat names (the oldest), and `evalsup status` shows

@@ -69,7 +69,7 @@ from evalsup.supervisor.first_line import first_line
 from evalsup.supervisor.hang import HangWatch
 from evalsup.supervisor.input_check import bad_input, judge
 from evalsup.supervisor.ledger import TaskLedger
-from evalsup.supervisor.limits import endpoint_loads, limit_total
+from evalsup.supervisor.limits import endpoint_loads, limit_reason, limit_total
 from evalsup.supervisor.log_gate import LogGate
 from evalsup.supervisor.memory import MemoryControl
 from evalsup.supervisor.policies import RecycleCause, RestartIntensity
@@ -924,6 +924,7 @@ class Supervisor:
         while True:
             await asyncio.sleep(self.cfg.monitor_interval_s)
             mem.concurrency_limit = limit_total(self.workers)  # into memory.jsonl (issue 21)
+            mem.limit_why = limit_reason(self.workers)  # and why it is low (issue 41), for status
             mem.on_wire = sum(w.wire for w in self.workers if w.alive)
             mem.oldest = [self._name_wire(x) for x in self._on_wire(time.monotonic())[:WIRE_TOP]]  # for status
             mem.endpoints = endpoint_loads(self.workers, self.endpoints) if self.endpoints.many else None
@@ -1070,6 +1071,7 @@ class Supervisor:
         w.wire = int(beat.get("wire", 0))
         w.conc_limit = int(beat.get("limit") or 0)  # the adaptive limit, summed for display (issue 21)
         w.ep_load = beat.get("eps")  # and each endpoint's, with several
+        w.limit_why = beat.get("why")  # why a low limit is low (issue 41)
         w.old = beat.get("old")  # its oldest requests on the wire (supervisor.stall; memory.jsonl for status)
 
     def _on_ready(self, w: WorkerHandle, payload: memoryview) -> None:

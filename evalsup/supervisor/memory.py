@@ -66,6 +66,7 @@ class MemoryControl:
         self.on_wire = 0  # requests on the wire (set by the arbiter), for memory.jsonl and the report
         self.endpoints: list[Any] | None = None  # several endpoints: each one's load (set by the arbiter)
         self.oldest: list[dict[str, Any]] | None = None  # the oldest requests on the wire (set by the arbiter)
+        self.limit_why: str | None = None  # why the adaptive limit is low, when it is (set by the arbiter; issue 41)
         if self.limit:
             self.cap = self.budget.cap(max(80 * MIB, 0) + cfg.workers * 60 * MIB, cfg.concurrency)
         self.cap_announced = False
@@ -192,6 +193,8 @@ class MemoryControl:
                "low": self.watermark.low_bytes if self.watermark else None}
         if self.endpoints is not None:
             rec["endpoints"] = self.endpoints  # [{url, state, limit, in_flight}] (supervisor.limits)
+        if self.limit_why:
+            rec["limit_why"] = self.limit_why  # for `evalsup status` (issue 41)
         if self.oldest:
             rec["oldest"] = self.oldest  # [{id, endpoint, age_s, attempt, bytes}], at most WIRE_TOP (issue 28)
         try:

@@ -9,7 +9,9 @@ The figures (`snapshot`) are the same for both and for ``--log-format json``:
   the first line already has a rate and an ETA; time the run spent paused with every endpoint down is left
   out of it (``Endpoints.total_down_s``), so an outage neither collapses the rate nor blows up the ETA after
   it, and while paused the ETA says ``paused`` (``eta_s`` null, ``paused`` true);
-- ``conc_limit``: the workers' concurrency limits summed; ``endpoints`` (several only): each one's state, limit
+- ``conc_limit``: the workers' concurrency limits summed, ``limit_why`` why it is low when it is (issue 41:
+  ``latency 3.1x its baseline``, and the --concurrency that did better in this run);
+  ``endpoints`` (several only): each one's state, limit
   and requests on the wire (``supervisor.limits``);
 - ``total``: counted by a background thread (LineCounter: newlines in the task file, divided by the shard
   count) that keeps following the file as it grows, so the run starts at once and the total follows the file.
@@ -32,7 +34,7 @@ import orjson
 
 from evalsup.common.states import EndpointState
 from evalsup.common.text import fmt_duration
-from evalsup.supervisor.limits import EndpointLoad, endpoint_loads, limit_total
+from evalsup.supervisor.limits import EndpointLoad, endpoint_loads, limit_reason, limit_total
 from evalsup.supervisor.view import RunView
 
 if TYPE_CHECKING:
@@ -125,6 +127,7 @@ def snapshot(run: RunView, now: float) -> dict[str, Any]:
         "cgroup_mb": mem.last_ws / MIB if mem is not None and mem.last_ws else None,
         "limit_mb": mem.limit / MIB if mem is not None and mem.limit else None,
         "conc_limit": limit_total(run.workers),  # the requests the workers may have in flight now (issue 21)
+        "limit_why": limit_reason(run.workers),  # why it is low, when it is (issue 41)
         # with several endpoints, each one's state, limit and requests on the wire
         "endpoints": endpoint_loads(run.workers, run.endpoints) if run.endpoints.many else None,
         "budget": run.budget,  # issue 30: with a cap, spent / reserved / projected (supervisor.budget)
@@ -141,6 +144,8 @@ def _eta(s: dict[str, Any]) -> str:
 
 def _health(s: dict[str, Any], sep: str) -> list[str]:
     limit = f" (limit {s['conc_limit']})" if s.get("conc_limit") else ""  # adaptive or --concurrency (issue 21)
+    if limit and s.get("limit_why"):  # a low adaptive limit says why (issue 41)
+        limit = f" (limit {s['conc_limit']}: {s['limit_why']})"
     parts = [f"{s['inflight']} in flight{limit}"]
     if s.get("endpoints"):
         parts.append(fmt_endpoints(s["endpoints"]))

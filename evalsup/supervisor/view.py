@@ -29,6 +29,7 @@ class WorkerFigures(Protocol):
     wire: int  # requests on the wire
     conc_limit: int  # its concurrency limit now (adaptive or its share)
     ep_load: list[list[int]] | None  # several endpoints: [limit, on the wire] each
+    limit_why: list[Any] | None  # a low adaptive limit: [why, a --concurrency to try or 0] (issue 41)
 
     @property
     def alive(self) -> bool: ...

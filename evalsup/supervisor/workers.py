@@ -111,6 +111,7 @@ class WorkerHandle:
         self.wire = 0  # requests on the wire (from heartbeats): the progress's "in flight"
         self.conc_limit = 0  # the requests it may have in flight now (from heartbeats; adaptive, issue 21)
         self.ep_load: list[list[int]] | None = None  # several endpoints: [limit, on the wire] each (heartbeats)
+        self.limit_why: list[Any] | None = None  # a low adaptive limit's reason, and a --concurrency (heartbeats)
         self.old: list[list[float]] | None = None  # its oldest requests on the wire (heartbeats; supervisor.stall)
         self.recycling = False  # being replaced: gets no new task
         self.replaced = False  # its replacement has been started

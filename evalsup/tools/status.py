@@ -70,6 +70,7 @@ class RunStatus:
     checkpoint_age_s: float | None = None
     in_flight: int | None = None  # running: requests on the wire at the last memory sample
     concurrency_limit: int | None = None  # running: the workers' (adaptive) limits summed, same sample
+    limit_why: str | None = None  # running: why that limit is low, when it is (issue 41)
     endpoints: list[dict[str, Any]] | None = None  # running, several endpoints: url, state, limit, in_flight each
     # running: the oldest requests on the wire at the last memory sample (id, endpoint, age_s, attempt, bytes)
     oldest: list[dict[str, Any]] | None = None
@@ -297,6 +298,7 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         last = _last_sample(run_dir)
         if last.get("concurrency_limit"):
             st.in_flight, st.concurrency_limit = int(last.get("in_flight") or 0), int(last["concurrency_limit"])
+            st.limit_why = str(last["limit_why"]) if last.get("limit_why") else None
         if isinstance(last.get("endpoints"), list):
             st.endpoints = [e for e in last["endpoints"] if isinstance(e, dict)]
         if isinstance(last.get("oldest"), list):
@@ -357,7 +359,8 @@ def format_run(st: RunStatus) -> str:
         eta = f", ETA {fmt_duration(st.eta_s)}" if st.eta_s is not None else ", ETA paused" if _waiting(st) else ""
         lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
     if st.concurrency_limit is not None:
-        lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}")
+        why = f": {st.limit_why}" if st.limit_why else ""
+        lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}{why}")
     for e in st.endpoints or ():
         what = (f"{int(e.get('in_flight') or 0):,} in flight, limit {int(e.get('limit') or 0):,}"
                 if e.get("state") == EndpointState.UP else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))

@@ -32,21 +32,34 @@ The rule, after reading Netflix's concurrency-limits (Gradient2, Vegas) and Insp
   push-back) the limit doubles each window, so it reaches a server's knee within a few round trips.
 * An application-limited window (fewer than half the limit in flight: the worker has not the tasks, or the
   supervisor's cap holds it) never grows the limit.
-* The floor is the lowest window mean latency seen, drifting up slowly (``floor_drift`` of the gap each
-  window) so that a server whose base latency rose is not held to an old floor forever.
+
+What keeps it from getting stuck (issue 41; docs/architecture.md "Adaptive concurrency" says why each):
+
+* The latency is of answers served (2xx) only, and comparable whatever the answer's length: a stream's time to
+  its first token (``first_s``), else the whole answer's time. Latencies within ``noise_s`` of the floor are
+  the client's own loop, not a queue (Envoy's buffer): ``ratio = latency / (floor + noise_s)``.
+* The floor is re-measured (Vegas, Envoy's minRTT window, BBR's ProbeRTT): the lowest window mean, but once it
+  is ``floor_ttl_s`` old (at least 30 answer times), or after 5 windows below ``low`` (a limit stuck low), one
+  window runs at half the limit and its mean becomes the floor, up or down; then the limit is restored. A floor
+  learnt at a fast moment thus lasts seconds, not the run.
+* After a cut for a latency ``spell`` (2.5) x the floor or more (a slow spell: a queue past a knee reads
+  1.25-2x), the limit doubles back towards where it was (``_high``) each window whose latency is under
+  ``start_tolerance`` x floor (BBR's return to the last bandwidth), then grows by sqrt(limit) past it.
+* A floor from what the server does (Little's law): the highest rate of answers served over 1 s buckets of the
+  last ``rate_window_s``, times the lowest mean latency (whole answers) over the same buckets, is what the server
+  sustained in flight (BBR's bandwidth-delay product); the limit never sits below ``bdp_share`` of it.
+* ``reason`` says in words why a low limit is low, and which ``--concurrency`` did better by the rates measured
+  at each level the limit went through (``level_rates``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from evalsup.ipc.messages import WorkerConfig
-
-PUSHBACK_STATUS = frozenset({429, 503})
-# timeouts are push-back (an overloaded server answers late); a refused or reset connection is an outage,
-# the breaker's business, not the limit's
-PUSHBACK_CODES = frozenset({"timeout_read", "timeout_total", "timeout_connect"})
+from evalsup.worker.errors import pushback
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,14 @@ class AdaptiveSettings:
     smoothing: float = 0.5
     min_samples: int = 4
     min_window_s: float = 0.05
-    floor_drift: float = 0.0005
+    noise_s: float = 0.005  # latency differences this small are the client's loop, not the server's queue
+    floor_ttl_s: float = 10.0  # the floor is re-measured once this old (and at least 30 answer times)
+    low: int = 4  # a limit under this for 5 windows re-measures the floor at once (Envoy: at its minimum)
+    spell: float = 2.5  # a cut for a latency this many x the floor remembers where it came from (recovery)
+    rate_bucket_s: float = 1.0  # answers served are counted in buckets this long (the Little's-law floor)
+    rate_window_s: float = 10.0  # the buckets the floor reads: the last this many seconds
+    bdp_share: float = 0.5  # the limit never sits below this share of the sustained rate x latency
+    level_ttl_s: float = 60.0  # a level's measured rate is forgotten after this (``reason``'s suggestion)
     queue_target: float = 4.0  # the server's waiting queue held near this many requests
     server_fresh_s: float = 3.0  # a server sample older than this is ignored (latency rules instead)
     probe_samples: int = 20  # answers at the lower limit that judge a cut
@@ -70,7 +90,19 @@ class AdaptiveSettings:
 
 
 def is_pushback(status: int | None, code: str | None) -> bool:
-    return status in PUSHBACK_STATUS or code in PUSHBACK_CODES
+    """The server pushing back on the load: errors.py's reading (``errors.pushback``), the one place it is made."""
+    return pushback(status, code)
+
+
+@dataclass
+class _Bucket:
+    """Answers served since ``start``: how many, their whole latencies summed, the most in flight, the limit."""
+
+    start: float
+    ok: int = 0
+    lat: float = 0.0
+    peak: int = 0
+    limits: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -122,10 +154,34 @@ class AdaptiveLimit:
         self.decisions = 0  # windows decided (tests, reports)
         self.cuts = 0  # multiplicative decreases on push-back
         self.undone = 0  # cuts undone: the push-back share did not fall at the lower limit
+        self._w_full = 0.0  # the window's whole-answer latencies summed (``_w_sum`` is the signal's)
+        self._floor_t = 0.0  # when the floor was last set (measured lower, or re-measured)
+        self._rtt_saved: float | None = None  # a floor re-measure under way: the limit to restore after it
+        self.remeasured = 0  # floor re-measures done (tests, reports)
+        self._low_windows = 0  # consecutive windows with the limit under ``low``
+        self._high: float | None = None  # the limit before the last cuts for latency: recovery doubles to it
+        self._recovering = False  # the last window's growth was a recovery doubling
+        self._drained = False  # the last window was a floor's re-measure (the server's queue drained in it)
+        self._bucket: _Bucket | None = None
+        self._rates: deque[tuple[float, float, float]] = deque()  # (end, answers/s, mean latency) of the buckets
+        self.level_rates: dict[int, tuple[float, float]] = {}  # a level (power of 2) -> (answers/s, when)
+        self.cause: tuple[str, float] | None = None  # what last lowered the limit: latency / pushback / queue
+        self._ratio = 1.0  # the last window's latency / floor
 
     @property
     def limit(self) -> int:
         return max(self.s.min_limit, int(self._limit))
+
+    @property
+    def background_refusals(self) -> bool:
+        """The server refuses a share whatever the load (a cut was undone and that share learnt): a request
+        waiting out such a refusal's Retry-After need not hold a place (``client.Client._flow_wait``)."""
+        return self.baseline is not None
+
+    @property
+    def measuring(self) -> bool:
+        """A re-measure of the floor is under way (one window at half the limit)."""
+        return self._rtt_saved is not None
 
     def allowed(self, cap: int) -> int:
         """Requests that may be in flight now, under the supervisor's cap."""
@@ -136,15 +192,18 @@ class AdaptiveLimit:
         self._srv_t, self._srv_waiting, self._srv_running, self._srv_new = now, waiting, running, True
 
     def observe(self, now: float, latency_s: float, status: int | None, code: str | None, inflight: int,
-                cap: int | None = None) -> None:
+                cap: int | None = None, first_s: float | None = None) -> None:
         """One attempt ended at ``now`` after ``latency_s`` at the server, with ``inflight`` requests (itself
-        included) in flight when it ended. ``cap``: the supervisor's cap now (the limit never sits above it)."""
+        included) in flight when it ended. ``cap``: the supervisor's cap now (the limit never sits above it).
+        ``first_s``: a stream's time to its first token, the latency signal when given (comparable whatever the
+        answer's length)."""
         if self._w_start is None:
             self._w_start = now - latency_s
         self._w_peak = max(self._w_peak, inflight)
         sent = now - latency_s
         push = is_pushback(status, code)
         served = status is not None and 200 <= status < 300 and not push
+        self._count_rate(now, served, latency_s, inflight)
         probe = self._probe
         if probe is not None:
             # a cut under judgement: only answers to requests sent at the lower limit say what it changed
@@ -156,7 +215,8 @@ class AdaptiveLimit:
             self._w_answers.append((sent, push))
             self._w_push += push
         if served and sent >= self._w_start:  # only answers served say anything about latency
-            self._w_sum += latency_s
+            self._w_sum += latency_s if first_s is None else first_s
+            self._w_full += latency_s
             self._w_n += 1
         elapsed = now - self._w_start
         rtt = self.floor if self.floor is not None else 0.0
@@ -242,7 +302,7 @@ class AdaptiveLimit:
     def _reset_window(self, now: float, start: float | None = None) -> None:
         """A new window from ``now`` (its answers from those sent since ``start``, by default ``now``)."""
         start = now if start is None else start
-        self._w_start, self._w_sum, self._w_n, self._w_peak = start, 0.0, 0, 0
+        self._w_start, self._w_sum, self._w_n, self._w_peak, self._w_full = start, 0.0, 0, 0, 0.0
         self._w_answers = [a for a in self._w_answers if a[0] > start] if start < now else []
         self._w_push = sum(p for _, p in self._w_answers)
 
@@ -250,13 +310,22 @@ class AdaptiveLimit:
         s = self.s
         self.decisions += 1
         mean = self._w_sum / self._w_n if self._w_n else None
-        if mean is not None and mean > 0:
-            if self.floor is None or mean < self.floor:
+        full = self._w_full / self._w_n if self._w_n else None
+        if self._rtt_saved is not None:  # the floor's re-measure (at half the limit) ends: its mean is the floor
+            saved, self._rtt_saved = self._rtt_saved, None
+            if mean is not None and mean > 0:
                 self.floor = mean
-            else:
-                self.floor += (mean - self.floor) * s.floor_drift
+                self.remeasured += 1
+            self._floor_t, self._low_windows = now, 0
+            self._drained = True  # (the next window's latency is low for the drained queue: no doubling on it)
+            self._limit = max(float(s.min_limit), min(self._top(cap), max(self._limit, saved)))
+            self._reset_window(now)
+            return
+        if mean is not None and mean > 0 and (self.floor is None or mean < self.floor):
+            self.floor, self._floor_t = mean, now
         if self.floor is not None:
-            self._lag = max(s.tolerance * self.floor, mean or 0.0)
+            self._lag = max(s.tolerance * self.floor, full or 0.0)
+        self._low_windows = self._low_windows + 1 if self._limit < s.low else 0
         limit = self._limit
         if self.baseline is None:  # (any push-back is news: all of the window's answers count)
             cutoff, k, n = now, self._w_push, len(self._w_answers)
@@ -271,6 +340,8 @@ class AdaptiveLimit:
             limit = limit * s.backoff
             self.slow_start = False
             self.cuts += 1
+            self.cause = ("pushback", k / n if n else 0.0)
+            self._high = None
         else:
             b = self.baseline
             if b is not None:
@@ -289,11 +360,25 @@ class AdaptiveLimit:
             elif fresh:
                 pass  # the server's queue rules while it is known: no new scrape since the last window, no change
             elif mean is not None and self.floor is not None:
-                ratio = mean / self.floor
+                ratio = self._ratio = mean / (self.floor + s.noise_s)
+                recovering, self._recovering = self._recovering, False
+                drained, self._drained = self._drained, False
+                if self._floor_stale(now):  # re-measure the floor: one window at half the limit (ProbeRTT)
+                    self._rtt_saved = limit
+                    self._limit = max(float(s.min_limit), min(self._top(cap), limit * 0.5))
+                    self._reset_window(now)
+                    return
                 if self.slow_start and ratio < s.start_tolerance:
                     if not app_limited:
                         limit = limit * 2
+                elif (ratio < s.start_tolerance and self._high is not None and limit < self._high
+                      and not app_limited and not drained):  # the cause of a cut went away: back where it was
+                    limit = min(self._high, limit * 2)
+                    self._recovering = True
+                    if limit >= self._high:
+                        self._high = None
                 else:
+                    overshoot = recovering or self.slow_start  # (where slow start or a recovery overshot)
                     self.slow_start = False
                     # past the tolerance only the gradient (Gradient2 adds sqrt(limit) here too, which holds
                     # the latency at ~1.7 x floor at a limit of 60: a replica left alone queued up, issue 28)
@@ -301,9 +386,84 @@ class AdaptiveLimit:
                     target = limit * gradient if ratio > s.tolerance else limit + math.sqrt(limit)
                     if target > limit and app_limited:
                         target = limit
+                    if target < limit:
+                        self.cause = ("latency", ratio)
+                        # (a recovery that overshot is no evidence of where the limit was worth being)
+                        if overshoot:
+                            self._high = None
+                        elif ratio >= s.spell:  # (a queue past the knee reads 1.25-2x: no spell to return from)
+                            self._high = max(self._high or 0.0, limit)
                     limit = limit * (1 - s.smoothing) + target * s.smoothing
+        sustained = self.sustained(now)
+        if self._probe is None and sustained:  # never far below what the server was seen to sustain
+            limit = max(limit, s.bdp_share * sustained)
         self._limit = max(float(s.min_limit), min(self._top(cap), limit))
         self._reset_window(now, None if self._probe is not None else cutoff)
+
+    def _floor_stale(self, now: float) -> bool:
+        """The floor is to be re-measured: it is ``floor_ttl_s`` old (and 30 answer times), or the limit has sat
+        under ``low`` for 5 windows."""
+        ttl = max(self.s.floor_ttl_s, 30 * self._lag)
+        return now - self._floor_t >= ttl or self._low_windows >= 5
+
+    def _count_rate(self, now: float, served: bool, latency_s: float, inflight: int) -> None:
+        """Answers served counted in buckets of ``rate_bucket_s``: each full bucket's rate and mean latency kept
+        for ``rate_window_s`` (``sustained``), and its rate as its level's (``level_rates``)."""
+        s = self.s
+        b = self._bucket
+        if b is None:
+            b = self._bucket = _Bucket(now)
+        if served:
+            b.ok += 1
+            b.lat += latency_s
+        b.peak = max(b.peak, inflight)
+        b.limits.append(self.limit)
+        span = now - b.start
+        if span < s.rate_bucket_s:
+            return
+        rate = b.ok / span
+        if b.ok:
+            self._rates.append((now, rate, b.lat / b.ok))
+        while self._rates and self._rates[0][0] < now - s.rate_window_s:
+            self._rates.popleft()
+        lim = sorted(b.limits)[len(b.limits) // 2]
+        if b.peak * 2 >= lim:  # (an application-limited bucket says nothing of its level)
+            level = 1 << max(0, lim.bit_length() - 1)
+            old = self.level_rates.get(level)
+            fresh = old is not None and now - old[1] <= s.level_ttl_s
+            self.level_rates[level] = ((old[0] + rate) / 2 if fresh and old else rate, now)
+        self._bucket = _Bucket(now)
+
+    def sustained(self, now: float) -> float:
+        """In flight the server was seen to sustain lately (Little's law): the best rate of answers served in a
+        bucket of the last ``rate_window_s``, times the lowest mean latency of those buckets. 0 before any."""
+        rows = [r for r in self._rates if r[0] >= now - self.s.rate_window_s]
+        if not rows:
+            return 0.0
+        return max(r[1] for r in rows) * min(r[2] for r in rows)
+
+    def reason(self, now: float) -> tuple[str, int] | None:
+        """Why the limit is low (under twice ``low``), in words, and the ``--concurrency`` level that served
+        answers at least 1.5x as fast by this run's own measurements (0: none); None when it is not low."""
+        if self.limit >= 2 * self.s.low:
+            return None
+        said = []
+        kind, x = self.cause or ("", 0.0)
+        if kind == "latency":
+            said.append(f"latency {x:.1f}x its baseline")
+        elif kind == "pushback":
+            said.append(f"{x:.0%} of answers pushed back (429/503/timeout), fewer when it sent less")
+        elif kind == "queue":
+            said.append(f"the server's queue held {x:.0f} waiting")
+        if self.baseline is not None and self.baseline >= 0.05:
+            said.append(f"{self.baseline:.0%} of answers (served or refused) are 429/503 at every limit tried")
+        if not said:
+            said.append(f"latency {self._ratio:.1f}x its baseline")
+        live = {lv: r for lv, (r, t) in self.level_rates.items() if now - t <= self.s.level_ttl_s}
+        here = live.get(1 << max(0, self.limit.bit_length() - 1))
+        best = max(live, key=lambda lv: live[lv], default=0)
+        better = best if best > self.limit and here is not None and live[best] >= 1.5 * here else 0
+        return "; ".join(said), better
 
     def _from_server(self, limit: float, app_limited: bool) -> float:
         s = self.s
@@ -311,6 +471,7 @@ class AdaptiveLimit:
         excess = self._srv_waiting - s.queue_target
         if excess > 0:
             self.slow_start = False
+            self.cause = ("queue", self._srv_waiting)
             load = self._srv_running + self._srv_waiting
             mine = min(1.0, limit / load) if load > 0 else 1.0
             return max(limit * 0.5, limit - excess * mine)

@@ -6,7 +6,7 @@ import asyncio
 import heapq
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,14 +133,20 @@ class Client:
         self.retries = 0
         self.on_wire = 0  # requests sent and not yet answered: what the endpoint counts (heartbeat "wire")
         self.wire: set[OnWire] = set()  # those requests, each its attempt's (heartbeat "old", STALL)
-        # tasks waiting out a retry's back-off (a 5xx, a reset; not a 429's wait, which is the server's flow
-        # control): with an adaptive limit they hold no slot, as they load no server (schedule.Schedule.active)
+        # tasks waiting out a retry's back-off (a 5xx, a reset), or a 429's Retry-After once the limit has found
+        # refusals that the load does not explain (AdaptiveLimit.background_refusals): with an adaptive limit
+        # they hold no slot, as they load no server (schedule.Schedule.active). A 429 that is load keeps its
+        # slot while it waits, as the server asked for less; one that is not must not cost a slot a second
+        # (issue 41: at limit 1, llmock's random 429s held the run to a task a second)
         self.resting = 0
         self.on_rest: Callable[[], None] = lambda: None  # a task began to rest: its slot may take another
+        self.flow_resting = 0  # of them, those waiting out a 429's Retry-After
+        # when its rest ends, a place under the limit to wait for (schedule.Schedule.back; with an adaptive limit)
+        self.wait_slot: Callable[[], Awaitable[None]] | None = None
         self._last: tuple[str, str] | None = None  # (path, model) of the last task: what a probe asks
-        # told of every attempt (endpoint, status, error code, seconds at the server): the adaptive limit
-        # (EndpointPool.observer, when the concurrency adapts)
-        self.observe: Callable[[Endpoint, int | None, str | None, float], None] | None = None
+        # told of every attempt (endpoint, status, error code, seconds at the server, to a stream's first token):
+        # the adaptive limit (EndpointPool.observer, when the concurrency adapts)
+        self.observe: Callable[[Endpoint, int | None, str | None, float, float | None], None] | None = None
 
     def _scrub(self, raw: bytes) -> bytes:
         # An endpoint may echo request headers in an error; the key must never reach a file.
@@ -310,7 +316,7 @@ class Client:
             f = a.failure
             # (a STALL's cut is evalsup's decision, not a measure of the server's time: the limit never sees it)
             if self.observe is not None and (f is None or f.code != Code.TIMEOUT_STALL):
-                self.observe(ep, a.status, None if f is None else str(f.code), st.server_s)
+                self.observe(ep, a.status, None if f is None else str(f.code), st.server_s, a.ttft_s)
             if f is None:
                 ep.succeeded(t_a, last)
                 if estimate and isinstance(a.parsed, dict):  # --max-tokens-per-min: global and the endpoint's
@@ -362,7 +368,17 @@ class Client:
             st.waited(time.monotonic() - t_w, ep if moved else None)
             return
         st.waited(w)
-        await asyncio.sleep(w)
+        # refusals the load does not explain: the wait holds no place, for as many waits at once as the limit
+        # (beyond that, refusals the limit took for background would let the worker begin task after task into
+        # a server that is only full: several workers sharing one, issue 41)
+        if ep.adaptive is not None and ep.adaptive.background_refusals and self.flow_resting < ep.limit(self.cap()):
+            self.flow_resting += 1
+            try:
+                await self._rest(w)
+            finally:
+                self.flow_resting -= 1
+        else:
+            await asyncio.sleep(w)  # the server asked for less: the wait keeps its place, until the limit knows
 
     async def _key_verdict(self, ep: Endpoint, key: int, f: Failure) -> bool:
         """Task ``key``'s request was refused (401/403) at ``ep``: hold it until the key check (or a later
@@ -397,6 +413,8 @@ class Client:
         self.on_rest()
         try:
             await asyncio.sleep(seconds)
+            if self.wait_slot is not None:
+                await self.wait_slot()
         finally:
             self.resting -= 1
 

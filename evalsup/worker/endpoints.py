@@ -134,11 +134,16 @@ class Endpoint:
         self.auth.checking = False
 
     def observe(self, now: float, server_s: float, status: int | None, code: str | None, inflight: int,
-                cap: int) -> None:
-        """An attempt sent here ended at ``now`` after ``server_s`` at the server, with ``inflight`` requests in
-        flight: evidence for its adaptive limit, if it has one (``cap``: the supervisor's LIMIT)."""
+                cap: int, first_s: float | None = None) -> None:
+        """An attempt sent here ended at ``now`` after ``server_s`` at the server (a stream's first token after
+        ``first_s``), with ``inflight`` requests in flight: evidence for its adaptive limit, if it has one
+        (``cap``: the supervisor's LIMIT)."""
         if self.adaptive is not None:
-            self.adaptive.observe(now, server_s, status, code, inflight, cap)
+            self.adaptive.observe(now, server_s, status, code, inflight, cap, first_s)
+
+    def why(self, now: float) -> tuple[str, int] | None:
+        """Why its adaptive limit is low, and a --concurrency that did better (``AdaptiveLimit.reason``)."""
+        return None if self.adaptive is None else self.adaptive.reason(now)
 
     def server_queue(self, now: float, waiting: float, running: float) -> None:
         """A scrape of its server's metrics (``server_signals``): evidence for its adaptive limit."""
@@ -204,18 +209,30 @@ class EndpointPool:
         eps = [ep for ep in self.all if ep.up] or [ep for ep in self.all if not ep.out] or self.all
         return max(1, min(cap, sum(ep.limit(cap) for ep in eps)))
 
-    def observer(self, inflight: Callable[[], int],
-                 cap: Callable[[], int]) -> Callable[[Endpoint, int | None, str | None, float], None]:
+    def observer(self, inflight: Callable[[], int], cap: Callable[[], int]
+                 ) -> Callable[[Endpoint, int | None, str | None, float, float | None], None]:
         """What the client is to call with every attempt (``Client.observe``) when the concurrency adapts: the
-        attempt's endpoint, status, error code and seconds at the server feed that endpoint's limit (``cap()``,
-        the supervisor's LIMIT). In flight: with one endpoint, the requests this worker has begun
-        (``inflight()``); with several, those on the wire to that endpoint."""
+        attempt's endpoint, status, error code, seconds at the server (and to a stream's first token) feed that
+        endpoint's limit (``cap()``, the supervisor's LIMIT). In flight: with one endpoint, the requests this
+        worker has begun (``inflight()``); with several, those on the wire to that endpoint."""
         one = len(self.all) == 1
 
-        def observe(ep: Endpoint, status: int | None, code: str | None, server_s: float) -> None:
-            ep.observe(time.monotonic(), server_s, status, code, inflight() if one else ep.on_wire + 1, cap())
+        def observe(ep: Endpoint, status: int | None, code: str | None, server_s: float,
+                    first_s: float | None) -> None:
+            ep.observe(time.monotonic(), server_s, status, code, inflight() if one else ep.on_wire + 1, cap(),
+                       first_s)
 
         return observe
+
+    def why(self, cap: int) -> list[Any] | None:
+        """For the heartbeat (``why``): [the reason the lowest adaptive limit is low, the --concurrency that did
+        better by this worker's measurements or 0], or None when no limit is low (``AdaptiveLimit.reason``)."""
+        now = time.monotonic()
+        low = [(ep.limit(cap), w) for ep in self.all if ep.up and (w := ep.why(now)) is not None]
+        if not low:
+            return None
+        text = min(low, key=lambda x: x[0])[1][0]
+        return [text, sum(b for _, (_, b) in low) if all(b for _, (_, b) in low) else 0]
 
     def load(self, cap: int) -> list[list[int]] | None:
         """For the heartbeat, with several endpoints: [limit, requests on the wire] of each (None with one)."""

@@ -70,7 +70,7 @@ class FailureKind(enum.Enum):
     LOCAL = "local"  # the request never left (evalsup's or the settings' problem): the run stops, exit 2
 
 
-ENDPOINT_STATUSES = frozenset({500, 502, 503, 504})
+ENDPOINT_STATUSES = frozenset({500, 502, 503, 504, 529})  # (529: Anthropic's overloaded_error)
 RETRY_STATUSES = frozenset({408, 409})  # other statuses worth another attempt, not endpoint evidence
 AUTH_STATUSES = frozenset({401, 403})
 
@@ -164,22 +164,45 @@ def answer(code: Code, message: str, status: int | None = 200) -> Failure:
     return Failure(code, message, FailureKind.FINAL if code is Code.TOO_LARGE else FailureKind.ANSWER, status)
 
 
+def status_kind(status: int, retry_after: float | None = None) -> FailureKind:
+    """What an HTTP error status is: 429, and 503 with Retry-After, the server's flow control (not failures);
+    401/403 the key; 500/502/503/504 the endpoint's; 408/409 worth another attempt; anything else the request's.
+    The one reading of a status: the client's failures, the adaptive limit (``pushback``) and the Batch planner
+    (``batch.plan.retryable``) all ask it."""
+    if status == 429 or (status == 503 and retry_after is not None):
+        return FailureKind.FLOW
+    if status in AUTH_STATUSES:
+        return FailureKind.AUTH
+    if status in ENDPOINT_STATUSES:
+        return FailureKind.ENDPOINT
+    if status in RETRY_STATUSES:
+        return FailureKind.ANSWER
+    return FailureKind.REQUEST
+
+
+# kinds worth another attempt (the Batch planner's follow-up chunk; the client's retry policy reads the kinds too)
+RETRYABLE_KINDS = frozenset({FailureKind.FLOW, FailureKind.ENDPOINT, FailureKind.ANSWER})
+# an overloaded server's statuses without Retry-After: a proxy's 503, Anthropic's 529
+OVERLOADED = frozenset({503, 529})
+# the timeouts: an overloaded server answers late (a refused or reset connection is an outage, not load)
+TIMEOUTS = frozenset({Code.TIMEOUT_CONNECT, Code.TIMEOUT_READ, Code.TIMEOUT_TOTAL})
+
+
+def pushback(status: int | None, code: str | None) -> bool:
+    """Whether an attempt's end is the server pushing back on the load, the adaptive limit's evidence
+    (``worker.adaptive``): its flow control (429, a 503 with or without Retry-After: what an overloaded proxy
+    answers; Anthropic's 529), or a timeout. Not a 500, a cut stream, a reset or a broken answer: a task's own
+    failure, or the breaker's business."""
+    if status is not None and status != 200:
+        return status in OVERLOADED or status_kind(status) is FailureKind.FLOW
+    return code in TIMEOUTS
+
+
 def from_status(status: int, body: Any, retry_after: float | None) -> Failure:
-    """An HTTP error answer, its message and code read from the body whatever its shape (server_errors).
-    429, and 503 with Retry-After, are the server's flow control, not failures."""
+    """An HTTP error answer, its message and code read from the body whatever its shape (server_errors);
+    its kind by ``status_kind``."""
     err = http_error(status, body)
     message = err.pop("message")
     err.pop("code")
-    code = http_code(status)
-    if status == 429 or (status == 503 and retry_after is not None):
-        kind = FailureKind.FLOW
-    elif status in AUTH_STATUSES:
-        kind = FailureKind.AUTH
-    elif status in ENDPOINT_STATUSES:
-        kind = FailureKind.ENDPOINT
-    elif status in RETRY_STATUSES:
-        kind = FailureKind.ANSWER
-    else:
-        kind = FailureKind.REQUEST
-    return Failure(code, message, kind, status, retry_after, err)
+    return Failure(http_code(status), message, status_kind(status, retry_after), status, retry_after, err)
 

@@ -331,6 +331,8 @@ class Worker:
                 "parked": c.parked if c else 0, "retries": c.retries if c else 0,
                 "wire": c.on_wire if c else 0,  # requests on the wire (status/progress "in flight")
                 "limit": schedule.allowed(), "eps": self.endpoints.load(schedule.limit)}  # adaptive (issue 21)
+            if self.cfg.adaptive and (why := self.endpoints.why(schedule.limit)) is not None:
+                beat["why"] = why  # a low limit's reason in words (issue 41)
             if c is not None and c.wire:  # the oldest requests on the wire: status shows them, STALL acts on them
                 beat["old"] = c.oldest(time.monotonic(), WIRE_TOP)
             self.out.send(encode_json(FrameKind.HEARTBEAT, beat))
@@ -383,6 +385,7 @@ class Worker:
                 tasks.append(asyncio.create_task(self.hedge_loop(self.hedger)))
             if cfg.adaptive:  # every attempt and the server's queue feed each endpoint's limit
                 schedule.resting = lambda: client.resting  # a request resting in a back-off holds no slot
+                client.wait_slot = schedule.back  # and waits for one when its rest ends
                 client.observe = self.endpoints.observer(schedule.active, lambda: schedule.limit)
                 tasks.append(scrape_endpoints(session, self.endpoints, cfg.server_metrics))
             reading = asyncio.create_task(self.read_loop())

@@ -6,10 +6,16 @@ adaptive limits together, under the supervisor's LIMIT), and fewer than ``concur
 holds its slot until its RESULT frame is on its way, so a full pipe holds back new requests). Each start is one
 task of its own, begun by ``pump`` rather than by a pool of waiting coroutines (a pool on one condition woke all
 of its idle members for each event).
+
+With an adaptive limit a request resting in a retry's back-off or a 429's Retry-After holds no place (it loads
+no server); when its rest ends it waits here (``back``) for a place under the limit, before any queued task
+(issue 41: a rest that held its place cost a whole second a task at limit 1; one sent again without a place
+would send past the limit as many as were resting).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from collections.abc import Callable
@@ -33,6 +39,8 @@ class Schedule:
         # how many there are now (Client.resting), set once the client exists
         self.resting: Callable[[], int] | None = None
         self.copies = 0  # hedges' second copies running (--hedge, worker.race): active, as any request
+        self._back: collections.deque[asyncio.Future[None]] = collections.deque()  # rests ended, waiting a place
+        self._granted = 0  # of them, given a place and not yet resumed (still counted as resting meanwhile)
 
     def add(self, meta: Any, line: bytes | memoryview) -> None:
         """A TASK frame: queued, its queue_s counted from now."""
@@ -57,7 +65,23 @@ class Schedule:
     def active(self) -> int:
         """Requests begun and not answered, hedges' copies included; with an adaptive limit, less those resting
         in a retry's back-off."""
-        return self.inflight + self.copies - (self.resting() if self.resting is not None else 0)
+        return self.inflight + self.copies - (self.resting() if self.resting is not None else 0) + self._granted
+
+    async def back(self) -> None:
+        """A request whose rest ended (still counted as resting) waits for a place under the limit, ahead of the
+        queued tasks (``pump`` gives them out first)."""
+        if not self._back and self.active() < self.allowed():
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._back.append(fut)
+        self._grant()  # (those ahead may be waiting for a pump that no event brings)
+        try:
+            await fut
+        finally:
+            if fut.done() and not fut.cancelled():
+                self._granted -= 1
+            else:
+                fut.cancel()  # (cancelled while waiting: pump skips it)
 
     def can_start(self) -> bool:
         return (bool(self.queue) and not self.paused and self.endpoints.any_up() and self.active() < self.allowed()
@@ -66,6 +90,7 @@ class Schedule:
     def pump(self) -> bool:
         """Start every task that may start now; True when one did."""
         started = False
+        self._grant()  # rests ended first: they were begun before
         while self.can_start():
             meta, line = self.queue.popleft()
             meta["q"] = time.monotonic() - meta.get("q", 0.0)  # the time it waited here for a slot (queue_s)
@@ -74,6 +99,14 @@ class Schedule:
             self.start(meta, line)
             started = True
         return started
+
+    def _grant(self) -> None:
+        """Places under the limit to the requests back from a rest, in order."""
+        while self._back and self.active() < self.allowed():
+            fut = self._back.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                self._granted += 1
 
     def answered(self) -> None:
         """A task's requests are over (its record is built, or it was handed back)."""

@@ -55,7 +55,9 @@ def test_recycled_workers_carry_on_adapting_and_lose_nothing(tmp_path: Path) -> 
         assert r.returncode == 0, r.stderr
     recs = assert_exactly_once(tmp_path / "t.run", {f"t{i}" for i in range(600)})
     assert all(x["error"] is None for x in recs)
-    assert len({x["metrics"]["worker"] for x in recs}) >= 4  # recycled at least twice
+    assert summary(tmp_path / "t.run")["recycles"]["tasks"] >= 2  # recycled at least twice
+    # (the second replacement may get no task before the end when the run goes fast)
+    assert len({x["metrics"]["worker"] for x in recs}) >= 3
     assert all(1 <= v <= 256 for v in _limits(tmp_path / "t.run"))
 
 

@@ -25,6 +25,8 @@ class Sim:
     retry_after: float = 1.0
     server_metrics: bool = False
     refuse: float = 0.0  # a share refused at once whatever the load (a gateway's limiter): 429, Retry-After
+    per_running: float = 0.0  # seconds each request running beside it adds (continuous batching: no sharp knee)
+    slow: tuple[float, float, float] | None = None  # (from, until, factor): latency times factor meanwhile
     seed: int = 1
     n429: int = 0
     answers: int = 0
@@ -38,6 +40,7 @@ class Sim:
         ev: list[tuple[float, int, str, float]] = []
         seq = itertools.count()
         running, queue, inflight, sent, done, t = 0, list[float](), 0, 0, 0, 0.0
+        back = 0  # requests whose Retry-After ended, waiting for a place (ahead of new tasks)
 
         def push(at: float, kind: str, start: float = 0.0) -> None:
             heapq.heappush(ev, (at, next(seq), kind, start))
@@ -46,7 +49,10 @@ class Sim:
             return fixed if fixed is not None else ctl.allowed(10**9) if ctl else 1
 
         def serve(at: float, start: float) -> None:
-            push(at + max(0.001, self.lat + rng.uniform(-self.jitter, self.jitter)), "done", start)
+            lat = self.lat + self.per_running * running + rng.uniform(-self.jitter, self.jitter)
+            if self.slow and self.slow[0] <= at < self.slow[1]:
+                lat *= self.slow[2]
+            push(at + max(0.001, lat), "done", start)
 
         def arrive(at: float) -> None:
             nonlocal running
@@ -63,7 +69,11 @@ class Sim:
                 push(at + 0.001, "429", at)
 
         def fill(at: float) -> None:
-            nonlocal inflight, sent
+            nonlocal inflight, sent, back
+            while inflight < limit() and back:
+                inflight += 1
+                back -= 1
+                arrive(at)
             while inflight < limit() and sent < tasks:
                 inflight += 1
                 sent += 1
@@ -90,13 +100,24 @@ class Sim:
                 self.answers += 1
                 if ctl:
                     ctl.observe(t, t - start, 429, "http_429", inflight)
-                push(t + self.retry_after, "retry")  # the request keeps its slot while it waits, as in the worker
+                # once the limit knows the refusals are not load, the request gives up its place while it waits
+                # out Retry-After, then waits for one ahead of the new tasks, as in the worker
+                # (client.Client._flow_wait, schedule.Schedule.back); until then it keeps it
+                rest = ctl is not None and ctl.background_refusals
+                if rest:
+                    inflight -= 1
+                    fill(t)
+                push(t + self.retry_after, "back" if rest else "retry")
+            elif kind == "back":
+                back += 1
+                fill(t)
             elif kind == "retry":
                 arrive(t)
             elif kind == "tick":
                 if ctl and self.server_metrics:
                     ctl.server(t, len(queue), running)
-                self.trace.append((t, limit()))
+                if not (ctl and ctl.measuring):  # (a floor's re-measure, one window at half the limit, apart)
+                    self.trace.append((t, limit()))
                 push(t + 0.5, "tick")
             elif kind == "capacity" and change:
                 self.k = change[1]
@@ -273,3 +294,117 @@ def test_a_server_left_alone_past_its_knee_is_held_near_it_from_latency_alone() 
     assert rate >= 0.95 * 32 / 0.1
     settled = sim.limits(5, 25)
     assert settled and all(32 <= lim <= 48 for lim in settled), settled
+
+
+def test_a_floor_learnt_at_a_fast_moment_does_not_hold_the_limit_at_one_for_the_rest_of_the_run() -> None:
+    """Issue 41's `transformers serve` run: the floor learnt while the server was fast, then the server's
+    latency trebles for good (whatever the load). The limit comes down, but the floor is re-measured within
+    seconds: the limit grows back rather than sitting at 1 to the end."""
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256))
+    sim = Sim(k=100_000, q=0, lat=0.05, jitter=0.005, slow=(5.0, 1e9, 3.0))
+    rate = sim.run(ctl, 40_000)
+    assert min(sim.limits(5, 17)) >= 128  # never under half what the server sustained (Little's law)
+    assert min(sim.limits(14, 17)) >= 200, sim.limits(5, 17)  # and back up once the floor is re-measured
+    assert ctl.remeasured >= 1 and ctl.floor is not None and ctl.floor > 0.1
+    assert rate >= 0.7 * 256 / 0.15
+
+
+def test_a_burst_of_slowness_on_a_server_without_a_knee_is_left_behind() -> None:
+    """A continuous-batching server (latency grows with the requests running, no 429) slowed 3x for 8 s by a
+    burst of load on the machine: afterwards the limit returns to where it sat before, not 1."""
+    def sim() -> Sim:
+        return Sim(k=100_000, q=0, lat=0.02, jitter=0.002, per_running=0.002, slow=(10.0, 18.0, 3.0))
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256))
+    s = sim()
+    s.run(ctl, 30_000)
+    before = sorted(s.limits(5, 10))[len(s.limits(5, 10)) // 2]
+    after = s.limits(28, 40)
+    assert after and min(after) >= 0.7 * before, (before, after)
+
+
+def test_after_a_slow_spell_the_limit_is_back_at_capacity_within_seconds() -> None:
+    """Issue 41's recovery case: the K=64 server's latency rises 5x for 12 s and returns. Within 5 s of the end
+    the limit is at 0.8 x K or more, and the throughput after it as the best fixed's."""
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256))
+    sim = Sim(k=64, q=64, slow=(10.0, 22.0, 5.0))
+    sim.run(ctl, 20_000)
+    assert min(sim.limits(27, 40)) >= 0.8 * 64, sim.limits(20, 30)
+    assert min(sim.limits(10, 22)) >= 16  # never far below what the server sustained (Little's law)
+
+
+def test_fast_refusals_do_not_pull_the_latency_floor_down() -> None:
+    """429s that come back at once (1 ms) beside answers that take 50 ms: the floor is the answers' latency."""
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256))
+    sim = Sim(k=100_000, q=0, lat=0.05, jitter=0.005, refuse=0.3)
+    sim.run(ctl, 5000)
+    assert ctl.floor is not None and ctl.floor >= 0.04
+
+
+def test_a_streams_latency_is_its_first_token() -> None:
+    """Answers of any length: the signal is the time to the first token when there is one, so long answers
+    after short ones are not read as a queue."""
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256, initial=16))
+    now = 0.0
+    for i in range(4000):
+        now += 0.002
+        whole = 0.1 if i < 1000 else 2.0  # the answers grow 20x longer; the first token stays at 20 ms
+        ctl.observe(now, whole, 200, None, ctl.limit, first_s=0.02)
+    assert ctl.limit >= 128 and ctl.cuts == 0
+
+
+def test_a_low_limit_says_why_and_which_concurrency_did_better() -> None:
+    ctl = AdaptiveLimit(AdaptiveSettings(max_limit=256, initial=16))
+    now = 0.0
+    for _ in range(2000):  # 16 in flight, 10 ms each: ~1,600 answers/s at level 16
+        now += 0.01 / 16
+        ctl.observe(now, 0.01, 200, None, 16)
+    assert ctl.reason(now) is None  # not low
+    for _ in range(2000):  # the server slows: 10 ms a request in flight (a queue), the limit comes down
+        lat = 0.01 * ctl.limit
+        now += lat / ctl.limit
+        ctl.observe(now, lat, 200, None, ctl.limit)
+    assert ctl.limit < 8
+    why = ctl.reason(now)
+    assert why is not None
+    text, better = why
+    assert "latency" in text and "x its baseline" in text
+    assert better >= 16  # (levels 16 to 64 served 1,600 answers/s; 1 or 2 serve 100-200)
+
+
+def test_one_reading_of_a_status_for_the_client_the_limit_and_the_batch_planner() -> None:
+    from evalsup.batch.plan import retryable
+    from evalsup.worker.errors import RETRYABLE_KINDS, pushback, status_kind
+
+    for status in (400, 401, 404, 408, 409, 422, 429, 500, 501, 502, 503, 504, 529):
+        assert retryable(status, None) == (status_kind(status) in RETRYABLE_KINDS), status
+    assert retryable(529, "overloaded_error") and not retryable(501, None)
+    assert pushback(529, None) and pushback(503, None) and not pushback(500, None)
+
+
+def test_the_progress_line_and_status_say_why_a_low_limit_is_low() -> None:
+    from dataclasses import dataclass as dc
+
+    from evalsup.supervisor.limits import limit_reason
+    from evalsup.supervisor.progress import fmt_snapshot_plain
+    from evalsup.tools.status import RunState, RunStatus, format_run
+
+    @dc
+    class W:
+        conc_limit: int
+        limit_why: list[Any] | None
+        wire: int = 0
+        ep_load: list[list[int]] | None = None
+        alive: bool = True
+
+    assert limit_reason([W(64, None), W(60, None)]) is None  # not low: nothing to say
+    assert limit_reason([W(64, None), W(2, ["latency 3.1x its baseline", 8])]) is None  # the run's is not low
+    why = limit_reason([W(2, ["latency 3.1x its baseline", 8]), W(3, ["latency 2.0x its baseline", 8])])
+    assert why is not None and why.startswith("latency 3.1x its baseline") and "--concurrency 16" in why
+    # a worker that measured nothing better: no setting to try
+    assert "--concurrency" not in (limit_reason([W(2, ["latency 3.1x its baseline", 8]), W(2, ["x", 0])]) or "")
+    snap = {"state": "running", "done": 10, "total": 100, "rate": 1.0, "eta_s": 90.0, "inflight": 2, "queued": 5,
+            "failed": 0, "retries": 3, "workers_mb": [40.0], "conc_limit": 5, "limit_why": why}
+    assert "(limit 5: latency 3.1x its baseline; --concurrency 16" in fmt_snapshot_plain(snap)
+    text = format_run(RunStatus("r", RunState.RUNNING, in_flight=2, concurrency_limit=5, limit_why=why,
+                                checkpoint_age_s=1.0))
+    assert "limit 5: latency 3.1x its baseline" in text
