@@ -128,18 +128,28 @@ class Api:
         lines.append("")
         return web.Response(text="\n".join(lines), content_type="text/plain")
 
-    # files
-    def _file(self, request: web.Request) -> dict[str, Any]:
-        fid = request.match_info["file_id"]
-        rec = self.store.files.get(fid) if shapes.FILE_ID.match(fid) else None
-        if rec is None or rec.owner != request["owner"]:
-            raise _not_found("File", fid)
-        return rec.file
-
-    async def upload(self, request: web.Request) -> web.Response:
+    def _open_for_new_work(self) -> None:
+        """A new upload or batch while the server drains is refused (the client tries again after the restart)."""
         if self.batches.stopping:
             raise ApiError(503, "The server is stopping; try again shortly.", "server_stopping",
                            type_="server_error")
+
+    @staticmethod
+    def _owned(request: web.Request, table: dict[str, Any], key: str, pattern: Any, kind: str) -> Any:
+        """The record the route's id names, when it is well formed and the caller's key owns it; else the 404 of
+        an id that does not exist (another key's ids are not revealed)."""
+        oid = request.match_info[key]
+        rec = table.get(oid) if pattern.match(oid) else None
+        if rec is None or rec.owner != request["owner"]:
+            raise _not_found(kind, oid)
+        return rec
+
+    # files
+    def _file(self, request: web.Request) -> dict[str, Any]:
+        return self._owned(request, self.store.files, "file_id", shapes.FILE_ID, "File").file  # type: ignore[no-any-return]
+
+    async def upload(self, request: web.Request) -> web.Response:
+        self._open_for_new_work()
         if not request.content_type.startswith("multipart/"):
             raise ApiError(400, "Upload the file as multipart/form-data with fields purpose and file.",
                            "invalid_request")
@@ -251,16 +261,10 @@ class Api:
 
     # batches
     def _batch(self, request: web.Request) -> dict[str, Any]:
-        bid = request.match_info["batch_id"]
-        rec = self.store.batches.get(bid) if shapes.BATCH_ID.match(bid) else None
-        if rec is None or rec.owner != request["owner"]:
-            raise _not_found("Batch", bid)
-        return rec.batch
+        return self._owned(request, self.store.batches, "batch_id", shapes.BATCH_ID, "Batch").batch  # type: ignore[no-any-return]
 
     async def create_batch(self, request: web.Request) -> web.Response:
-        if self.batches.stopping:
-            raise ApiError(503, "The server is stopping; try again shortly.", "server_stopping",
-                           type_="server_error")
+        self._open_for_new_work()
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
