@@ -23,7 +23,6 @@ import asyncio
 import hashlib
 import os
 import sys
-import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from evalsup.common.tty_progress import TtyProgress
 from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import iter_records
@@ -196,33 +196,6 @@ async def check_judge(settings: JudgeSettings, session: aiohttp.ClientSession) -
                            f"{', '.join(served[:10])} (--judge-model)")
 
 
-class Progress:
-    """The progress line on a terminal (stderr), at most twice a second; nothing elsewhere."""
-
-    def __init__(self, kept: int) -> None:
-        self.on = sys.stderr.isatty()
-        self.kept = kept
-        self.done = 0
-        self.judged = 0
-        self.t0 = self.last = time.monotonic()
-
-    def tick(self, judged: bool) -> None:
-        self.done += 1
-        self.judged += judged
-        now = time.monotonic()
-        if self.on and now - self.last >= 0.5:
-            self.last = now
-            rate = self.done / max(now - self.t0, 1e-9)
-            kept = f", {self.kept:,} kept from before" if self.kept else ""
-            sys.stderr.write(f"\r{self.done + self.kept:,} records scored ({self.judged:,} judged, {rate:,.1f}/s"
-                             f"{kept})   ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.on and self.done:
-            sys.stderr.write("\n")
-
-
 async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings,
                tasks: TaskIndex, stats: ScoreStats, usage: dict[str, int], insecure: bool,
                keep: int = 0, check: bool = True, caps: JudgeCaps | None = None) -> None:
@@ -237,7 +210,8 @@ async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settin
 
     timeout = aiohttp.ClientTimeout(total=600, sock_connect=10, sock_read=120)
     connector = aiohttp.TCPConnector(limit=settings.concurrency, ssl=not insecure)
-    progress = Progress(keep)
+    # on a terminal only: the records scored this time (the kept ones are said when the run starts)
+    progress = TtyProgress("records scored" + (f" after the {keep:,} kept" if keep else ""))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         if check:
             await check_judge(settings, session)
@@ -254,7 +228,7 @@ async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settin
                 usage["completion"] += r.judged.completion_tokens
             if caps is not None and r.need is not None:
                 caps.settle(r.need, *((r.judged.prompt_tokens, r.judged.completion_tokens) if r.judged else (0, 0)))
-            progress.tick(r.judged is not None)
+            progress.tick()
 
         async def first() -> Rescored:
             """The oldest record's result, or JudgeStopped as soon as the judge cannot be used."""
