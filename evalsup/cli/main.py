@@ -340,32 +340,6 @@ main.add_command(cache_command)  # `evalsup cache ...`: evalsup/cli/cache.py (is
 main.add_command(serve_command)  # `evalsup serve`: evalsup/cli/serve.py (issue 42)
 
 
-
-def _judge_caps(model: str | None, max_tokens: int | None, max_cost: str | None, max_total: str | None,
-                prices_file: Path | None) -> Any:
-    """`evalsup score`'s caps on the judge's spend (None without one), read as `evalsup run` reads its caps; an
-    unpriced judge under --max-cost is refused, as an unpriced model is by `evalsup run`."""
-    if max_cost is None and max_total is None:
-        return None
-    from evalsup.config.caps import CapError, parse_caps
-    from evalsup.config.prices import PriceError, load_prices
-    from evalsup.tools.judge_caps import JudgeCaps
-
-    try:
-        caps = parse_caps(max_cost, None, max_total, None)
-    except CapError as e:
-        raise ValueError(str(e)) from None
-    cost, tokens = caps.cost, caps.total_tokens
-
-    try:
-        price = load_prices(prices_file).lookup(model)
-    except PriceError as e:
-        raise ValueError(str(e)) from None
-    if cost is not None and price is None:
-        raise ValueError(f"--max-cost: no price for the judge's model {model!r}; give its price with --prices FILE "
-                         "(or cap tokens with --max-total-tokens)")
-    return JudgeCaps(cost, tokens, price, max_tokens)
-
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @table_option("scorers", required=True, help="Scorer to apply (repeatable), as for `evalsup run --scorer`.")
@@ -415,6 +389,7 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
     """
     from evalsup.config.exitcodes import LOCKED, RESUMABLE
     from evalsup.rundir.lock import RunDirBusy, RunDirError, locked
+    from evalsup.tools.judge_caps import caps_for
     from evalsup.tools.rescore import rescore
     from evalsup.tools.rescore_judge import CapReached
 
@@ -434,7 +409,7 @@ def score(run_dir: Path, scorers: tuple[str, ...], workers: int, ignore_case: bo
                 settings, others = judge_for_score(scorers, not no_strip, ignore_case, pattern, normalize,
                                                     judge_base_url, judge_model, judge_api_key_env, judge_template,
                                                     judge_concurrency, judge_max_tokens, judge_timeout)
-                caps = _judge_caps(settings.model, judge_max_tokens, max_cost, max_total_tokens, prices_file)
+                caps = caps_for(settings.model, judge_max_tokens, max_cost, max_total_tokens, prices_file)
                 summary, usage = rescore_judge(run_dir, others, settings, output, tasks_file, caps=caps,
                                                check=check)
                 if group_by is not None:  # per group, from the records just written (one streamed pass)

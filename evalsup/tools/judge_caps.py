@@ -15,8 +15,10 @@ model's largest answer, else ``UNBOUNDED_COMPLETION``). No I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from evalsup.config.prices import Price
+from evalsup.config.caps import CapError, parse_caps
+from evalsup.config.prices import Price, PriceError, load_prices
 
 UNBOUNDED_COMPLETION = 4096  # a judge's reply without max_tokens nor a known largest answer: its reservation
 BYTES_PER_TOKEN = 2.0  # the prompt's reservation: the template and the record (answer, request) at 2 bytes a token
@@ -73,3 +75,21 @@ class JudgeCaps:
         if self.price is not None and self.cost is not None:
             parts.append(f"${self.spent_usd:,.4f}")
         return ", ".join(parts)
+
+
+def caps_for(model: str | None, max_tokens: int | None, max_cost: str | None, max_total: str | None,
+             prices_file: Path | None) -> JudgeCaps | None:
+    """`evalsup score`'s caps on the judge's spend from its flags (None without one), read as `evalsup run` reads
+    its caps; an unpriced judge under --max-cost is refused (ValueError, one line), as `evalsup run` refuses an
+    unpriced model."""
+    if max_cost is None and max_total is None:
+        return None
+    try:
+        caps = parse_caps(max_cost, None, max_total, None)
+        price = load_prices(prices_file).lookup(model)
+    except (CapError, PriceError) as e:
+        raise ValueError(str(e)) from None
+    if caps.cost is not None and price is None:
+        raise ValueError(f"--max-cost: no price for the judge's model {model!r}; give its price with --prices FILE "
+                         "(or cap tokens with --max-total-tokens)")
+    return JudgeCaps(caps.cost, caps.total_tokens, price, max_tokens)
