@@ -295,3 +295,16 @@ def verdict_of(template: Template, reply: str | None, usage: Any = None, error: 
                else f"no grade in the judge's reply (the template's pattern: {template.pattern.pattern})")
         return Verdict(None, reply, grade, why, pt, ct)
     return Verdict(score, reply, grade, None, pt, ct)
+
+
+def judge_check_problem(base: str, status: int, served: list[str], model: str, key_source: str,
+                        detail: str = "") -> str | None:
+    """What the judge endpoint's answer to GET /v1/models says is wrong, in one line (None: nothing): its key
+    refused, or its model not among those it serves. Read by `evalsup run`'s check and `evalsup score`'s alike."""
+    if status in (401, 403):
+        return (f"the judge {base} refused its API key ({key_source}; --judge-api-key-env NAME names another) "
+                f"(HTTP {status}{': ' + detail if detail else ''})")
+    if served and model not in served:
+        return (f"the judge's model {model!r} is not served by {base}; it serves: {', '.join(served[:10])} "
+                "(--judge-model)")
+    return None

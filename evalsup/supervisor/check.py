@@ -10,6 +10,7 @@ import urllib.parse
 import orjson
 
 from evalsup.config.run_config import RunConfig
+from evalsup.scoring.judge import judge_check_problem
 from evalsup.tasks.headers import (
     HeaderError,
     api_key,
@@ -189,13 +190,11 @@ def _check_judge(cfg: RunConfig, url: str) -> str:
     except _Unreachable as e:
         raise CheckFailed(f"cannot reach the judge {base}: {e} (is --judge-base-url right? --no-check skips "
                           "this check)") from None
-    if status in (401, 403):
-        raise CheckFailed(f"the judge {base} refused its API key ({source}; --judge-api-key-env NAME names "
-                          f"another) (HTTP {status}: {_message(data, key)})")
     served = served_models(status, data)
-    if served and w.judge_model not in served:
-        raise CheckFailed(f"the judge's model {w.judge_model!r} is not served by {base}; it serves: "
-                          f"{', '.join(served[:10])} (--judge-model)")
+    problem = judge_check_problem(base, status, served, w.judge_model or "", source,
+                                  _message(data, key) if status in (401, 403) else "")
+    if problem is not None:
+        raise CheckFailed(problem)
     return f"judge {base} is up" + (f" and serves {w.judge_model}" if served else "")
 
 

@@ -36,7 +36,7 @@ from evalsup.common.tty_progress import TtyProgress
 from evalsup.rundir import layout
 from evalsup.rundir.checkpoint import RunDirDamaged
 from evalsup.rundir.results_file import iter_records
-from evalsup.scoring.judge import JUDGE, TemplateError, Verdict, load_template
+from evalsup.scoring.judge import JUDGE, TemplateError, Verdict, judge_check_problem, load_template
 from evalsup.scoring.scorers import Scored, ScoreFn, ScorerOptions, ScoreStats, load_scorer, response_text, score_sync
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.idset import IdSet
@@ -187,13 +187,9 @@ async def check_judge(settings: JudgeSettings, session: aiohttp.ClientSession) -
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
         why = type(e).__name__ if isinstance(e, TimeoutError) else (getattr(e, "strerror", None) or type(e).__name__)
         raise JudgeStopped(f"cannot reach the judge {base}: {why} (is --judge-base-url right?)") from None
-    if status in (401, 403):
-        raise JudgeStopped(f"the judge {base} refused its API key ({settings.key_source}; --judge-api-key-env NAME "
-                           f"names another) (HTTP {status})")
-    served = served_models(status, data)
-    if served and settings.model not in served:
-        raise JudgeStopped(f"the judge's model {settings.model!r} is not served by {base}; it serves: "
-                           f"{', '.join(served[:10])} (--judge-model)")
+    problem = judge_check_problem(base, status, served_models(status, data), settings.model, settings.key_source)
+    if problem is not None:
+        raise JudgeStopped(problem)
 
 
 async def _run(src: Path, dest: Path, scorers: list[tuple[str, ScoreFn]], settings: JudgeSettings,
