@@ -255,3 +255,15 @@ def test_the_judges_limit_follows_the_share_the_supervisor_sends() -> None:
         return [held, most[0], slots.busy]
 
     assert asyncio.run(go()) == [3, 1, 0]
+
+
+def test_the_judges_check_says_a_refused_key_or_an_unserved_model_in_one_line() -> None:
+    from evalsup.scoring.judge import judge_check_problem
+
+    base = "http://127.0.0.1:9/v1"
+    said = judge_check_problem(base, 401, [], "judge-model", "the judge's API key ($JK)", "invalid key")
+    assert said is not None and "refused its API key" in said and "$JK" in said and "HTTP 401: invalid key" in said
+    said = judge_check_problem(base, 200, ["a", "b"], "judge-model", "$K")
+    assert said is not None and "'judge-model' is not served" in said and "it serves: a, b" in said
+    assert judge_check_problem(base, 200, ["judge-model"], "judge-model", "$K") is None
+    assert judge_check_problem(base, 404, [], "judge-model", "$K") is None  # no list: the requests will say
