@@ -47,6 +47,15 @@ def _not_found(kind: str, oid: str, param: str = "id") -> ApiError:
     return ApiError(404, f"No such {kind}: {oid}", None, param)
 
 
+def _page(request: web.Request, items: list[dict[str, Any]], most: int, kind: str) -> web.Response:
+    """One page of a list (``after``, ``limit`` at most ``most``); an ``after`` that names nothing of the caller's
+    is that id's 404."""
+    page = shapes.list_page(items, request.query.get("after"), _limit(request, most))
+    if page is None:
+        raise _not_found(kind, request.query["after"], "after")
+    return _json(page)
+
+
 class Api:
     def __init__(self, batches: Batches, owners: frozenset[str] | None, limits: Limits) -> None:
         self.batches, self.store, self.owners, self.limits = batches, batches.store, owners, limits
@@ -224,10 +233,7 @@ class Api:
         items = [f for f in self.store.owned_files(request["owner"]) if purpose is None or f["purpose"] == purpose]
         asc = request.query.get("order") == "asc"
         items.sort(key=lambda f: (f["created_at"], f["id"]), reverse=not asc)
-        page = shapes.list_page(items, request.query.get("after"), _limit(request, 10_000))
-        if page is None:
-            raise _not_found("File", request.query["after"], "after")
-        return _json(page)
+        return _page(request, items, 10_000, "File")
 
     async def get_file(self, request: web.Request) -> web.Response:
         return _json(self._file(request))
@@ -299,10 +305,7 @@ class Api:
     async def list_batches(self, request: web.Request) -> web.Response:
         items = sorted(self.store.owned_batches(request["owner"]), key=lambda b: (b["created_at"], b["id"]),
                        reverse=True)
-        page = shapes.list_page(items, request.query.get("after"), _limit(request, 100))
-        if page is None:
-            raise _not_found("Batch", request.query["after"], "after")
-        return _json(page)
+        return _page(request, items, 100, "Batch")
 
     async def get_batch(self, request: web.Request) -> web.Response:
         return _json(self._batch(request))

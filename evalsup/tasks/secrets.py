@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AnyStr
 
 import orjson
 
@@ -126,13 +126,7 @@ class Scrubber:
         return bool(self.secrets)
 
     def text(self, s: str) -> str:
-        if not self.secrets:
-            return s
-        there = [a in s for a in self.anchors]
-        for secret, gate in zip(self.secrets, self.gate, strict=True):
-            if (gate < 0 or there[gate]) and secret in s:
-                s = s.replace(secret, REDACTED)
-        return s
+        return _scrubbed(s, self.secrets, self.anchors, self.gate, REDACTED)
 
     def json(self, value: Any) -> Any:
         """``value`` (a small JSON value: an error, scorers' messages) with the secrets out of its strings."""
@@ -148,13 +142,20 @@ class Scrubber:
             return REDACTED
 
     def raw(self, b: bytes) -> bytes:
-        if not self.encoded:
-            return b
-        there = [a in b for a in self.anchors_encoded]
-        for secret, gate in zip(self.encoded, self.gate, strict=True):
-            if (gate < 0 or there[gate]) and secret in b:
-                b = b.replace(secret, _REDACTED)
-        return b
+        return _scrubbed(b, self.encoded, self.anchors_encoded, self.gate, _REDACTED)
+
+
+def _scrubbed(s: AnyStr, secrets: Sequence[AnyStr], anchors: Sequence[AnyStr], gate: Sequence[int],
+              redacted: AnyStr) -> AnyStr:
+    """``s`` with each secret replaced, the text and the bytes forms alike: a secret gated on an anchor is looked
+    for only where its anchor is (one search for the anchor instead of one for each of its forms)."""
+    if not secrets:
+        return s
+    there = [a in s for a in anchors]
+    for secret, g in zip(secrets, gate, strict=True):
+        if (g < 0 or there[g]) and secret in s:
+            s = s.replace(secret, redacted)
+    return s
 
 
 def run_scrubber(endpoints: Iterable[str], headers: Iterable[str], api_key_env: str | None, api_key_file: str | None,
