@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalsup.scoring.scorers import Scored
+from evalsup.tasks.billed import billed, tier_of
 from evalsup.tasks.records import output_line
 from evalsup.tasks.secrets import Scrubber
 
@@ -82,13 +83,18 @@ def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any]
                        scores=None if scored is None else scored.scores,
                        score_errors=None if scored is None else scrub.json(scored.errors) if scrub else scored.errors)
     usage = a.body.get("usage") if isinstance(a.body, dict) else None
+    bill = billed(usage)  # OpenAI's names, or an Anthropic Message's; read as the read-back reads them
     info: dict[str, Any] = {
         "k": key, "ok": error is None, "lat": 0.0, "att": attempts, "rb": len(line), "ec": error["code"] if error
-        else None, "ttft": None, "rt": max(0, attempts - 1),
-        # OpenAI's names, or an Anthropic Message's
-        "pt": usage.get("prompt_tokens", usage.get("input_tokens", 0)) if isinstance(usage, dict) else 0,
-        "ct": usage.get("completion_tokens", usage.get("output_tokens", 0)) if isinstance(usage, dict) else 0,
+        else None, "ttft": None, "rt": max(0, attempts - 1), "pt": bill.prompt, "ct": bill.completion,
         "sc": None if scored is None else scored.scores, "ep": 0}
+    if bill.cached:
+        info["cr"] = bill.cached
+    if bill.written:
+        info["cw"] = bill.written
+    tier = tier_of(a.body)
+    if tier is not None and isinstance(usage, dict):
+        info["tr"] = tier
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
     return [line], info

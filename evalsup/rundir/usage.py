@@ -7,9 +7,12 @@ tokens and cost, never their lengths or a record done.
 
 Each answer is priced as it was billed, where its body says so (issue 40): its prompt tokens read from and
 written to the provider's prompt cache (OpenAI's ``prompt_tokens_details.cached_tokens`` /
-``input_tokens_details``, Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens``), the
-``service_tier`` its response names, and the batch API's rates for a record of a batch (``metrics.batch``), when
-the price knows them (``config.prices.Price.variant``: genai-prices' rates).
+``input_tokens_details``, Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens``: read by
+``tasks.billed``), the ``service_tier`` its response names (else the one its request asked, which the worker wrote
+as ``metrics.service_tier``), and the batch API's rates for a record of a batch (``metrics.batch``), when the
+price knows them (``config.prices.Price.variant``: genai-prices' rates). ``answer_cost`` is that pricing, and the
+run's budget settles each result with it too, from the same counts in the RESULT's meta: the live spend and this
+read-back are one figure.
 
 A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this;
 `evalsup estimate` takes the lengths seen for its band.
@@ -27,30 +30,34 @@ import orjson
 
 from evalsup.rundir.layout import DAMAGED, REPLACED
 from evalsup.rundir.results_file import iter_records
+from evalsup.tasks.billed import NOTHING, Billed, billed, count, tier_of
 from evalsup.tasks.tokens import fmt_usd
 
-__all__ = ["Usage", "usage_of_results"]
+__all__ = ["Usage", "answer_cost", "usage_of_results"]
 
 
 class Priced(Protocol):
-    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
+    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
+             written_tokens: float = 0.0) -> float: ...
 
 
-def _billed(price: Priced, usage: dict[str, Any], pt: int, ct: int, tier: Any, batch: bool) -> float:
-    """An answer's cost as billed: its cached and cache-written prompt tokens, its service tier or the batch
-    API's rates, where ``price`` knows them (a ``config.prices.Price``); else its plain tokens."""
+def answer_cost(price: Priced, answer: Billed, tier: str | None = None, batch: bool = False, copies: int = 1,
+                reasks: Billed = NOTHING) -> float:
+    """What one task's answers cost, priced as billed: the one pricing of spend, the run's budget settling a
+    RESULT (``supervisor.budget``, from the meta's counts) and this read-back (from the record's body) alike.
+
+    ``answer``: the record's answer (``tasks.billed``: its cached and cache-written prompt tokens), at the rates of
+    its service tier ``tier`` or the batch API's (``batch``) where ``price`` knows them (``Price.variant``:
+    genai-prices' rates), ``copies`` times (2: --hedge sent a second copy, taken to use as much); ``reasks``: the
+    answers asked again for a JSON schema, at the plain rates (their bodies are not kept). Each request is priced
+    on its own, so a long-prompt rate applies by a request's prompt, never by a sum of them."""
     variant = getattr(price, "variant", None)
-    if variant is None:
-        return price.cost(pt, ct)
-    p = variant(tier if isinstance(tier, str) else None, batch)
-    read = _count(usage.get("cache_read_input_tokens"))
-    written = _count(usage.get("cache_creation_input_tokens"))
-    if read or written:  # Anthropic: input_tokens are the uncached part
-        return float(p.cost(pt + read + written, ct, read, written))
-    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
-    if isinstance(details, dict):
-        read, written = _count(details.get("cached_tokens")), _count(details.get("cache_write_tokens"))
-    return float(p.cost(pt, ct, read, written))
+    p: Priced = variant(tier, batch) if variant is not None else price
+    out = copies * p.cost(answer.prompt, answer.completion, answer.cached, answer.written) if answer.prompt or \
+        answer.completion else 0.0
+    if reasks.prompt or reasks.completion:
+        out += price.cost(reasks.prompt, reasks.completion)
+    return float(out)
 
 
 @dataclass
@@ -91,29 +98,6 @@ class Usage:
             text += (f"; their answers were {seen[1]:,.1f} completion tokens on average (shortest {seen[0]:,.0f}), "
                      "which the estimate below assumes")
         return text
-
-
-def _count(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
-
-
-def _reasked(u: Usage, rec: dict[str, Any], body: Any, price_of: Callable[[str | None], Priced | None],
-             fallback_model: str | None) -> None:
-    """The answers asked again for a JSON schema (``metrics.reask_usage``) were paid beside the record's own: their
-    tokens spent, priced as the record's answer (its model, else ``fallback_model``)."""
-    metrics = rec.get("metrics")
-    ru = metrics.get("reask_usage") if isinstance(metrics, dict) else None
-    if not isinstance(ru, dict):
-        return
-    pt, ct = _count(ru.get("prompt_tokens")), _count(ru.get("completion_tokens"))
-    u.prompt_tokens += pt
-    u.completion_tokens += ct
-    model = body.get("model") if isinstance(body, dict) and isinstance(body.get("model"), str) else None
-    price = price_of(model) if model else None
-    if price is None and fallback_model:
-        price = price_of(fallback_model)
-    if price is not None:
-        u.cost += price.cost(pt, ct)
 
 
 def _taken_out(run_dir: Path) -> Iterator[dict[str, Any]]:
@@ -160,45 +144,46 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
     for kept, rec in _all_records(path):
         u.records += kept
         body: Any = (rec.get("response") or {}).get("body")
-        _reasked(u, rec, body, price_of, fallback_model)
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if not isinstance(usage, dict):
-            continue
-        pt = usage.get("prompt_tokens", usage.get("input_tokens"))
-        ct = usage.get("completion_tokens", usage.get("output_tokens"))
-        pt = pt if isinstance(pt, int) and not isinstance(pt, bool) else 0
-        ct = ct if isinstance(ct, int) and not isinstance(ct, bool) else 0
+        body = body if isinstance(body, dict) else {}
+        metrics = rec.get("metrics")
+        metrics = metrics if isinstance(metrics, dict) else {}
+        usage = body.get("usage")
+        answer = billed(usage)
+        ru = metrics.get("reask_usage")  # the answers asked again for a JSON schema: paid beside the record's own
+        reasks = Billed(count(ru.get("prompt_tokens")), count(ru.get("completion_tokens"))) \
+            if isinstance(ru, dict) else NOTHING
         # an answer from the cache (--cache: metrics.cache "hit") cost nothing this run; its lengths still count
-        metrics = rec.get("metrics") or {}
-        paid = metrics.get("cache") != "hit"
-        model = body.get("model") if isinstance(body.get("model"), str) else None
+        paid = isinstance(usage, dict) and metrics.get("cache") != "hit"
+        spent = answer if paid else NOTHING
         copies = 2 if metrics.get("hedged") else 1  # --hedge: the other copy was paid too, taken to use as much
-        if paid:
-            u.prompt_tokens += pt * copies
-            u.completion_tokens += ct * copies
+        if paid or reasks != NOTHING:
+            u.prompt_tokens += copies * spent.prompt + reasks.prompt
+            u.completion_tokens += copies * spent.completion + reasks.completion
+            model = body.get("model") if isinstance(body.get("model"), str) else None
             price = price_of(model) if model else None
             if price is None and fallback_model:
                 price = price_of(fallback_model)
-            if price is None:
+            if price is not None:
+                # the tier the response names, else the one the request asked (the worker wrote it in metrics)
+                tier = tier_of(body) or tier_of(metrics)
+                u.cost += answer_cost(price, spent, tier, isinstance(metrics.get("batch"), dict), copies, reasks)
+            elif paid:
                 u.unpriced += 1
                 if u.unpriced_models is not None and len(u.unpriced_models) < 5:
                     u.unpriced_models.add(str(model or fallback_model))
-            else:
-                u.cost += copies * _billed(price, usage, pt, ct, body.get("service_tier"),
-                                           isinstance((rec.get("metrics") or {}).get("batch"), dict))
         if judge_price is not None:
             judge = (rec.get("score_detail") or {}).get("judge")
             ju = judge.get("usage") if isinstance(judge, dict) else None
             if isinstance(ju, dict):
-                jp, jc = _count(ju.get("prompt_tokens")), _count(ju.get("completion_tokens"))
+                jp, jc = count(ju.get("prompt_tokens")), count(ju.get("completion_tokens"))
                 u.judge_prompt_tokens += jp
                 u.judge_completion_tokens += jc
                 u.prompt_tokens += jp
                 u.completion_tokens += jc
                 u.cost += judge_price.cost(jp, jc)
-        if rec.get("error") is None and kept:
+        if isinstance(usage, dict) and rec.get("error") is None and kept:
             choices = body.get("choices")
-            per = ct / max(1, len(choices) if isinstance(choices, list) else 1)
+            per = answer.completion / max(1, len(choices) if isinstance(choices, list) else 1)
             u.answers += 1
             u.sum_per_choice += per
             u.low = min(u.low, per)

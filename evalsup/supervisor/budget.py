@@ -9,9 +9,12 @@ A task reserves everything it may cost before it is sent (``TaskCosts.worst``): 
 tasks.tokens, and max_tokens a choice, the model's largest answer without one), a hedge's second copy of it
 (--hedge), the answers asked again for a JSON schema (at most --max-reasks, each with the conversation so far),
 and the judge's call (--scorer judge: the template, the task's prompt and answer, the judge's max_tokens, at the
-judge's price). Its result settles it: the reservation goes, the usage the worker read (``ResultMeta`` pt/ct,
-rpt/rct, jpt/jct) is spent, priced as reserved; a hedged task spends its answer's usage twice (the other copy's
-usage is not read back: the same request, taken to use as much).
+judge's price); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
+standard ones. Its result settles it: the reservation goes, the usage the worker read (``ResultMeta`` pt/ct,
+rpt/rct, jpt/jct) is spent, priced as reserved and as billed (``rundir.usage.answer_cost``, the pricing a resume
+reads results.jsonl back with: the prompt tokens the provider's cache served (cr) and wrote (cw) at their rates,
+the service tier the response named or the request asked (tr)); a hedged task spends its answer's usage twice
+(the other copy's usage is not read back: the same request, taken to use as much).
 
 Invariants (tests/unit/test_budget.py drives random sequences against a plain model):
 1. ``reserved`` is the sum of the open reservations, one per key at most; ``reservations`` their count.
@@ -32,7 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evalsup.config.caps import Caps
+from evalsup.rundir.usage import answer_cost
 from evalsup.scoring.judge import DEFAULT_TEMPLATE
+from evalsup.tasks.billed import NOTHING, Billed, count, tier_of
 from evalsup.tasks.requests import RequestDefaults
 from evalsup.tasks.response_schema import schema_of_request
 from evalsup.tasks.tokens import CHARS_PER_TOKEN, DEFAULT_MAX_OUTPUT, PER_MESSAGE, figures, fmt_tokens, fmt_usd
@@ -45,7 +50,8 @@ REASK_TURN = 256
 
 
 class Priced(Protocol):
-    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0) -> float: ...
+    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
+             written_tokens: float = 0.0) -> float: ...
 
     @property
     def max_output(self) -> int | None: ...
@@ -121,6 +127,10 @@ class TaskCosts:
                 prompt += p + k * grow
                 completion += c
         a = priced(prompt, completion, price)
+        tier = tier_of(body)
+        variant = getattr(price, "variant", None)
+        if tier is not None and variant is not None and a.cost is not None:  # its tier may be dearer (priority)
+            a = Amount(prompt, completion, max(a.cost, variant(tier).cost(prompt, completion)))
         if self.judge:  # the template with the task's prompt (as {prompt} and {messages}), its answer, expected
             expected = obj.get("expected")
             jp = self.judge_template_tokens + 2 * p + 2 * c + \
@@ -223,15 +233,17 @@ class Budget:
         self.res_completion -= a.completion
         self.res_cost = max(0.0, self.res_cost - (a.cost or 0.0)) if self._open else 0.0
 
-    def settle(self, key: int, prompt: int, completion: int, price: Priced | None = None) -> Amount:
+    def settle(self, key: int, prompt: int, completion: int, price: Priced | None = None,
+               bill: Callable[[Priced], float] | None = None) -> Amount:
         """A result's usage: its reservation goes and the usage is spent, priced as the reservation was (or at
-        ``price`` for a result that had none). Returns what was spent."""
+        ``price`` for a result that had none): ``bill(price)`` when given (what the answers cost as billed:
+        ``settle_result``), else the plain tokens at ``price``. Returns what was spent."""
         got = self._open.pop(key, None)
         if got is not None:
             price = got[1]
             self._unreserve(got[0])
         prompt, completion = max(0, prompt), max(0, completion)
-        cost = None if price is None else price.cost(prompt, completion)
+        cost = None if price is None else bill(price) if bill is not None else price.cost(prompt, completion)
         self.spent_prompt += prompt
         self.spent_completion += completion
         self.session_prompt += prompt
@@ -260,18 +272,22 @@ class Budget:
         return Amount(prompt, completion, cost)
 
     def settle_result(self, key: int, meta: Mapping[str, Any]) -> bool:
-        """A RESULT's meta settles task ``key``: its answer (none from the cache: it cost nothing), the answers
-        asked again (rpt/rct), the hedge's other copy (hg: the same usage again), and the judge's call (jpt/jct,
-        at the judge's price). True: dispatch was waiting on the budget and looks again."""
+        """A RESULT's meta settles task ``key``: its answer (none from the cache: it cost nothing) priced as
+        billed (its prompt tokens read from the provider's cache, cr, and written to it, cw, at their rates, and
+        its service tier's, tr), the answers asked again (rpt/rct), the hedge's other copy (hg: the same usage
+        again), and the judge's call (jpt/jct, at the judge's price). The price is ``rundir.usage.answer_cost``,
+        the read-back's own: the live spend is what a resume reads back. True: dispatch was waiting on the budget
+        and looks again."""
         if meta.get("ca") == "h":
-            pt = ct = 0
+            answer, reasks, copies = NOTHING, NOTHING, 1
         else:
-            pt, ct = int(meta.get("pt") or 0), int(meta.get("ct") or 0)
-            if meta.get("hg"):
-                pt, ct = 2 * pt, 2 * ct
-            pt += int(meta.get("rpt") or 0)
-            ct += int(meta.get("rct") or 0)
-        self.settle(key, pt, ct)
+            answer = Billed(count(meta.get("pt")), count(meta.get("ct")), count(meta.get("cr")), count(meta.get("cw")))
+            reasks = Billed(count(meta.get("rpt")), count(meta.get("rct")))
+            copies = 2 if meta.get("hg") else 1
+        tier = meta.get("tr")
+        tier = tier if isinstance(tier, str) else None
+        self.settle(key, copies * answer.prompt + reasks.prompt, copies * answer.completion + reasks.completion,
+                    bill=lambda p: answer_cost(p, answer, tier, False, copies, reasks))
         if "jpt" in meta or "jct" in meta:
             self.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), self.judge_price)
         return self._look_again()

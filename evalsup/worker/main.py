@@ -34,6 +34,7 @@ from evalsup.scoring.judge import JUDGE, load_template, parse_template
 from evalsup.scoring.plugin import load_callable
 from evalsup.scoring.scorers import Scored, ScorerOptions, response_text
 from evalsup.scoring.selection import judged as judged_by
+from evalsup.tasks.billed import tier_of
 from evalsup.tasks.group_key import group_of, parse_group_by
 from evalsup.tasks.headers import api_key, build_headers, key_source, request_headers
 from evalsup.tasks.requests import RequestDefaults, to_request
@@ -210,7 +211,7 @@ class Worker:
             else:
                 note = records.CacheNote(ck.hex(), False, unfit=unfit)
         extras = records.Extras(hedge=hedge, judge_tokens=judged, group=group, reasks=reasks,
-                                reask_usage=reask_usage, cache=note)
+                                reask_usage=reask_usage, cache=note, tier=tier_of(body))
         return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, extras,
                              self.scrub)
 

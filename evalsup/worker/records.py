@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from evalsup.scoring.scorers import Scored
+from evalsup.tasks.billed import billed, tier_of
 from evalsup.tasks.records import output_line, output_line_around
 from evalsup.tasks.secrets import Scrubber
 from evalsup.worker.bodies import UsageOnly
@@ -44,7 +45,9 @@ class Extras:
     JSON schema (``metrics.reasks``); ``reask_usage``: the (prompt, completion) tokens of the answers asked
     again, paid beside the record's own (``metrics.reask_usage``; meta ``rpt``, ``rct``: the caps spend them);
     ``cache``: the cache's word (a hit is marked ``metrics.cache: "hit"``; an answer to keep is written as head,
-    body, tail, and the meta's ``ck`` says where its body is in the line)."""
+    body, tail, and the meta's ``ck`` says where its body is in the line); ``tier``: the ``service_tier`` its request
+asked (an answer is priced at the tier its response names, else at this one: meta ``tr``, and
+``metrics.service_tier`` when the response named none, so a resume's read-back prices it alike)."""
 
     hedge: bool | None = None
     judge_tokens: tuple[int, int] | None = None
@@ -52,6 +55,7 @@ class Extras:
     reasks: int | None = None
     reask_usage: tuple[int, int] | None = None
     cache: CacheNote | None = None
+    tier: str | None = None
 
 
 NONE = Extras()
@@ -86,6 +90,13 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
     if cache is not None and cache.hit:  # no request: no time at a server (the report's latencies skip it)
         metrics["latency_s"] = None
         metrics["cache"] = "hit"
+    # what the answer was billed for (issue 40): its tokens, those the provider's prompt cache served and wrote,
+    # and its service tier (the response's, else the request's), in the meta so the budget prices it as billed
+    usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
+    bill = billed(usage)
+    tier = tier_of(oc.parsed)
+    if tier is None and extras.tier is not None and isinstance(usage, dict):
+        tier = metrics["service_tier"] = extras.tier  # the response named none: the read-back finds it here
     fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": _clean(scrub, oc.error),
                               "metrics": metrics, "metadata": metadata or None,
                               "scores": None if scored is None else scored.scores,
@@ -103,12 +114,16 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         out = [head, oc.raw_json, tail]
     else:
         out = [output_line(tid, body=oc.body, **fields)]
-    usage = oc.parsed.get("usage") if isinstance(oc.parsed, dict) else None
-    info = {"k": key, "ok": oc.error is None, "lat": oc.server_s, "att": oc.attempts, "rb": oc.raw_len,
-            "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s, "rt": oc.sent - 1,
-            "pt": usage.get("prompt_tokens", 0) if isinstance(usage, dict) else 0,
-            "ct": usage.get("completion_tokens", 0) if isinstance(usage, dict) else 0,
-            "sc": None if scored is None else scored.scores, "ep": oc.endpoint}
+    info: dict[str, Any] = {"k": key, "ok": oc.error is None, "lat": oc.server_s, "att": oc.attempts, "rb": oc.raw_len,
+                            "ec": oc.error["code"] if oc.error else None, "ttft": oc.ttft_s, "rt": oc.sent - 1,
+                            "pt": bill.prompt, "ct": bill.completion,
+                            "sc": None if scored is None else scored.scores, "ep": oc.endpoint}
+    if bill.cached:
+        info["cr"] = bill.cached
+    if bill.written:
+        info["cw"] = bill.written
+    if tier is not None and isinstance(usage, dict):
+        info["tr"] = tier
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
     if group is not None:
