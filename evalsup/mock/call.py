@@ -46,6 +46,9 @@ class Call:
     override: Override = NO_OVERRIDE
     fault: Fault = Fault.NONE
     stream_fail: int | None = None  # mock.in_stream: this 5xx status comes as an error event inside a 200 stream
+    # the client went away while its request was held (``slow``): the answer is still generated and billed, as a
+    # provider bills a request it began (a hedge's losing copy, a request timed out), then nothing is sent
+    gone: bool = False
 
     @property
     def stream(self) -> bool:
@@ -88,15 +91,16 @@ class Call:
                 self.fault = fault
                 return self.random_fault()
         slow = state.faults.slow_s(self.cfg) if ov.delay_s is None else None  # (an explicit delay_s wins)
-        if slow is not None:  # one of the slow share: answered late, or never if the client goes first
+        if slow is not None:  # one of the slow share: answered late, or generated unread if the client goes first
             self.state.stats.fault("slow")
             end = asyncio.get_running_loop().time() + slow
             while asyncio.get_running_loop().time() < end:
                 if self.request.transport is None or self.request.transport.is_closing():
-                    self.aborted = True
-                    abort_transport(self.request, rst=True)
-                    return web.Response(status=499)  # never sent: the client is gone
+                    self.gone = True  # generated all the same (and billed), never sent: see gone_response
+                    break
                 await asyncio.sleep(min(0.05, end - asyncio.get_running_loop().time()))
+            if self.gone and (ov.hang or ov.reset or (ov.status is not None and not 200 <= ov.status < 300)):
+                return self.gone_response()  # it would have failed: nothing generated, nothing billed
         delay = ov.delay_s if ov.delay_s is not None else 0.0 if slow is not None else state.faults.latency_s(self.cfg)
         if delay > 0:
             await asyncio.sleep(delay)
@@ -187,8 +191,29 @@ class Call:
                 out.append(C.Answer(text))
         return out
 
+    @property
+    def tier(self) -> str | None:
+        """The service tier the request asks for (echoed in its answer, as OpenAI does), or None."""
+        tier = self.body.get("service_tier")
+        return tier if isinstance(tier, str) and tier else None
+
+    def cached_of(self, prompt_tokens: int) -> int:
+        """The prompt tokens an answer reports read from the provider's cache (MockConfig.cached)."""
+        return int(prompt_tokens * self.cfg.cached)
+
+    def gone_response(self) -> web.Response | None:
+        """When the client went away while its request was held (``gone``): the connection dropped and nothing
+        sent, once the answer was generated and billed; else None (answer it)."""
+        if not self.gone:
+            return None
+        self.aborted = True
+        abort_transport(self.request, rst=True)
+        return web.Response(status=499)  # never sent: the client is gone
+
     def bill(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """This answer is generated: the provider's bill counts it (``MockStats.bill``)."""
+        """This answer is generated: the provider's bill counts it (``MockStats.bill``), whether or not the client
+        is still there to read it (a request's answer is billed once generated: a client that went while it was
+        held, ``gone``, is billed all the same)."""
         key = None
         if self.cfg.bill:
             first = (self.body.get("messages") or [{}])[0] if "messages" in self.body else {"content": self.body.get(

@@ -16,13 +16,30 @@ from evalsup.mock.faults import Fault
 from evalsup.mock.state import FINGERPRINT, MAX_N, SSE_DONE, error, new_id, sse
 
 
-def usage_of(answers: list[C.Answer], prompt_tokens: int) -> dict[str, int]:
+def usage_of(answers: list[C.Answer], prompt_tokens: int, cached: int = 0) -> dict[str, Any]:
+    """The answers' usage; ``cached``: the prompt tokens read from the provider's cache (the details are there
+    only when some are: MockConfig.cached)."""
     completion_tokens = sum(a.tokens for a in answers)
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
+
+@dataclass(frozen=True)
+class Billing:
+    """What an answer says it was billed for beyond its tokens: the prompt tokens the cache served, and the service
+    tier the request asked (echoed, as OpenAI does; absent when it asked none)."""
+
+    cached: int = 0
+    tier: str | None = None
+
+
+NO_BILLING = Billing()
 
 
 @dataclass(frozen=True)
@@ -47,27 +64,30 @@ class Shape:
             return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"text": content or "", "index": i, "logprobs": None, "finish_reason": finish}
 
-    def body(self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int) -> bytes:
-        return b"".join(self.body_parts(cid, created, model, answers, prompt_tokens))
+    def body(self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int,
+             billing: Billing = NO_BILLING) -> bytes:
+        return b"".join(self.body_parts(cid, created, model, answers, prompt_tokens, billing))
 
     def body_parts(
-        self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int
+        self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int,
+        billing: Billing = NO_BILLING,
     ) -> list[bytes | memoryview]:
-        return C.render_parts(
-            {
-                "id": cid,
-                "object": self.obj,
-                "created": created,
-                "model": model,
-                "choices": [self.choice(i, a) for i, a in enumerate(answers)],
-                "usage": usage_of(answers, prompt_tokens),
-                "system_fingerprint": FINGERPRINT,
-            },
-            answers,
-        )
+        out: dict[str, Any] = {
+            "id": cid,
+            "object": self.obj,
+            "created": created,
+            "model": model,
+            "choices": [self.choice(i, a) for i, a in enumerate(answers)],
+            "usage": usage_of(answers, prompt_tokens, billing.cached),
+            "system_fingerprint": FINGERPRINT,
+        }
+        if billing.tier is not None:
+            out["service_tier"] = billing.tier
+        return C.render_parts(out, answers)
 
     def events(
-        self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int, usage: bool
+        self, cid: str, created: int, model: str, answers: list[C.Answer], prompt_tokens: int, usage: bool,
+        billing: Billing = NO_BILLING,
     ) -> Iterator[bytes]:
         """SSE events: (chat: a role chunk,) content chunks, a finish chunk per choice; usage chunk; [DONE]."""
 
@@ -80,6 +100,8 @@ class Shape:
                 "system_fingerprint": FINGERPRINT,
                 "choices": choices,
             }
+            if billing.tier is not None:
+                out["service_tier"] = billing.tier
             if usage:
                 out["usage"] = None
             return out
@@ -100,7 +122,7 @@ class Shape:
             yield sse(chunk([self.delta(i, None, a.finish)]))
         if usage:
             last = chunk([])
-            last["usage"] = usage_of(answers, prompt_tokens)
+            last["usage"] = usage_of(answers, prompt_tokens, billing.cached)
             yield sse(last)
         yield SSE_DONE
 
@@ -118,12 +140,16 @@ async def generate(
     call: Call, shape: Shape, answers: list[C.Answer], model: str, prompt_tokens: int
 ) -> web.StreamResponse:
     """Pad, then answer as JSON or SSE, honouring malformed and cut_stream."""
-    answers = call.pad(answers, lambda cid, created, a: shape.body(cid, created, model, a, prompt_tokens))
+    billing = Billing(call.cached_of(prompt_tokens), call.tier)
+    answers = call.pad(answers, lambda cid, created, a: shape.body(cid, created, model, a, prompt_tokens, billing))
     call.bill(model, prompt_tokens, sum(a.tokens for a in answers))
+    gone = call.gone_response()
+    if gone is not None:  # generated and billed; the client that asked is gone
+        return gone
     cid = new_id(shape.id_prefix)
     created = int(time.time())
     if call.stream:
-        events = shape.events(cid, created, model, answers, prompt_tokens, call.include_usage)
+        events = shape.events(cid, created, model, answers, prompt_tokens, call.include_usage, billing)
         if call.fault is Fault.MALFORMED:
             call.state.stats.fault("malformed")
             return await call.send_stream(shape.malformed_events(next(events), cid))
@@ -131,7 +157,7 @@ async def generate(
             pieces = answers[0].piece_count() if answers else 0
             return await call.send_stream(events, cut_after=int(shape.chat) + max(1, pieces // 2))
         return await call.send_stream(events)
-    parts = shape.body_parts(cid, created, model, answers, prompt_tokens)
+    parts = shape.body_parts(cid, created, model, answers, prompt_tokens, billing)
     if call.fault is Fault.MALFORMED:
         call.state.stats.fault("malformed")
         body = b"".join(parts)
@@ -167,6 +193,9 @@ async def chat_completions(call: Call) -> web.StreamResponse:
 
 async def _send_rich(call: Call, model: str, plans: list[rich.Plan], prompt_tokens: int) -> web.StreamResponse:
     call.bill(model, prompt_tokens, 0)
+    gone = call.gone_response()
+    if gone is not None:  # generated and billed; the client that asked is gone
+        return gone
     cid = new_id(CHAT.id_prefix)
     created = int(time.time())
     if call.stream:

@@ -40,6 +40,10 @@ class MockConfig:
     # the provider's bill (issue 40): every answer generated is billed by model (tokens and answers), and by the
     # text of its request's first message (one key a task: a task billed twice shows); bounded only by the test
     bill: bool = False
+    # the provider's prompt cache (issue 40): this share of every answer's prompt tokens is reported as read from
+    # it (chat's and completions' ``prompt_tokens_details.cached_tokens``, the Responses API's
+    # ``input_tokens_details.cached_tokens``), as a provider bills them at its cached-input rate; 0: no details
+    cached: float = 0.0
     judge: bool = False  # grade requests from evalsup's judge template by a known rule (evalsup.mock.judge)
     # the Batch API (issue 31, evalsup.mock.batches)
     batch_step_ms: float = 50.0  # how long a batch stays validating, and finalizing
@@ -54,9 +58,9 @@ class MockConfig:
 
 _FLOAT_FIELDS = frozenset(
     {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed",
-     "cut_stream", "slow", "slow_ms", "batch_step_ms", "batch_finalize_ms"}
+     "cut_stream", "slow", "slow_ms", "batch_step_ms", "batch_finalize_ms", "cached"}
 )
-_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream", "slow"})
+_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream", "slow", "cached"})
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(MockConfig))
 
 
