@@ -127,7 +127,7 @@ class TaskCosts:
                 prompt += p + k * grow
                 completion += c
         a = priced(prompt, completion, price)
-        tier = tier_of(body)
+        tier = tier_of(body) if "custom_id" in obj else None  # (a simple line's other keys are its metadata)
         variant = getattr(price, "variant", None)
         if tier is not None and variant is not None and a.cost is not None:  # its tier may be dearer (priority)
             a = Amount(prompt, completion, max(a.cost, variant(tier).cost(prompt, completion)))

@@ -85,10 +85,15 @@ def test_what_an_answer_was_billed_for_in_each_shape() -> None:
 
 def test_a_request_for_a_dearer_tier_is_reserved_at_its_rates() -> None:
     costs = TaskCosts(RequestDefaults(model="m", max_tokens=100), lambda _m: PRICE)
-    task = {"messages": [{"role": "user", "content": "x" * 4000}]}
-    plain = costs.worst(task)[0]
-    dear = costs.worst({**task, "service_tier": "priority"})[0]
-    cheap = costs.worst({**task, "service_tier": "flex"})[0]
+    body = {"messages": [{"role": "user", "content": "x" * 4000}]}
+
+    def task(**more: str) -> dict[str, Any]:  # the batch form: a simple line's other keys are its metadata
+        return {"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": {**body, **more}}
+
+    plain = costs.worst(task())[0]
+    dear = costs.worst(task(service_tier="priority"))[0]
+    cheap = costs.worst(task(service_tier="flex"))[0]
+    assert costs.worst({**body, "service_tier": "priority"})[0] == plain  # metadata, never sent
     assert dear.cost is not None and plain.cost is not None and dear.cost > plain.cost
     assert cheap == plain  # never below the standard rates: the response may name another tier
     b = Budget(Caps(cost=1e9))

@@ -1,0 +1,84 @@
+"""A run's live spend is priced as the provider billed it (issue 40): the mock reports part of each prompt as
+read from its cache (``prompt_tokens_details.cached_tokens``) or echoes the service tier the task asked, the
+price knows a cached-input or a tier's rate, and the spend summary.json says at the end of the run is the one a
+resume reads back from results.jsonl (``rundir.usage``), below what the plain tokens would cost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalsup.config.prices import Price, load_prices
+from evalsup.mock.server import MockConfig, MockThread
+from evalsup.rundir.usage import usage_of_results
+from tests.harness import assert_exactly_once, ids_of, lines, run_cli, summary
+
+PRICE = Price(input=1000.0, output=2000.0, cached_input=100.0)  # USD per million tokens
+
+
+def _tasks(tmp_path: Path, n: int) -> Path:
+    return lines(tmp_path / "t.jsonl", [{"id": f"t{i}", "messages": [
+        {"role": "user", "content": f"Question {i}: " + "tell me more " * (10 + i % 7)}]} for i in range(n)])
+
+
+def _spent(run_dir: Path) -> dict[str, Any]:
+    spent: dict[str, Any] = summary(run_dir)["budget"]["spent"]
+    return spent
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_cached_prompt_tokens_are_spent_at_their_rate_as_the_read_back_prices_them(tmp_path: Path,
+                                                                                   stream: bool) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"mock-model": {"input": PRICE.input, "output": PRICE.output,
+                                                 "cached_input": PRICE.cached_input}}))
+    n = 60
+    tasks = _tasks(tmp_path, n)
+    run_dir = tmp_path / "t.run"
+    with MockThread(MockConfig(latency_ms=5, cached=0.75, seed=3)) as mock:
+        args = ["run", "--model", "mock-model", "--base-url", mock.url, "--max-tokens", "40", "-c", "8", "--prices",
+                str(prices), "--max-cost", "1000", *(["--stream"] if stream else []), str(tasks)]
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+        recs = assert_exactly_once(run_dir, ids_of(n))
+        live = _spent(run_dir)
+        back = usage_of_results(run_dir / "results.jsonl", load_prices(prices).lookup, "mock-model")
+        assert live["cost_usd"] == pytest.approx(back.cost, abs=1e-6)  # summary.json rounds to 6 digits
+        assert (live["prompt_tokens"], live["completion_tokens"]) == (back.prompt_tokens, back.completion_tokens)
+        cached = sum(x["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for x in recs)
+        assert cached > back.prompt_tokens // 2  # the mock's share, so the test can tell
+        plain = PRICE.cost(back.prompt_tokens, back.completion_tokens)
+        assert back.cost < plain and live["cost_usd"] < plain  # the cached part at its rate, not the input's
+        # a resume (all done: nothing sent) starts its budget from the read-back: the same figure
+        again = run_cli(*args)
+        assert again.returncode == 0, again.stderr
+        assert _spent(run_dir)["cost_usd"] == live["cost_usd"]
+
+
+def test_a_flex_task_is_spent_at_the_flex_rates(tmp_path: Path) -> None:
+    """genai-prices prices o3's flex tier below its standard rates: the mock echoes the tier the task asks, as
+    OpenAI does, and the live spend is at the tier's rates, as the read-back's."""
+    pytest.importorskip("genai_prices")
+    p = load_prices().lookup("o3")
+    if p is None or p.variant("flex") is p:
+        pytest.skip("the installed genai-prices has no flex rate for o3")
+    n = 30
+    tasks = lines(tmp_path / "t.jsonl", [{"custom_id": f"t{i}", "method": "POST", "url": "/v1/chat/completions",
+                                          "body": {"messages": [{"role": "user", "content": f"Question {i}"}],
+                                                   "service_tier": "flex"}} for i in range(n)])
+    run_dir = tmp_path / "t.run"
+    with MockThread(MockConfig(latency_ms=5, seed=4, models=("o3",))) as mock:
+        r = run_cli("run", "--model", "o3", "--base-url", mock.url, "--max-tokens", "40", "-c", "8", "--max-cost",
+                    "100", str(tasks))
+        assert r.returncode == 0, r.stderr
+    recs = assert_exactly_once(run_dir, ids_of(n))
+    assert all(x["response"]["body"]["service_tier"] == "flex" for x in recs)
+    live = _spent(run_dir)
+    back = usage_of_results(run_dir / "results.jsonl", load_prices().lookup, "o3")
+    assert live["cost_usd"] == pytest.approx(back.cost, abs=1e-6)
+    flex = p.variant("flex").cost(back.prompt_tokens, back.completion_tokens)
+    standard = p.cost(back.prompt_tokens, back.completion_tokens)
+    assert back.cost == pytest.approx(flex) and flex < standard
