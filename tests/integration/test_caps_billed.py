@@ -1,7 +1,9 @@
 """A cap holds for everything a task causes (issue 40 item 2), counted where the money goes: the mocks bill each
 answer they generate (the task's model at one mock, the judge's at another), and the bill is priced here from
 their counts, not from evalsup's figures. Without a kill the bill stays within the cap; across kills -9 it ends
-within one task's worst case per request on the wire at each kill."""
+within one task's worst case per request on the wire at each kill. With --hedge both copies of a hedged request
+are billed (the mock bills an answer it generated whether or not the client stayed to read it), and the bill
+stays within the cap plus one request's worst case per request on the wire."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from evalsup.config.prices import Price
 from evalsup.mock.server import MockConfig, MockThread
 from evalsup.supervisor.budget import TaskCosts
 from evalsup.tasks.requests import RequestDefaults
-from tests.harness import Run, assert_exactly_once, ids_of, lines, quiesce, read_results, run_cli
+from tests.harness import Run, assert_exactly_once, ids_of, lines, quiesce, read_results, run_cli, summary
 
 PRICES = {"mock-model": Price(input=1000.0, output=2000.0), "judge-model": Price(input=500.0, output=4000.0)}
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
@@ -152,3 +154,46 @@ def test_shards_share_the_cap_at_the_server(tmp_path: Path, mocks: tuple[MockThr
     quiesce(judge)
     billed = _bill(answers, judge)
     assert billed <= cap, f"billed ${billed:.4f} at the server by two shards under --max-cost {cap}"
+
+
+@pytest.mark.parametrize("cap", ["cost", "total_tokens"])
+def test_a_cap_holds_at_the_server_with_hedging(tmp_path: Path, cap: str) -> None:
+    """--hedge sends a second copy of a request stuck in the run's tail; the copy that loses is cancelled, and a
+    provider bills it all the same (the mock bills an answer once generated, read or not). Counted at the two
+    mocks, priced here: both copies of every hedged task billed (more answers billed than tasks done), and the
+    bill within the cap plus one request's worst case for each request the mocks ever held at once."""
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"mock-model": {"input": 1000.0, "output": 2000.0}}))
+    price = PRICES["mock-model"]
+    n = 300
+    tasks = lines(tmp_path / "t.jsonl", [{"id": f"t{i}", "messages": [
+        {"role": "user", "content": f"Question {i}: " + "tell me " * (i % 5)}]} for i in range(n)])
+    limit = {"cost": ("--max-cost", "5"), "total_tokens": ("--max-total-tokens", "3000")}[cap]
+    # a quarter of the first replica's requests held a minute (a stuck slot): the tail the hedges go to
+    with MockThread(MockConfig(latency_ms=20, jitter_ms=5, slow=0.25, slow_ms=60_000, seed=0, bill=True)) as stuck, \
+            MockThread(MockConfig(latency_ms=20, jitter_ms=5, seed=1, bill=True)) as fine:
+        r = run_cli("run", "-w", "1", "-c", "8", "--hedge", "--model", "mock-model", "--base-url", stuck.url,
+                    "--base-url", fine.url, "--max-tokens", "40", "--prices", str(prices), *limit, str(tasks),
+                    timeout=120)
+        assert r.returncode == 75, r.stderr  # the cap stopped it, not the minute a stuck request takes
+        quiesce(stuck)
+        quiesce(fine)
+        billed = [b for m in (stuck, fine) for b in m.stats()["billed"].values()]
+        on_wire = int(stuck.stats()["max_in_flight"]) + int(fine.stats()["max_in_flight"])
+        held = stuck.stats()["faults"].get("slow", 0)
+    run_dir = tmp_path / "t.run"
+    done = len(read_results(run_dir))
+    s = summary(run_dir)
+    answers = sum(b["answers"] for b in billed)
+    pt, ct = sum(b["prompt_tokens"] for b in billed), sum(b["completion_tokens"] for b in billed)
+    assert s["hedges"]["sent"] >= 1 and held >= 1, (s["hedges"], held)
+    # the losing copies paid too (a copy cancelled before it reached a mock is not: at most one a hedge)
+    assert done < answers <= done + s["hedges"]["sent"], (answers, done, s["hedges"])
+    one = TaskCosts(RequestDefaults(model="mock-model", max_tokens=40), PRICES.get)  # one request, no copy
+    worst = [one.worst(orjson.loads(x))[0] for x in tasks.read_bytes().splitlines()]
+    if cap == "cost":
+        bound = 5 + on_wire * max(w.cost or 0.0 for w in worst)
+        assert price.cost(pt, ct) <= bound, f"billed ${price.cost(pt, ct):.4f}, bound ${bound:.4f}"
+    else:
+        bound = 3000 + on_wire * max(w.total for w in worst)
+        assert pt + ct <= bound, f"billed {pt + ct:,} tokens, bound {bound:,}"
