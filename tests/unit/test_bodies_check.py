@@ -77,3 +77,15 @@ def test_only_large_one_line_bodies_are_checked_without_being_built() -> None:
     del held
     got = BodyParser(whole=True).parse(_big(), True)
     assert not isinstance(got, UsageOnly) and got == orjson.loads(_big())
+
+
+@pytest.mark.skipif(not HAVE_SIMDJSON, reason="pysimdjson is a dependency; without it every body is whole")
+def test_a_checked_body_keeps_the_service_tier_it_was_billed_at() -> None:
+    """What an answer was billed for (tasks.billed) is read from a checked body as from a built one: its usage
+    and its service tier; two tiers (simdjson would read the first, a reader of the line the last): built whole."""
+    p = BodyParser(whole=False)
+    got = p.parse(_big(b',"service_tier":"flex"'), True)
+    assert isinstance(got, UsageOnly) and got == {"usage": USAGE, "service_tier": "flex"}
+    twice = _big(b',"service_tier":"flex","service_tier":"priority"')
+    got = p.parse(twice, True)
+    assert not isinstance(got, UsageOnly) and got["service_tier"] == "priority"
