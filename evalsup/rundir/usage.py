@@ -38,26 +38,27 @@ __all__ = ["Usage", "answer_cost", "usage_of_results"]
 
 class Priced(Protocol):
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
-             written_tokens: float = 0.0) -> float: ...
+             written_tokens: float = 0.0, requests: float = 1.0) -> float: ...
 
 
 def answer_cost(price: Priced, answer: Billed, tier: str | None = None, batch: bool = False, copies: int = 1,
-                reasks: Billed = NOTHING) -> float:
+                reasks: Billed = NOTHING, reask_requests: int = 1) -> float:
     """What one task's answers cost, priced as billed: the one pricing of spend, the run's budget settling a
     RESULT (``supervisor.budget``, from the meta's counts) and this read-back (from the record's body) alike.
 
     ``answer``: the record's answer (``tasks.billed``: its cached and cache-written prompt tokens), at the rates of
     its service tier ``tier`` or the batch API's (``batch``) where ``price`` knows them (``Price.variant``:
     genai-prices' rates), ``copies`` times (2: --hedge sent a second copy, taken to use as much); ``reasks``: the
-    answers asked again for a JSON schema, at the plain rates (their bodies are not kept). Each request is priced
-    on its own, so a long-prompt rate applies by a request's prompt, never by a sum of them."""
+    answers asked again for a JSON schema (``reask_requests`` of them), at the plain rates (their bodies are not
+    kept). A long-prompt rate applies by a request's prompt (the re-asks' by their mean), never by a sum."""
     variant = getattr(price, "variant", None)
     p: Priced = variant(tier, batch) if variant is not None else price
-    out = copies * p.cost(answer.prompt, answer.completion, answer.cached, answer.written) if answer.prompt or \
-        answer.completion else 0.0
+    out = 0.0
+    if answer.prompt or answer.completion:
+        out += copies * p.cost(answer.prompt, answer.completion, answer.cached, answer.written)
     if reasks.prompt or reasks.completion:
-        out += price.cost(reasks.prompt, reasks.completion)
-    return float(out)
+        out += price.cost(reasks.prompt, reasks.completion, requests=max(1, reask_requests))
+    return out
 
 
 @dataclass
@@ -166,7 +167,8 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
             if price is not None:
                 # the tier the response names, else the one the request asked (the worker wrote it in metrics)
                 tier = tier_of(body) or tier_of(metrics)
-                u.cost += answer_cost(price, spent, tier, isinstance(metrics.get("batch"), dict), copies, reasks)
+                u.cost += answer_cost(price, spent, tier, isinstance(metrics.get("batch"), dict), copies, reasks,
+                                      count(metrics.get("reasks")))
             elif paid:
                 u.unpriced += 1
                 if u.unpriced_models is not None and len(u.unpriced_models) < 5:

@@ -51,7 +51,7 @@ REASK_TURN = 256
 
 class Priced(Protocol):
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
-             written_tokens: float = 0.0) -> float: ...
+             written_tokens: float = 0.0, requests: float = 1.0) -> float: ...
 
     @property
     def max_output(self) -> int | None: ...
@@ -287,7 +287,7 @@ class Budget:
         tier = meta.get("tr")
         tier = tier if isinstance(tier, str) else None
         self.settle(key, copies * answer.prompt + reasks.prompt, copies * answer.completion + reasks.completion,
-                    bill=lambda p: answer_cost(p, answer, tier, False, copies, reasks))
+                    bill=lambda p: answer_cost(p, answer, tier, False, copies, reasks, count(meta.get("rk"))))
         if "jpt" in meta or "jct" in meta:
             self.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), self.judge_price)
         return self._look_again()

@@ -14,7 +14,7 @@ import pytest
 from evalsup.config.caps import Caps
 from evalsup.config.prices import Price
 from evalsup.rundir.usage import usage_of_results
-from evalsup.supervisor.budget import Budget, TaskCosts
+from evalsup.supervisor.budget import Amount, Budget, TaskCosts
 from evalsup.tasks.billed import Billed, billed, tier_of
 from evalsup.tasks.requests import RequestDefaults
 from evalsup.worker.client import Outcome
@@ -102,3 +102,20 @@ def test_a_request_for_a_dearer_tier_is_reserved_at_its_rates() -> None:
                     1, 0.0, 1, None, {})
     b.settle_result(1, meta)
     assert b.spent_cost <= dear.cost + 1e-12  # the worst case held the tier's answer
+
+
+def test_a_long_prompt_rate_applies_by_request_to_a_hedged_and_reasked_task(tmp_path: Path) -> None:
+    """A hedge's two copies and the re-asks are requests of their own: a long-prompt rate (past 200k tokens here)
+    applies to none of them when each prompt is below it, though their sums are above, live and read back."""
+    long = Price(input=2.0, output=8.0, over=((200_000, Price(input=4.0, output=16.0)),))
+    usage = {"prompt_tokens": 150_000, "completion_tokens": 1_000}
+    parts, meta = build("t1", outcome(usage), 3, 0.0, 1, None, {},
+                        extras=Extras(hedge=True, reasks=2, reask_usage=(300_000, 2_000)))
+    (tmp_path / "results.jsonl").write_bytes(b"".join(parts))
+    b = Budget(Caps(cost=1e9))
+    b.reserve(3, Amount(10**6, 10**4, 100.0), long)  # (what it reserved does not matter: its price does)
+    b.settle_result(3, meta)
+    back = usage_of_results(tmp_path / "results.jsonl", lambda m: long if m == "m" else None)
+    want = 2 * long.cost(150_000, 1_000) + long.cost(300_000, 2_000, requests=2)
+    assert b.spent_cost == pytest.approx(want) and back.cost == pytest.approx(want)
+    assert want < long.cost(600_000, 4_000)  # (the sums at the long-prompt rates)
