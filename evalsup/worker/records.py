@@ -2,8 +2,10 @@
 
 The line is what ``results.jsonl`` will hold (``tasks.records``: id, status, response, error, metrics, metadata,
 scores); the supervisor never parses it, it reads only the meta (``ipc.messages.ResultMeta``: ok, latency,
-attempts, tokens, error code...). A large response body (``BIG_BODY`` and up) that is the endpoint's own bytes
-goes out between the record's head and tail, never copied into a line.
+attempts, tokens, error code...; what the answer was billed for, ``tasks.billed``: its tokens, ``cr``/``cw`` the
+prompt tokens the provider's cache served and wrote, ``tr`` its service tier, so the budget prices it as billed).
+A large response body (``BIG_BODY`` and up) that is the endpoint's own bytes goes out between the record's head
+and tail, never copied into a line.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ class Extras:
     JSON schema (``metrics.reasks``); ``reask_usage``: the (prompt, completion) tokens of the answers asked
     again, paid beside the record's own (``metrics.reask_usage``; meta ``rpt``, ``rct``: the caps spend them);
     ``cache``: the cache's word (a hit is marked ``metrics.cache: "hit"``; an answer to keep is written as head,
-    body, tail, and the meta's ``ck`` says where its body is in the line); ``tier``: the ``service_tier`` its request
-asked (an answer is priced at the tier its response names, else at this one: meta ``tr``, and
-``metrics.service_tier`` when the response named none, so a resume's read-back prices it alike)."""
+    body, tail, and the meta's ``ck`` says where its body is in the line); ``tier``: the ``service_tier`` its
+    request asked (an answer is priced at the tier its response names, else at this one: meta ``tr``, and
+    ``metrics.service_tier`` when the response named none, so a resume's read-back prices it alike)."""
 
     hedge: bool | None = None
     judge_tokens: tuple[int, int] | None = None

@@ -59,6 +59,7 @@ _DEFAULTS: dict[str, Any] = {
     "echo_headers_in_errors": False,
     "capacity": 0,
     "queue": 0,
+    "cached": 0,
 }
 
 
@@ -516,3 +517,50 @@ def test_client_going_away_mid_response_is_quiet(mock: MockThread, caplog: pytes
     assert mock.stats()["faults"].get("client_gone") == 2
     assert chat(mock).status == 200
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def _leave_early(mock: MockThread, body: dict[str, Any]) -> None:
+    """Send a chat request and go away before its answer (a hedge's losing copy, a client's timeout)."""
+    u = urlsplit(mock.url)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=0.3)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json"})
+    with pytest.raises(TimeoutError):
+        conn.getresponse()
+    conn.close()
+
+
+def test_a_held_request_whose_client_leaves_is_billed_all_the_same() -> None:
+    """A provider bills a request it began generating even if the client goes away (issue 40): the mock bills a
+    request of its slow share once the client left it, without waiting out the hold, and sends nothing; one it
+    would have failed (an override's 500) is not billed."""
+    with MockThread(MockConfig(slow=1.0, slow_ms=60_000, bill=True)) as m:
+        _leave_early(m, {"model": "mock-model", "messages": MSG})
+        _leave_early(m, {"model": "mock-model", "messages": [{"role": "user", "content": "fails"}],
+                         "mock": {"status": 500}})
+        deadline = time.monotonic() + 10
+        while m.stats()["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = m.stats()
+    assert st["in_flight"] == 0  # not held the minute out
+    assert st["faults"].get("slow") == 2 and st["statuses"] == {}  # nothing answered
+    assert st["billed"]["mock-model"]["answers"] == 1 and st["billed_keys"] == {MSG[0]["content"]: 1}
+
+
+def test_cached_prompt_tokens_and_the_service_tier(mock: MockThread) -> None:
+    """``cached``: that share of the prompt reported read from the provider's cache, in chat's usage (a stream's
+    usage chunk too) and the Responses API's; a tier asked is echoed, as OpenAI does."""
+    mock.configure(cached=0.5)
+    c = ChatCompletion.model_validate(chat(mock, service_tier="flex").json())
+    assert c.service_tier == "flex" and c.usage is not None and c.usage.prompt_tokens_details is not None
+    assert c.usage.prompt_tokens_details.cached_tokens == c.usage.prompt_tokens // 2
+    events = chat(mock, stream=True, stream_options={"include_usage": True}, service_tier="flex").events()
+    chunks = [ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+    assert all(x.service_tier == "flex" for x in chunks)
+    assert chunks[-1].usage is not None and chunks[-1].usage.model_dump() == c.usage.model_dump()
+    r = request(mock.url, "POST", "/v1/responses", {"model": "mock-model", "input": "What is 2+2? " * 10})
+    usage = r.json()["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] == usage["input_tokens"] // 2
+    mock.configure(cached=0.0)  # (the default)
+    plain = chat(mock).json()
+    assert "prompt_tokens_details" not in plain["usage"] and "service_tier" not in plain  # as before: no details
