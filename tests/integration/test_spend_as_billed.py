@@ -52,6 +52,9 @@ def test_cached_prompt_tokens_are_spent_at_their_rate_as_the_read_back_prices_th
         assert cached > back.prompt_tokens // 2  # the mock's share, so the test can tell
         plain = PRICE.cost(back.prompt_tokens, back.completion_tokens)
         assert back.cost < plain and live["cost_usd"] < plain  # the cached part at its rate, not the input's
+        st = run_cli("status", str(run_dir), "--json")
+        assert st.returncode == 0, st.stderr
+        assert json.loads(st.stdout)["budget"]["spent"] == live  # evalsup status says the same
         # a resume (all done: nothing sent) starts its budget from the read-back: the same figure
         again = run_cli(*args)
         assert again.returncode == 0, again.stderr
