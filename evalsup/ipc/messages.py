@@ -47,6 +47,9 @@ class ResultMeta(TypedDict):
     hg: NotRequired[int]  # hedged (--hedge): 1, the first copy's answer is the record; 2, the second's; absent: not
     jpt: NotRequired[int]  # the judge's prompt tokens for this task (--scorer judge), apart from ``pt``
     jct: NotRequired[int]  # the judge's completion tokens
+    cr: NotRequired[int]  # prompt tokens read from the provider's prompt cache, part of ``pt`` (priced apart)
+    cw: NotRequired[int]  # prompt tokens written to the provider's prompt cache, part of ``pt``
+    tr: NotRequired[str]  # the service tier the answer is billed at (the response's, else the request's)
     # the cache (issue 30): "h" answered from it, "m" not; ``ch`` the key hit (hex), ``ck`` an answer to keep:
     # [key hex, offset of the body in the line, its length, request id, model, path] (evalsup.cache.feed)
     ca: NotRequired[str]
