@@ -397,3 +397,11 @@ def container_limit() -> tuple[int | None, str]:
     """The effective memory limit of this process's cgroup and where it came from."""
     s = CgroupProbe.detect().sample()
     return s.limit_bytes, s.source
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

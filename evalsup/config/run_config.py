@@ -17,6 +17,7 @@ from evalsup.config.options import DEFAULTS as OPT  # every run option's default
 from evalsup.config.ratelimits import EndpointRate, RateLimitError, parse_rate_limits
 from evalsup.config.shards import shard_dir_name
 from evalsup.ipc.messages import WorkerConfig
+from evalsup.ipc.ring import ring_budget
 from evalsup.tasks.requests import public_url
 from evalsup.tasks.secrets import Scrubber, run_scrubber
 
@@ -81,6 +82,7 @@ class RunConfig:
     # memory supervision
     monitor_interval_s: float = OPT["monitor_interval"]
     memory_limit: int | None = None  # bytes; overrides the cgroup's limit (or sets one where there is none)
+    ring_bytes: int = 16 << 20  # the workers' shared-memory rings together (ipc.ring.ring_budget)
     memory_high: int | None = None  # bytes; default high_frac of the effective limit
     high_frac: float = 0.85
     low_frac: float = 0.70
@@ -191,13 +193,15 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     def mb(name: str) -> int | None:
         v = kw[name]
         return None if v is None else int(v * MIB)
+    from evalsup.config.cgroup import container_limit, machine_memory
+
+    limit = mb("memory_limit_mb")
+    if limit is None:
+        limit = container_limit()[0]
     workers = kw["workers"]
     autoscale = workers is None
     if workers is None:
-        from evalsup.config.cgroup import container_limit
-
-        limit = mb("memory_limit_mb")
-        workers = default_workers(container_limit()[0] if limit is None else limit)
+        workers = default_workers(limit)
         # no more workers than requests in flight: each holds at least one, so -c 1 would mean 4 on the wire
         workers = min(workers, kw["max_concurrency"] if adaptive else kw["concurrency"])
     shard = parse_shard(kw["shard"])
@@ -252,6 +256,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
         verbose=kw["verbose"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
+        ring_bytes=ring_budget(limit or machine_memory()),
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=per_worker,
         max_tasks_jitter=int(jitter) if jitter is not None else int(per_worker or 0) // 10,
         monitor_interval_s=kw["monitor_interval"], max_requests_per_s=rates.rps, max_tokens_per_min=rates.tpm,

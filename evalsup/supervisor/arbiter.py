@@ -49,7 +49,7 @@ from evalsup.config.run_config import RunConfig
 from evalsup.ipc import FrameKind, decode_json, split_meta
 from evalsup.ipc.frames import KEY, BufferPool, ProtocolError
 from evalsup.ipc.messages import WIRE_TOP, Auth, ResultMeta
-from evalsup.ipc.ring import ring_size_from_env
+from evalsup.ipc.ring import ring_size
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint, previous_fingerprint
 from evalsup.rundir.journal import Journal
 from evalsup.rundir.layout import EVENTS, MEMORY, RESULTS
@@ -163,7 +163,7 @@ class Supervisor:
         self._scan_total: int | None = None  # the input's tasks as the pre-scan counted them (status's total)
         self._bg: set[asyncio.Task[Any]] = set()
         self._backlogged = False  # reading results is held until the journal's writer catches up
-        if ring_size_from_env(cfg.workers):  # large results come through shared-memory rings (ipc.ring)
+        if cfg.ring_bytes:  # large results come through shared-memory rings (ipc.ring)
             self.journal.on_written = self.release_rings  # a ring's space is free once its lines are written
         self.journal.on_error = lambda message: self.stop(
             f"{message}; the run directory still describes what is safely on disk", ex.RESUMABLE, StopMode.NOW)
@@ -380,7 +380,7 @@ class Supervisor:
         if self.cfg.worker.judge_base_url is not None:  # its share of --judge-concurrency among the workers running
             config["judge_concurrency"] = self.cfg.judge_share(self.active)[slot]
         await w.spawn(config, lambda kind, payload: self._on_frame(w, kind, payload), self.frame_buffers,
-                      ring_size_from_env(self.active))  # a first worker alone gets all of the rings' budget
+                      ring_size(self.active, self.cfg.ring_bytes))  # a first worker alone gets all of the rings' budget
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
         elif self.cfg.max_tasks_per_worker:  # the first workers start before the memory control exists

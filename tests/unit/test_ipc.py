@@ -13,7 +13,7 @@ import pytest
 
 from evalsup.ipc import FrameKind, FrameWriter, split_meta
 from evalsup.ipc.frames import BufferPool, FrameParser, ProtocolError, encode_frame, encode_meta, encode_meta_head
-from evalsup.ipc.ring import SupervisorRing, WorkerRing
+from evalsup.ipc.ring import SupervisorRing, WorkerRing, ring_budget, ring_size
 
 
 async def _writer_on_pipe(fd: int, delay: float) -> FrameWriter:
@@ -239,3 +239,18 @@ def test_ring_lines_come_back_whole_in_order_and_space_is_reused_only_once_relea
         sup.line(worker.head, sup.size + 1, journal_end)
     with pytest.raises(ProtocolError):
         sup.line(1 << 40, 10, journal_end)  # far past anything the worker was allowed to write
+
+
+def test_the_rings_budget_follows_the_memory_a_run_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small container keeps today's 16 MiB of rings (the memory tests' 96 MiB cgroups), a machine of 4 GiB or
+    more gets 64 MiB (fewer 1 MB results cross the pipe), and EVALSUP_RING_MB still decides when it is set."""
+    monkeypatch.delenv("EVALSUP_RING_MB", raising=False)
+    assert ring_budget(96 << 20) == 16 << 20
+    assert ring_budget(None) == 16 << 20
+    assert ring_budget(2 << 30) == 32 << 20
+    assert ring_budget(24 << 30) == 64 << 20
+    monkeypatch.setenv("EVALSUP_RING_MB", "0")
+    assert ring_budget(24 << 30) == 0 and ring_size(2, 0) == 0
+    monkeypatch.setenv("EVALSUP_RING_MB", "8")
+    assert ring_budget(24 << 30) == 8 << 20
+    assert ring_size(1, 64 << 20) == 64 << 20 and ring_size(4, 8 << 20) == 4 << 20  # at least 4 MiB each
