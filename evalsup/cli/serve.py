@@ -66,7 +66,8 @@ def serve_command(upstreams: tuple[str, ...], data: Path, host: str, port: int, 
     (e.g. -- --max-attempts 3). See docs/serve.md.
 
     Exit codes: 0 after SIGTERM or SIGINT (drained: every run checkpointed); 2 bad settings (a key file, a host
-    beyond loopback without keys, a port in use); 73 another evalsup serve holds DIR; 1 DIR's state unreadable."""
+    beyond loopback without keys, a port in use, a run option after -- that evalsup run refuses or that serve sets
+    itself: checked at the start); 73 another evalsup serve holds DIR; 1 DIR's state unreadable."""
     from evalsup.serve.app import Limits
     from evalsup.serve.auth import KeysError, read_keys
     from evalsup.serve.runner import Settings

@@ -31,6 +31,7 @@ REFUSED = [
     (("--quiet",), "--quiet is set by evalsup serve"),
     (("--no-check",), "--check/--no-check is set by evalsup serve"),
     (("--fresh",), "--fresh cannot go to a batch's run"),
+    (("--resume",), "--resume cannot go to a batch's run"),
 ]
 
 
