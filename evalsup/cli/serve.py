@@ -117,7 +117,8 @@ def run_options_problem(ctx: click.Context, data: Path, settings: Settings) -> s
         return None
     home = data / "runs" / "batch"  # a placeholder: never created
     try:
-        alone = run.make_context("evalsup run", [str(home / "input.jsonl"), *settings.run_args])
+        # --help is no option of a batch's run: refused as any unknown one (not the run's help and exit 0)
+        alone = run.make_context("evalsup run", [str(home / "input.jsonl"), *settings.run_args], help_option_names=[])
         for name, why in (*SERVE_SETS.items(), *SERVE_REFUSES.items()):
             if alone.get_parameter_source(name) is ParameterSource.COMMANDLINE:
                 p = next(p for p in run.params if p.name == name)
@@ -128,7 +129,7 @@ def run_options_problem(ctx: click.Context, data: Path, settings: Settings) -> s
         full = run.make_context("evalsup run", [
             str(home / "input.jsonl"), "--out", str(home / "run"), *ups, "--api-key-env", settings.api_key_env,
             "--max-concurrency", str(share(settings.concurrency, settings.max_running)), "--no-check",
-            *settings.run_args, "--json", "--quiet"])
+            *settings.run_args, "--json", "--quiet"], help_option_names=[])
         build_config(home / "input.jsonl", {k: v for k, v in full.params.items() if k != "tasks"
                                             and full.get_parameter_source(k) not in (None, ParameterSource.DEFAULT)})
     except click.ClickException as e:

@@ -19,6 +19,7 @@ from tests.serve_client import batch_lines, client, free_port, serve, wait_ended
 
 REFUSED = [
     (("--no-such-flag",), "--no-such-flag"),
+    (("--help",), "--help"),  # not the run's help and exit 0
     (("--concurrency", "abc"), "--concurrency"),
     (("--max-tokens", "-5"), "--max-tokens"),
     (("--scorer", "no-such-scorer"), "no-such-scorer"),
