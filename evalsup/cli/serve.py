@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from evalsup.config.exitcodes import BAD_INPUT
+
+if TYPE_CHECKING:
+    from evalsup.serve.runner import Settings
+
+# `evalsup run` options serve gives each batch's run itself, and why one given after -- cannot be
+SERVE_SETS = {
+    "out": "each batch's run directory is under --data",
+    "base_url": "its endpoints are serve's --upstream",
+    "api_key_env": "the upstream's key is serve's --upstream-api-key-env",
+    "max_concurrency": "each run's share is serve's --concurrency divided by --max-running-batches",
+    "json_summary": "serve reads the run's summary",
+    "quiet": "serve reads the run's output",
+    "check": "an upstream down when a run starts is waited for, never a failed batch",
+}
+# and those that cannot go to it, and why
+SERVE_REFUSES = {
+    "fresh": "a batch's run resumed after a restart would start over and pay again",
+    "resume": "serve resumes each batch's run itself; a new batch has nothing to resume",
+}
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})
@@ -45,7 +66,8 @@ def serve_command(upstreams: tuple[str, ...], data: Path, host: str, port: int, 
     (e.g. -- --max-attempts 3). See docs/serve.md.
 
     Exit codes: 0 after SIGTERM or SIGINT (drained: every run checkpointed); 2 bad settings (a key file, a host
-    beyond loopback without keys, a port in use); 73 another evalsup serve holds DIR; 1 DIR's state unreadable."""
+    beyond loopback without keys, a port in use, a run option after -- that evalsup run refuses or that serve sets
+    itself: checked at the start); 73 another evalsup serve holds DIR; 1 DIR's state unreadable."""
     from evalsup.serve.app import Limits
     from evalsup.serve.auth import KeysError, read_keys
     from evalsup.serve.runner import Settings
@@ -64,6 +86,10 @@ def serve_command(upstreams: tuple[str, ...], data: Path, host: str, port: int, 
         sys.exit(BAD_INPUT)
     settings = Settings(upstreams=upstreams, api_key_env=upstream_api_key_env, max_running=max_running_batches,
                         concurrency=concurrency, retention_s=int(retention_hours * 3600), run_args=run_args)
+    problem = run_options_problem(click.get_current_context(), data, settings)
+    if problem is not None:  # before anything is made or bound, not as the failure of every batch
+        click.echo(f"evalsup: {problem}", err=True)
+        sys.exit(BAD_INPUT)
     limits = Limits(max_bytes=int(max_file_mb * (1 << 20)), max_lines=max_file_lines)
     try:
         data.mkdir(parents=True, exist_ok=True)
@@ -75,3 +101,39 @@ def serve_command(upstreams: tuple[str, ...], data: Path, host: str, port: int, 
     except ServeError as e:
         click.echo(f"evalsup: {e}", err=True)
         sys.exit(e.code)
+
+
+def run_options_problem(ctx: click.Context, data: Path, settings: Settings) -> str | None:
+    """Why the `evalsup run` options after -- cannot go to a batch's run (one line naming the option), or None.
+    They are parsed by the `run` command itself (found through ``ctx``'s root: cli.main imports this module, so
+    it is not imported back), then built into a run's config with serve's own options as each batch's run gets
+    them, as `evalsup run` does before it starts: nothing is read from --data, nothing is started."""
+    from evalsup.config.run_config import ConfigError, build_config
+    from evalsup.serve.fair import share
+
+    root = ctx.find_root()
+    run = root.command.get_command(root, "run") if isinstance(root.command, click.Group) else None
+    if run is None:  # serve_command called on its own, outside `evalsup`: each run says what it refuses
+        return None
+    home = data / "runs" / "batch"  # a placeholder: never created
+    try:
+        # --help is no option of a batch's run: refused as any unknown one (not the run's help and exit 0)
+        alone = run.make_context("evalsup run", [str(home / "input.jsonl"), *settings.run_args], help_option_names=[])
+        for name, why in (*SERVE_SETS.items(), *SERVE_REFUSES.items()):
+            if alone.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+                p = next(p for p in run.params if p.name == name)
+                flag = "/".join([p.opts[0], *p.secondary_opts])
+                return f"after --: {flag} " + (f"is set by evalsup serve ({why})" if name in SERVE_SETS
+                                               else f"cannot go to a batch's run: {why}")
+        ups = [x for u in settings.upstreams for x in ("--base-url", u)]
+        full = run.make_context("evalsup run", [
+            str(home / "input.jsonl"), "--out", str(home / "run"), *ups, "--api-key-env", settings.api_key_env,
+            "--max-concurrency", str(share(settings.concurrency, settings.max_running)), "--no-check",
+            *settings.run_args, "--json", "--quiet"], help_option_names=[])
+        build_config(home / "input.jsonl", {k: v for k, v in full.params.items() if k != "tasks"
+                                            and full.get_parameter_source(k) not in (None, ParameterSource.DEFAULT)})
+    except click.ClickException as e:
+        return f"after --: {e.format_message()} (see evalsup run --help)"
+    except ConfigError as e:
+        return f"after --: {e}"
+    return None

@@ -108,7 +108,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Resume even though a request setting (--model, --max-tokens, --temperature, --stream, the "
                 "endpoint's path, --scorer...) differs from the run's; the change is recorded in run.json."),
     Option("model", ("--model",), "str", help="Model for simple-form lines (and lines whose body has none)."),
-    Option("max_tokens", ("--max-tokens",), "int", help="max_tokens for requests that do not set it."),
+    Option("max_tokens", ("--max-tokens",), "int", lo=0, help="max_tokens for requests that do not set it."),
     Option("temperature", ("--temperature",), "float", help="temperature for requests that do not set it."),
     Option("max_attempts", ("--max-attempts",), "int", 8, lo=1, hi=100, show_default=True,
            help="Attempts a task may use up on failures of its own (connection errors, timeouts, 5xx, broken "

@@ -3,10 +3,13 @@ and error file (the rest), each line in OpenAI's batch output shape {id, custom_
 request_id, body}, error} (evalsup's metrics, metadata and scores left out). An expired batch's unanswered lines
 go to the error file as ``batch_expired``. Each custom_id at most once (a record seen twice is written once: the
 first; the ids held in a ``tasks.idset.IdSet``, 16 bytes each). Both files are written to temp paths and
-fsynced; the caller renames them in."""
+fsynced; the caller renames them in. The same results give the same bytes however many times they are split (a
+finalizing cut by a kill -9 is done again): a line the run did not answer gets an id derived from the batch's
+and its custom_id, never a random one."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +20,6 @@ import orjson
 
 from evalsup.serve.check import id_reader, lines
 from evalsup.tasks.idset import IdSet
-from evalsup.tasks.records import record_id
 
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 
@@ -66,9 +68,16 @@ def _records(results: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             offset += len(raw)
 
 
-def openai_line(rec: dict[str, Any]) -> tuple[bool, bytes]:
+def line_id(batch_id: str, custom_id: str) -> str:
+    """The ``id`` of an output line without a record id of the run's (an expired batch's unanswered line): OpenAI's
+    shape (``batch_req_`` and 24 hex digits), the same at every finalizing."""
+    return "batch_req_" + hashlib.sha256(f"{batch_id}:{custom_id}".encode()).hexdigest()[:24]
+
+
+def openai_line(rec: dict[str, Any], batch_id: str = "") -> tuple[bool, bytes]:
     """(is it an answer, its line in OpenAI's shape). The top-level error is for failures that have no HTTP
-    response of their own, as OpenAI's; a 4xx/5xx answer is in the response with error null."""
+    response of their own, as OpenAI's; a 4xx/5xx answer is in the response with error null. The line's id is
+    the record's (a record without one: ``line_id``)."""
     resp = rec.get("response")
     err = rec.get("error")
     ok = isinstance(resp, dict) and resp.get("status_code") == 200 and err is None
@@ -76,7 +85,8 @@ def openai_line(rec: dict[str, Any]) -> tuple[bool, bytes]:
         error: dict[str, Any] | None = {"code": err.get("code"), "message": err.get("message", "")}
     else:
         error = None
-    line = {"id": rec.get("id") or record_id(), "custom_id": rec["custom_id"], "response": resp, "error": error}
+    cid = rec["custom_id"]
+    line = {"id": rec.get("id") or line_id(batch_id, cid), "custom_id": cid, "response": resp, "error": error}
     return ok, orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
@@ -86,8 +96,9 @@ def _sync_close(f: IO[bytes]) -> None:
     f.close()
 
 
-def split(results: Path, input_path: Path, out_path: Path, err_path: Path, expired: bool) -> Split:
-    """Write the output and error files of a run's ``results`` (see the module's doc)."""
+def split(results: Path, input_path: Path, out_path: Path, err_path: Path, expired: bool, batch_id: str = "") -> Split:
+    """Write the output and error files of a run's ``results`` (see the module's doc); ``batch_id`` seeds the ids of
+    an expired batch's unanswered lines."""
     written, id_at = IdSet(), id_reader(results)  # the ids written, by their record's offset
     s = Split()
     out_f, err_f = open(out_path, "wb"), open(err_path, "wb")  # noqa: SIM115 - closed by _sync_close
@@ -95,7 +106,7 @@ def split(results: Path, input_path: Path, out_path: Path, err_path: Path, expir
         for offset, rec in _records(results):
             if written.add(rec["custom_id"], offset, id_at, log=False) is not None:
                 continue  # written already
-            ok, line = openai_line(rec)
+            ok, line = openai_line(rec, batch_id)
             if ok:
                 s.add_usage(rec["response"].get("body"))
             (out_f if ok else err_f).write(line)
@@ -106,7 +117,7 @@ def split(results: Path, input_path: Path, out_path: Path, err_path: Path, expir
                 cid = orjson.loads(raw)["custom_id"]
                 if written.find(cid, id_at) is not None:
                     continue
-                err_f.write(orjson.dumps({"id": record_id(), "custom_id": cid, "response": None,
+                err_f.write(orjson.dumps({"id": line_id(batch_id, cid), "custom_id": cid, "response": None,
                                           "error": {"code": "batch_expired", "message": EXPIRED_MESSAGE}},
                                          option=orjson.OPT_APPEND_NEWLINE))
                 s.errors += 1

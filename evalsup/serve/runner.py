@@ -317,7 +317,7 @@ class Batches:
         home, tmp = self.store.run_home(bid), self.store.tmp_dir
         out_tmp, err_tmp = tmp / f"{bid}.output", tmp / f"{bid}.errors"
         s = await asyncio.to_thread(split, home / RUN / "results.jsonl", home / INPUT, out_tmp, err_tmp,
-                                    ending == shapes.EXPIRED)
+                                    ending == shapes.EXPIRED, bid)
         ids: dict[str, str | None] = {}
         for kind, path, n in (("output", out_tmp, s.answered), ("error", err_tmp, s.errors)):
             if n == 0:

@@ -7,12 +7,10 @@ import io
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import openai
 import orjson
@@ -21,60 +19,7 @@ from openai.types import Batch, FileObject
 
 from evalsup.mock.server import MockConfig, MockThread
 from tests.harness import Run, chat_requests, wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def batch_lines(n: int, extra: Callable[[int], dict[str, Any]] | None = None,
-                url: str = "/v1/chat/completions") -> bytes:
-    out = []
-    for i in range(n):
-        body: dict[str, Any] = {"model": "mock-model", "messages": [{"role": "user", "content": f"q{i}"}]}
-        body.update(extra(i) if extra else {})
-        out.append(orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}) + b"\n")
-    return b"".join(out)
-
-
-def serve(start: Callable[..., Run], data: Path, mock: MockThread, *extra: str,
-          env: dict[str, str] | None = None) -> tuple[Run, str]:
-    port = free_port()
-    p = start("serve", "--upstream", mock.url, "--data", str(data), "--port", str(port), *extra, env=env)
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    wait_until(up, "the server's /health", proc=p)
-    return p, base + "/v1"
-
-
-def client(base: str, key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=base, api_key=key, max_retries=0)
-
-
-def wait_ended(c: openai.OpenAI, batch_id: str, proc: Run | None = None) -> Batch:
-    out: list[Batch] = []
-
-    def ended() -> bool:
-        out[:] = [c.batches.retrieve(batch_id)]
-        return out[0].status in ("completed", "failed", "expired", "cancelled")
-
-    wait_until(ended, f"batch {batch_id} to end", proc=proc)
-    return out[0]
-
-
-def output_of(c: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    return [orjson.loads(x) for x in c.files.content(file_id).content.splitlines()]
+from tests.serve_client import batch_lines, client, free_port, output_of, serve, wait_ended
 
 
 def test_openai_sdk_batch_workflow(tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
@@ -498,13 +443,3 @@ def test_responses_and_embeddings_batches(tmp_path: Path, start: Callable[..., R
         out = output_of(c, b.output_file_id)
         assert len(out) == 3 and all(x["response"]["body"]["object"] in ("response", "list") for x in out)
 
-
-def test_a_wrong_run_option_fails_the_batch_with_its_message(tmp_path: Path, start: Callable[..., Run],
-                                                             mock: MockThread) -> None:
-    _, base = serve(start, tmp_path / "data", mock, "--", "--no-such-option")
-    c = client(base)
-    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(2))), purpose="batch")
-    b = wait_ended(c, c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                       completion_window="24h").id)
-    assert b.status == "failed" and b.errors is not None and b.errors.data
-    assert "--no-such-option" in (b.errors.data[0].message or "")

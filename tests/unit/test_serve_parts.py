@@ -103,6 +103,20 @@ def test_split_into_output_and_errors_each_id_once(tmp_path: Path) -> None:
         ("b", None), ("c", "timeout_read"), ("d", "batch_expired"), ("e", "batch_expired")]
 
 
+def test_split_again_writes_the_same_bytes(tmp_path: Path) -> None:
+    """A finalizing cut by a kill -9 is done again: the files it writes are the same, expired lines' ids too."""
+    results, inp = tmp_path / "results.jsonl", tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(line(c) for c in "abcd"))
+    results.write_bytes(record("a", 200) + record("b", 400, {"code": "http_400", "message": "bad"}))
+    for i in (1, 2):
+        s = split(results, inp, tmp_path / f"out{i}", tmp_path / f"err{i}", True, "batch_x")
+        assert (s.answered, s.errors) == (1, 3)
+    assert (tmp_path / "out1").read_bytes() == (tmp_path / "out2").read_bytes()
+    assert (tmp_path / "err1").read_bytes() == (tmp_path / "err2").read_bytes()
+    split(results, inp, tmp_path / "out3", tmp_path / "err3", True, "batch_y")  # another batch: other ids
+    assert (tmp_path / "err1").read_bytes() != (tmp_path / "err3").read_bytes()
+
+
 def test_keys_file_holds_keys_or_their_sha256(tmp_path: Path) -> None:
     p = tmp_path / "keys"
     p.write_text("# team\nkey-a\n\n" + hashlib.sha256(b"key-b").hexdigest().upper() + "\n")
