@@ -1,5 +1,6 @@
 """`evalsup serve` (issue 42) driven by the openai SDK, unmodified, in front of the project's mock on 127.0.0.1:
-the batch workflow end to end, kill -9 of the server mid-batch, two keys, bad uploads, SIGTERM."""
+the batch workflow end to end, kill -9 of the server mid-batch, two keys, bad uploads, SIGTERM, one live limit
+per upstream shared by the running batches."""
 
 from __future__ import annotations
 
@@ -508,3 +509,45 @@ def test_a_wrong_run_option_fails_the_batch_with_its_message(tmp_path: Path, sta
                                        completion_window="24h").id)
     assert b.status == "failed" and b.errors is not None and b.errors.data
     assert "--no-such-option" in (b.errors.data[0].message or "")
+
+
+def test_a_lone_batch_uses_the_whole_upstream_limit(tmp_path: Path, start: Callable[..., Run],
+                                                    mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock, "--concurrency", "32", "--max-running-batches", "4")
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(400, lambda i: {"mock": {"delay_s": 0.2}}))),
+                       purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    b = wait_ended(c, bid, p)
+    assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 400
+    held = mock.stats()["max_in_flight"]
+    assert 8 < held <= 32, held  # a fixed share was 32 / 4 = 8
+    ceiling = tmp_path / "data" / "runs" / bid / "run" / "concurrency"
+    assert ceiling.read_text().strip() == "32"
+
+
+def test_two_keys_batches_share_the_upstream_limit(tmp_path: Path, start: Callable[..., Run],
+                                                   mock: MockThread) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("key-a\nkey-b\n")
+    p, base = serve(start, tmp_path / "data", mock, "--api-keys", str(keys), "--concurrency", "32",
+                    "--max-running-batches", "4")
+    a, b = client(base, "key-a"), client(base, "key-b")
+    made = []
+    for who in (a, b):
+        f = who.files.create(file=("in.jsonl", io.BytesIO(batch_lines(1200, lambda i: {"mock": {"delay_s": 0.1}}))),
+                             purpose="batch")
+        made.append(who.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h").id)
+
+    def both_progress() -> bool:
+        got = [who.batches.retrieve(x) for who, x in zip((a, b), made, strict=True)]
+        return all(g.status == "in_progress" and g.request_counts is not None and g.request_counts.completed > 0
+                   for g in got)
+
+    wait_until(both_progress, "both batches answered while both run", proc=p)
+    ends = [wait_ended(who, x, p) for who, x in zip((a, b), made, strict=True)]
+    assert [e.status for e in ends] == ["completed", "completed"]
+    for who, e in zip((a, b), ends, strict=True):
+        assert sorted(r["custom_id"] for r in output_of(who, e.output_file_id)) == sorted(f"r{i}" for i in range(1200))
+    assert 0 < mock.stats()["max_in_flight"] <= 32  # together, never more than --concurrency on the upstream
