@@ -257,7 +257,10 @@ class Batches:
             if not self._room(bid):  # every request the upstream takes is held by another batch: it gives some
                 await self._nap(bid, POLL_S)  # back within seconds (fair.step)
                 continue
-            self._write_ceiling(bid)  # before the run starts: a stale file (a server before a crash) never rules it
+            if not self._write_ceiling(bid):  # before the run starts: a stale file (a server before a crash) never
+                self._leave(bid)  # rules it; one that cannot be written keeps the run from starting
+                await self._nap(bid, 5 * POLL_S)
+                continue
             with open(home / CHILD_ERR, "ab") as err, open(home / "child.out", "wb") as out:
                 proc = await asyncio.create_subprocess_exec(
                     *self._command(bid), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
@@ -333,13 +336,13 @@ class Batches:
         for bid, new in step(self.settings.concurrency, live, self.clock()).items():
             old = self.shares[bid]
             self.shares[bid] = new
-            if new.ceiling != old.ceiling and new.ceiling > 0:
+            if new.ceiling != old.ceiling and new.ceiling > 0:  # (a run starting now reads it too)
                 log.debug("%s: ceiling %d of --concurrency %d", bid, new.ceiling, self.settings.concurrency)
-                if bid in self.children:
-                    self._write_ceiling(bid)
+                self._write_ceiling(bid)
 
-    def _write_ceiling(self, bid: str) -> None:
-        """RUN_DIR/concurrency, atomically (temp + rename): its run reads it at its next tick."""
+    def _write_ceiling(self, bid: str) -> bool:
+        """RUN_DIR/concurrency, atomically (temp + rename): its run reads it at its next tick. False when it could
+        not be written (said): a lowering not written is never seen applied, so its room stays counted."""
         run = self.store.run_home(bid) / RUN
         tmp = run / (CEILING + ".tmp")
         try:
@@ -348,14 +351,19 @@ class Batches:
             os.replace(tmp, run / CEILING)
         except OSError as e:
             log.warning("%s: cannot write its ceiling (%s): %s", bid, run / CEILING, e.strerror or e)
+            return False
+        return True
 
     async def _count(self, bid: str) -> None:
         rec = self.store.batches[bid]
         st = await asyncio.to_thread(run_status, self.store.run_home(bid) / RUN)
         rec.batch = {**rec.batch, "request_counts": {"total": rec.total, "completed": st.ok, "failed": st.failed}}
-        if bid in self.shares:
+        if bid in self.shares:  # no run of it alive (ours, or one from before a restart holding the lock): none of
+            # its requests in flight (a run starting, before its first checkpoint, may already have read its file)
+            child = self.children.get(bid)
+            stopped = (child is None or child.returncode is not None) and st.state is not RunState.RUNNING
             self.seen[bid] = Seen(max(0, rec.total - st.ok - st.failed), st.concurrency_limit, st.in_flight,
-                                  st.ceiling, st.sampled_at, st.state is not RunState.RUNNING)
+                                  st.ceiling, st.sampled_at, stopped)
 
     def _signal(self, bid: str) -> bool:
         """SIGTERM to the batch's run (it drains and checkpoints), or wake it from a wait to try again."""
