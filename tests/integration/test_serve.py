@@ -551,3 +551,24 @@ def test_two_keys_batches_share_the_upstream_limit(tmp_path: Path, start: Callab
     for who, e in zip((a, b), ends, strict=True):
         assert sorted(r["custom_id"] for r in output_of(who, e.output_file_id)) == sorted(f"r{i}" for i in range(1200))
     assert 0 < mock.stats()["max_in_flight"] <= 32  # together, never more than --concurrency on the upstream
+
+
+def test_a_stale_ceiling_does_not_hold_back_a_resumed_batch(tmp_path: Path, start: Callable[..., Run],
+                                                            mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock, "--concurrency", "16")
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(300, lambda i: {"mock": {"delay_s": 0.2}}))),
+                       purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    run = tmp_path / "data" / "runs" / bid / "run"
+    wait_until(lambda: (run / "results.jsonl").exists() and (run / "results.jsonl").stat().st_size > 0,
+               "the first results", proc=p)
+    p.signal(signal.SIGTERM)
+    assert p.finish() == 0
+    (run / "concurrency").write_text("1\n")  # as a server before a crash might have left it
+    mock.reset_stats()
+    _, base2 = serve(start, tmp_path / "data", mock, "--concurrency", "16")
+    b = wait_ended(client(base2), bid)
+    assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 300
+    assert 1 < mock.stats()["max_in_flight"] <= 16  # its ceiling written again before its run started
+    assert (run / "concurrency").read_text().strip() == "16"
