@@ -244,7 +244,7 @@ class Batches:
         home = self.store.run_home(bid)
         if (home / RUN).exists():  # a resumed batch: its counts so far, before its run's first second
             await self._count(bid)
-        failures = 0
+        failures, waited = 0, False
         while True:
             if self.stopping:
                 return None
@@ -255,8 +255,13 @@ class Batches:
             if bid in self.yielding:
                 return YIELDED
             if not self._room(bid):  # every request the upstream takes is held by another batch: it gives some
-                await self._nap(bid, POLL_S)  # back within seconds (fair.step)
+                if not waited:  # back within seconds (fair.step)
+                    waited = True
+                    log.info("%s waits for room on the upstream: the running batches hold all %d requests of "
+                             "--concurrency until they give some back", bid, self.settings.concurrency)
+                await self._nap(bid, POLL_S)
                 continue
+            waited = False
             if not self._write_ceiling(bid):  # before the run starts: a stale file (a server before a crash) never
                 self._leave(bid)  # rules it; one that cannot be written keeps the run from starting
                 await self._nap(bid, 5 * POLL_S)
