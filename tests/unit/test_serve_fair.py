@@ -131,3 +131,28 @@ def test_random_runs_never_hold_more_than_the_total(seed: int) -> None:
                                     rng.randint(1, applied[bid]), cur, applied[bid], now)
         assert sum(in_flight.values()) <= total, (in_flight, applied, shares)
     assert peak > 0
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_random_targets_are_max_min_fair_by_key(seed: int) -> None:
+    """Whatever the demands: the whole total is given (work-conserving), each batch at least 1; when the demands
+    together exceed it, no key gets more than it asks, and a key that gets less than it asks gets at least as
+    much as any other key (to one request, the rounding)."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 6)
+    total = rng.randint(n * n, 300)
+    batches = [(f"b{i}", rng.choice("ABC"), rng.choice([1, 2, 5, 20, 100, 1000]), True) for i in range(n)]
+    got = targets(total, batches)
+    assert sum(got.values()) == total and all(v >= 1 for v in got.values())
+    demands = {b: d for b, _, d, _ in batches}
+    if sum(demands.values()) < total:
+        assert all(got[b] >= d for b, d in demands.items())  # every demand met, the rest lent
+        return
+    keys: dict[str, tuple[int, int]] = {}
+    for b, owner, d, _ in batches:
+        k_got, k_want = keys.get(owner, (0, 0))
+        keys[owner] = (k_got + got[b], k_want + d)
+    for k, (k_got, k_want) in keys.items():
+        assert k_got <= k_want
+        if k_got < k_want:
+            assert all(other_got <= k_got + 1 for other_got, _ in keys.values()), (k, keys)
