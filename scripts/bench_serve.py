@@ -6,6 +6,13 @@ and while its batch runs. Offline, against the project's mock on 127.0.0.1.
 
     scripts/bench_serve.py                    # the issue's figures: 100,000 lines, a 190 MB upload
     scripts/bench_serve.py -n 5000 --upload-mb 20
+    scripts/bench_serve.py --lone -n 3000     # a lone batch on a slow mock: its fixed share against the live one
+
+``--lone``: one batch alone on a mock answering in --latency-ms, through `evalsup serve --concurrency C
+--max-running-batches 4`, twice in one invocation: with the fixed share serve gave a run before the live ceilings
+(C / 4, passed as the run's own `--max-concurrency`, which then caps its ceiling) and with the live share (all of
+C, lent while no other batch runs). Wall times from create to the output file, their ratio, and the most
+requests the mock held at once each time.
 """
 
 from __future__ import annotations
@@ -68,11 +75,80 @@ class Peak:
         self._t.join()
 
 
+def serve_up(upstream: str, data: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "evalsup", "serve", "--upstream", upstream, "--data", str(data),
+                               "--port", str(port), *extra], env=env(), stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    return server, f"http://127.0.0.1:{port}/v1"
+
+
+def mock_stats(mport: int, reset: bool = False) -> dict[str, object]:
+    if reset:
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{mport}/_mock/reset", method="POST"))
+        return {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{mport}/_mock/stats") as r:
+        return dict(orjson.loads(r.read()))
+
+
+def lone(a: argparse.Namespace) -> None:
+    """A lone batch's wall time with the fixed share against the live one (see the module's doc)."""
+    import openai
+
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        d = Path(tmp)
+        mport = free_port()
+        mock = subprocess.Popen([sys.executable, "-m", "evalsup", "mock", "--port", str(mport), "--latency-ms",
+                                 str(a.latency_ms)], env=env(), stderr=subprocess.DEVNULL)
+        time.sleep(2)
+        tasks = batch_file(d / "tasks.jsonl", a.n)
+        got = []
+        try:
+            for name, extra in (("fixed share", ("--", "--max-concurrency", str(max(1, a.concurrency // 4)))),
+                                ("live share", ())):
+                server, base = serve_up(f"http://127.0.0.1:{mport}/v1", d / name.replace(" ", "-"), "--concurrency",
+                                        str(a.concurrency), "--max-running-batches", "4", *extra)
+                try:
+                    c = openai.OpenAI(base_url=base, api_key="x", max_retries=0, timeout=600)
+                    f = c.files.create(file=("tasks.jsonl", io.BytesIO(tasks.read_bytes())), purpose="batch")
+                    mock_stats(mport, reset=True)
+                    t = time.monotonic()
+                    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+                    while (b := c.batches.retrieve(b.id)).status not in ("completed", "failed", "expired", "cancelled"):
+                        time.sleep(0.2)
+                    out = c.files.content(b.output_file_id or "").content
+                    wall = time.monotonic() - t
+                    assert b.status == "completed" and out.count(b"\n") == a.n, b
+                    got.append((name, wall, mock_stats(mport)["max_in_flight"]))
+                finally:
+                    server.terminate()
+                    server.wait(60)
+        finally:
+            mock.terminate()
+            mock.wait(10)
+    print(f"a lone {a.n:,}-line batch, mock at {a.latency_ms:g} ms, serve --concurrency {a.concurrency} "
+          "--max-running-batches 4:")
+    for name, wall, held in got:
+        print(f"  {name}: {wall:.1f} s, at most {held} in flight at the mock")
+    print(f"  ratio live / fixed: {got[1][1] / got[0][1]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=100_000)
     ap.add_argument("--upload-mb", type=float, default=190.0)
+    ap.add_argument("--lone", action="store_true", help="a lone batch: its fixed share against the live one")
+    ap.add_argument("--latency-ms", type=float, default=200.0, help="--lone: the mock's latency")
+    ap.add_argument("--concurrency", type=int, default=256, help="--lone: serve's --concurrency")
     a = ap.parse_args()
+    if a.lone:
+        lone(a)
+        return
     import openai
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:

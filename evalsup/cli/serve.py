@@ -19,7 +19,7 @@ SERVE_SETS = {
     "out": "each batch's run directory is under --data",
     "base_url": "its endpoints are serve's --upstream",
     "api_key_env": "the upstream's key is serve's --upstream-api-key-env",
-    "max_concurrency": "each run's share is serve's --concurrency divided by --max-running-batches",
+    "max_concurrency": "each run's live share of serve's --concurrency is written to its run directory",
     "json_summary": "serve reads the run's summary",
     "quiet": "serve reads the run's output",
     "check": "an upstream down when a run starts is waited for, never a failed batch",
@@ -48,8 +48,8 @@ SERVE_REFUSES = {
 @click.option("--max-running-batches", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Batches whose runs go at once; the others wait, keys served in turn.")
 @click.option("--concurrency", type=click.IntRange(1, 100_000), default=256, show_default=True,
-              help="Requests in flight per upstream, shared equally by the running batches (each run's "
-                   "--max-concurrency is this divided by --max-running-batches).")
+              help="Requests in flight per upstream, shared live by the running batches: max-min fair by key, "
+                   "then by batch, an idle share lent to the others (docs/serve.md).")
 @click.option("--max-file-mb", type=click.FloatRange(0, None, min_open=True), default=200.0, show_default=True,
               help="Largest upload (413 past it).")
 @click.option("--max-file-lines", type=click.IntRange(1), default=1_000_000, show_default=True,
@@ -109,7 +109,6 @@ def run_options_problem(ctx: click.Context, data: Path, settings: Settings) -> s
     it is not imported back), then built into a run's config with serve's own options as each batch's run gets
     them, as `evalsup run` does before it starts: nothing is read from --data, nothing is started."""
     from evalsup.config.run_config import ConfigError, build_config
-    from evalsup.serve.fair import share
 
     root = ctx.find_root()
     run = root.command.get_command(root, "run") if isinstance(root.command, click.Group) else None
@@ -128,7 +127,7 @@ def run_options_problem(ctx: click.Context, data: Path, settings: Settings) -> s
         ups = [x for u in settings.upstreams for x in ("--base-url", u)]
         full = run.make_context("evalsup run", [
             str(home / "input.jsonl"), "--out", str(home / "run"), *ups, "--api-key-env", settings.api_key_env,
-            "--max-concurrency", str(share(settings.concurrency, settings.max_running)), "--no-check",
+            "--max-concurrency", str(settings.concurrency), "--no-check",
             *settings.run_args, "--json", "--quiet"], help_option_names=[])
         build_config(home / "input.jsonl", {k: v for k, v in full.params.items() if k != "tasks"
                                             and full.get_parameter_source(k) not in (None, ParameterSource.DEFAULT)})

@@ -8,6 +8,8 @@ run directory, and whether a writer holds one now. Each is defined here once; th
       ids.bin, invalid.jsonl  the ids seen past the checkpoint; the task lines that were not tasks
       run.json              the settings the run was made with (run_json.py)
       events.jsonl, memory.jsonl  what happened (sessions, restarts, breaker...); memory samples
+      concurrency           optional: one integer, the run's ceiling on requests in flight, read while it runs
+                            (written by a person or `evalsup serve`, temp + rename; supervisor/ceiling.py)
       summary.json          the last session's summary
       input.json, tasks.jsonl  where the input came from; the run's own copy of a non-plain input (inputs.py)
       damaged.jsonl, replaced.jsonl  lines `repair` and `run --retry-failed` took out of results.jsonl
@@ -30,10 +32,10 @@ from evalsup.config.run_config import RUN_DIR_SUFFIX
 from evalsup.config.shards import parse_shard_dir, shard_dir_name
 from evalsup.rundir.lock import LOCK_NAME, MOVED_ASIDE, holder_info
 
-__all__ = ["CHECKPOINT", "CHECKPOINT_NEXT", "DAMAGED", "EVENTS", "IDS", "INPUT_COPY", "INPUT_INFO", "INVALID", "LOCK",
-           "MEMORY", "MOVED_ASIDE", "REPLACED", "REPORT", "RESULTS", "RUN_DIR_MARKS", "RUN_DIR_SUFFIX", "RUN_JSON",
-           "SCORED", "SCORES", "SUMMARY", "is_moved_aside", "is_run_dir", "lock_holder", "parse_shard_dir",
-           "shard_dir_name", "writer_alive"]
+__all__ = ["CEILING", "CHECKPOINT", "CHECKPOINT_NEXT", "DAMAGED", "EVENTS", "IDS", "INPUT_COPY", "INPUT_INFO",
+           "INVALID", "LOCK", "MEMORY", "MOVED_ASIDE", "REPLACED", "REPORT", "RESULTS", "RUN_DIR_MARKS",
+           "RUN_DIR_SUFFIX", "RUN_JSON", "SCORED", "SCORES", "SUMMARY", "is_moved_aside", "is_run_dir", "lock_holder",
+           "parse_shard_dir", "shard_dir_name", "writer_alive"]
 
 RESULTS = "results.jsonl"
 CHECKPOINT = "checkpoint.json"
@@ -43,6 +45,7 @@ INVALID = "invalid.jsonl"
 RUN_JSON = "run.json"
 EVENTS = "events.jsonl"
 MEMORY = "memory.jsonl"
+CEILING = "concurrency"  # the ceiling on requests in flight, changed while the run runs (supervisor.ceiling)
 SUMMARY = "summary.json"
 INPUT_INFO = "input.json"
 INPUT_COPY = "tasks.jsonl"

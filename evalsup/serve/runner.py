@@ -31,12 +31,13 @@ import orjson
 
 from evalsup.common.child import child_env, die_with_parent, last_message
 from evalsup.config.exitcodes import BAD_INPUT, LOCKED, OK
+from evalsup.rundir.layout import CEILING
 from evalsup.serve import shapes
 from evalsup.serve.check import check_input
-from evalsup.serve.fair import Queued, Running, next_batch, preempt, share
+from evalsup.serve.fair import Live, Queued, Running, Seen, Share, next_batch, preempt, step
 from evalsup.serve.results import split
 from evalsup.serve.store import BatchRec, Store
-from evalsup.tools.status import run_status
+from evalsup.tools.status import RunState, run_status
 
 log = logging.getLogger("evalsup.serve")
 POLL_S = 1.0  # how often a running batch's counts are read
@@ -49,7 +50,7 @@ class Settings:
     upstreams: tuple[str, ...]
     api_key_env: str
     max_running: int = 4
-    concurrency: int = 256  # per upstream, shared by the running batches
+    concurrency: int = 256  # per upstream, shared live by the running batches (fair.step)
     retention_s: int = 30 * 86400
     run_args: tuple[str, ...] = ()  # more `evalsup run` options, as given
 
@@ -70,6 +71,8 @@ class Batches:
         self.wakes: dict[str, asyncio.Event] = {}  # a batch waiting to try its run again is woken by a cancel
         self.started: dict[str, float] = {}  # when each running batch got its slot
         self.yielding: set[str] = set()  # running batches asked to give their slot back (fair.preempt)
+        self.shares: dict[str, Share] = {}  # each running batch's ceiling on the upstream (fair.step)
+        self.seen: dict[str, Seen] = {}  # what each running batch's status said last
 
     # the API's verbs
     def create(self, owner: str, input_file_id: str, endpoint: str, window: str,
@@ -191,7 +194,10 @@ class Batches:
             if ending is None and rec.batch["status"] == shapes.FINALIZING:
                 ending = shapes.COMPLETED
             if ending is None:
-                ending = await self._run(bid)
+                try:
+                    ending = await self._run(bid)
+                finally:
+                    self._leave(bid)  # its run is over: its share goes to the others
                 if ending is None:  # the server is stopping: the batch resumes at the next start
                     return
                 if ending == YIELDED:  # in line again, to resume where its run stopped
@@ -218,7 +224,8 @@ class Batches:
                 cmd += ["--base-url", u]
         # --no-check: an upstream down when a run starts is waited for (the run's breaker, then serve's retries
         # until the window ends), never a failed batch; a model it does not serve is each line's error
-        cmd += ["--api-key-env", s.api_key_env, "--max-concurrency", str(share(s.concurrency, s.max_running)),
+        # --max-concurrency: the whole upstream limit; its share of it now is the ceiling in RUN_DIR/concurrency
+        cmd += ["--api-key-env", s.api_key_env, "--max-concurrency", str(s.concurrency),
                 "--no-check", *s.run_args, "--json", "--quiet"]
         return cmd
 
@@ -237,7 +244,7 @@ class Batches:
         home = self.store.run_home(bid)
         if (home / RUN).exists():  # a resumed batch: its counts so far, before its run's first second
             await self._count(bid)
-        failures = 0
+        failures, waited = 0, False
         while True:
             if self.stopping:
                 return None
@@ -247,6 +254,18 @@ class Batches:
                 return shapes.EXPIRED
             if bid in self.yielding:
                 return YIELDED
+            if not self._room(bid):  # every request the upstream takes is held by another batch: it gives some
+                if not waited:  # back within seconds (fair.step)
+                    waited = True
+                    log.info("%s waits for room on the upstream: the running batches hold all %d requests of "
+                             "--concurrency until they give some back", bid, self.settings.concurrency)
+                await self._nap(bid, POLL_S)
+                continue
+            waited = False
+            if not self._write_ceiling(bid):  # before the run starts: a stale file (a server before a crash) never
+                self._leave(bid)  # rules it; one that cannot be written keeps the run from starting
+                await self._nap(bid, 5 * POLL_S)
+                continue
             with open(home / CHILD_ERR, "ab") as err, open(home / "child.out", "wb") as out:
                 proc = await asyncio.create_subprocess_exec(
                     *self._command(bid), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
@@ -259,6 +278,7 @@ class Batches:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(proc.wait(), POLL_S)
                     await self._count(bid)
+                    self._share_out()
                     if not signalled and self.clock() >= rec.batch["expires_at"]:
                         signalled = self._signal(bid)
             finally:
@@ -285,15 +305,70 @@ class Batches:
             delay = min(60.0, 2.0 ** failures, max(0.0, rec.batch["expires_at"] - self.clock()))
             log.warning("%s: its run stopped (exit %s: %s); again in %.0fs", bid, code,
                         last_message(_tail(home / CHILD_ERR)) or "no message", delay)
-            wake = self.wakes.setdefault(bid, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), delay)  # a cancel or the server's stop ends the wait
-            wake.clear()
+            self._leave(bid)  # its share goes to the others meanwhile
+            await self._nap(bid, delay)
+
+    async def _nap(self, bid: str, delay: float) -> None:
+        """Wait ``delay`` seconds; a cancel or the server's stop ends the wait (``_signal``)."""
+        wake = self.wakes.setdefault(bid, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), delay)
+        wake.clear()
+
+    # the upstream's requests shared by the running batches (fair.step)
+    def _room(self, bid: str) -> bool:
+        """The batch takes part in the sharing; True once it has a ceiling of at least 1 to start its run with."""
+        if bid not in self.shares:
+            self.shares[bid] = Share()
+            rec = self.store.batches[bid]
+            counts = rec.batch.get("request_counts") or {}
+            self.seen.setdefault(bid, Seen(max(0, rec.total - int(counts.get("completed") or 0)
+                                               - int(counts.get("failed") or 0))))
+        self._share_out()
+        return self.shares[bid].ceiling > 0
+
+    def _leave(self, bid: str) -> None:
+        """The batch's run is over (or waits to be tried again): its share goes to the others."""
+        self.shares.pop(bid, None)
+        self.seen.pop(bid, None)
+        self._share_out()
+
+    def _share_out(self) -> None:
+        """Every running batch's ceiling recomputed; each one changed written into its run directory."""
+        if not self.shares:
+            return
+        live = [Live(b, self.store.batches[b].owner, self.seen.get(b, Seen(0)), sh) for b, sh in self.shares.items()]
+        for bid, new in step(self.settings.concurrency, live, self.clock()).items():
+            old = self.shares[bid]
+            self.shares[bid] = new
+            if new.ceiling != old.ceiling and new.ceiling > 0:  # (a run starting now reads it too)
+                log.debug("%s: ceiling %d of --concurrency %d", bid, new.ceiling, self.settings.concurrency)
+                self._write_ceiling(bid)
+
+    def _write_ceiling(self, bid: str) -> bool:
+        """RUN_DIR/concurrency, atomically (temp + rename): its run reads it at its next tick. False when it could
+        not be written (said): a lowering not written is never seen applied, so its room stays counted."""
+        run = self.store.run_home(bid) / RUN
+        tmp = run / (CEILING + ".tmp")
+        try:
+            run.mkdir(exist_ok=True)
+            tmp.write_text(f"{self.shares[bid].ceiling}\n")
+            os.replace(tmp, run / CEILING)
+        except OSError as e:
+            log.warning("%s: cannot write its ceiling (%s): %s", bid, run / CEILING, e.strerror or e)
+            return False
+        return True
 
     async def _count(self, bid: str) -> None:
         rec = self.store.batches[bid]
         st = await asyncio.to_thread(run_status, self.store.run_home(bid) / RUN)
         rec.batch = {**rec.batch, "request_counts": {"total": rec.total, "completed": st.ok, "failed": st.failed}}
+        if bid in self.shares:  # no run of it alive (ours, or one from before a restart holding the lock): none of
+            # its requests in flight (a run starting, before its first checkpoint, may already have read its file)
+            child = self.children.get(bid)
+            stopped = (child is None or child.returncode is not None) and st.state is not RunState.RUNNING
+            self.seen[bid] = Seen(max(0, rec.total - st.ok - st.failed), st.concurrency_limit, st.in_flight,
+                                  st.ceiling, st.sampled_at, stopped)
 
     def _signal(self, bid: str) -> bool:
         """SIGTERM to the batch's run (it drains and checkpoints), or wake it from a wait to try again."""

@@ -52,7 +52,7 @@ from evalsup.ipc.messages import WIRE_TOP, Auth, ResultMeta
 from evalsup.ipc.ring import ring_size
 from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint, previous_fingerprint
 from evalsup.rundir.journal import Journal
-from evalsup.rundir.layout import EVENTS, MEMORY, RESULTS
+from evalsup.rundir.layout import CEILING, EVENTS, MEMORY, RESULTS
 from evalsup.rundir.results_file import ResumeState
 from evalsup.rundir.usage import usage_of_results
 from evalsup.scoring.groups import GroupedScores
@@ -62,6 +62,7 @@ from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.breaker import PAUSED_PROBE_S
 from evalsup.supervisor.budget import Amount, Budget, TaskCosts, Verdict
+from evalsup.supervisor.ceiling import Ceiling
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
 from evalsup.supervisor.events import EventLog, write_leaks
@@ -142,6 +143,7 @@ class Supervisor:
         self._signals = 0
         self.finished = False
         self.memory: MemoryControl | None = None
+        self.ceiling = Ceiling(cfg.run_dir / CEILING, cfg.concurrency)  # RUN_DIR/concurrency, read each tick
         self.intensity = RestartIntensity(cfg.max_restarts, 60.0)
         self.endpoints = Endpoints(cfg.worker.endpoints, cfg.max_wait_down_s)  # a breaker each (issue 21)
         self.gate = LogGate()  # state lines: once per change, a repeat at most once a minute (issue 28)
@@ -620,8 +622,8 @@ class Supervisor:
             self.send(w, FrameKind.LIMIT, limit)
 
     def _worker_cap(self, w: WorkerHandle) -> int:
-        """Requests w may have in flight: its share, less under the memory control's cap."""
-        cap = self.cfg.concurrency if self.memory is None else self.memory.cap
+        """Requests w may have in flight: its share, less under the memory control's cap or the run's ceiling."""
+        cap = min(self.cfg.concurrency if self.memory is None else self.memory.cap, self.ceiling.value)
         return max(1, min(w.share, cap * w.share // self.cfg.concurrency))
 
     def _in_background(self, spawning: Coroutine[Any, Any, WorkerHandle]) -> None:
@@ -682,6 +684,8 @@ class Supervisor:
         the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
         await self._scan_input()  # before the endpoint check and the workers: bad input sends nothing
         check = asyncio.create_task(check_endpoints(self.cfg)) if self.cfg.check else None
+        if (ceiling := self.ceiling.poll()) is not None:  # RUN_DIR/concurrency from the first request on
+            self._start_notes.append(ceiling)
         try:
             for slot in range(self.active):
                 await self.spawn(slot)
@@ -923,6 +927,9 @@ class Supervisor:
         mem = self.memory
         while True:
             await asyncio.sleep(self.cfg.monitor_interval_s)
+            if (ceiling := self.ceiling.poll()) is not None:  # RUN_DIR/concurrency changed (supervisor.ceiling)
+                self.log(ceiling)
+            mem.ceiling = self.ceiling.shown
             mem.concurrency_limit = limit_total(self.workers)  # into memory.jsonl (issue 21)
             mem.limit_why = limit_reason(self.workers)  # and why it is low (issue 41), for status
             mem.on_wire = sum(w.wire for w in self.workers if w.alive)
@@ -951,7 +958,7 @@ class Supervisor:
                 self.log(f"memory: {mem.last_ws / MIB:,.0f} MiB in use, below the low mark; resuming")
                 self.broadcast(FrameKind.RESUME)
                 self.credit.set()
-            if dec.inflight_cap is not None:
+            if dec.inflight_cap is not None or ceiling is not None:
                 self._send_limits(self.workers)
             for wid, cause in dec.recycle:
                 if (w := by_id.get(wid)) is not None:

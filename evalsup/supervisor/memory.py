@@ -67,6 +67,7 @@ class MemoryControl:
         self.endpoints: list[Any] | None = None  # several endpoints: each one's load (set by the arbiter)
         self.oldest: list[dict[str, Any]] | None = None  # the oldest requests on the wire (set by the arbiter)
         self.limit_why: str | None = None  # why the adaptive limit is low, when it is (set by the arbiter; issue 41)
+        self.ceiling: int | None = None  # RUN_DIR/concurrency's ceiling when the file sets one (set by the arbiter)
         if self.limit:
             self.cap = self.budget.cap(max(80 * MIB, 0) + cfg.workers * 60 * MIB, cfg.concurrency)
         self.cap_announced = False
@@ -193,6 +194,8 @@ class MemoryControl:
                "low": self.watermark.low_bytes if self.watermark else None}
         if self.endpoints is not None:
             rec["endpoints"] = self.endpoints  # [{url, state, limit, in_flight}] (supervisor.limits)
+        if self.ceiling is not None:
+            rec["ceiling"] = self.ceiling  # RUN_DIR/concurrency (supervisor.ceiling), for status and evalsup serve
         if self.limit_why:
             rec["limit_why"] = self.limit_why  # for `evalsup status` (issue 41)
         if self.oldest:

@@ -71,6 +71,8 @@ class RunStatus:
     in_flight: int | None = None  # running: requests on the wire at the last memory sample
     concurrency_limit: int | None = None  # running: the workers' (adaptive) limits summed, same sample
     limit_why: str | None = None  # running: why that limit is low, when it is (issue 41)
+    ceiling: int | None = None  # running: RUN_DIR/concurrency's ceiling, when the file sets one, same sample
+    sampled_at: float | None = None  # running: when that sample was taken (time.time(); evalsup serve reads it)
     endpoints: list[dict[str, Any]] | None = None  # running, several endpoints: url, state, limit, in_flight each
     # running: the oldest requests on the wire at the last memory sample (id, endpoint, age_s, attempt, bytes)
     oldest: list[dict[str, Any]] | None = None
@@ -299,6 +301,10 @@ def run_status(run_dir: Path, now: float | None = None) -> RunStatus:
         if last.get("concurrency_limit"):
             st.in_flight, st.concurrency_limit = int(last.get("in_flight") or 0), int(last["concurrency_limit"])
             st.limit_why = str(last["limit_why"]) if last.get("limit_why") else None
+        if isinstance(last.get("ceiling"), int):
+            st.ceiling = int(last["ceiling"])
+        if isinstance(last.get("t"), (int, float)):
+            st.sampled_at = float(last["t"])
         if isinstance(last.get("endpoints"), list):
             st.endpoints = [e for e in last["endpoints"] if isinstance(e, dict)]
         if isinstance(last.get("oldest"), list):
@@ -360,7 +366,8 @@ def format_run(st: RunStatus) -> str:
         lines.append(f"  rate        {st.rate:,.1f} req/s {what}{eta}")
     if st.concurrency_limit is not None:
         why = f": {st.limit_why}" if st.limit_why else ""
-        lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}{why}")
+        ceiling = f", ceiling {st.ceiling:,} ({layout.CEILING})" if st.ceiling is not None else ""
+        lines.append(f"  in flight   {st.in_flight:,} requests, limit {st.concurrency_limit:,}{ceiling}{why}")
     for e in st.endpoints or ():
         what = (f"{int(e.get('in_flight') or 0):,} in flight, limit {int(e.get('limit') or 0):,}"
                 if e.get("state") == EndpointState.UP else _EP_STATE.get(str(e.get("state")), str(e.get("state"))))

@@ -1,5 +1,6 @@
 """`evalsup serve` (issue 42) driven by the openai SDK, unmodified, in front of the project's mock on 127.0.0.1:
-the batch workflow end to end, kill -9 of the server mid-batch, two keys, bad uploads, SIGTERM."""
+the batch workflow end to end, kill -9 of the server mid-batch, two keys, bad uploads, SIGTERM, one live limit
+per upstream shared by the running batches."""
 
 from __future__ import annotations
 
@@ -443,3 +444,66 @@ def test_responses_and_embeddings_batches(tmp_path: Path, start: Callable[..., R
         out = output_of(c, b.output_file_id)
         assert len(out) == 3 and all(x["response"]["body"]["object"] in ("response", "list") for x in out)
 
+
+
+def test_a_lone_batch_uses_the_whole_upstream_limit(tmp_path: Path, start: Callable[..., Run],
+                                                    mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock, "--concurrency", "32", "--max-running-batches", "4")
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(400, lambda i: {"mock": {"delay_s": 0.2}}))),
+                       purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    b = wait_ended(c, bid, p)
+    assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 400
+    held = mock.stats()["max_in_flight"]
+    assert 8 < held <= 32, held  # a fixed share was 32 / 4 = 8
+    ceiling = tmp_path / "data" / "runs" / bid / "run" / "concurrency"
+    assert ceiling.read_text().strip() == "32"
+
+
+def test_two_keys_batches_share_the_upstream_limit(tmp_path: Path, start: Callable[..., Run],
+                                                   mock: MockThread) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("key-a\nkey-b\n")
+    p, base = serve(start, tmp_path / "data", mock, "--api-keys", str(keys), "--concurrency", "32",
+                    "--max-running-batches", "4")
+    a, b = client(base, "key-a"), client(base, "key-b")
+    made = []
+    for who in (a, b):
+        f = who.files.create(file=("in.jsonl", io.BytesIO(batch_lines(1200, lambda i: {"mock": {"delay_s": 0.1}}))),
+                             purpose="batch")
+        made.append(who.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h").id)
+
+    def both_progress() -> bool:
+        got = [who.batches.retrieve(x) for who, x in zip((a, b), made, strict=True)]
+        return all(g.status == "in_progress" and g.request_counts is not None and g.request_counts.completed > 0
+                   for g in got)
+
+    wait_until(both_progress, "both batches answered while both run", proc=p)
+    ends = [wait_ended(who, x, p) for who, x in zip((a, b), made, strict=True)]
+    assert [e.status for e in ends] == ["completed", "completed"]
+    for who, e in zip((a, b), ends, strict=True):
+        assert sorted(r["custom_id"] for r in output_of(who, e.output_file_id)) == sorted(f"r{i}" for i in range(1200))
+    assert 0 < mock.stats()["max_in_flight"] <= 32  # together, never more than --concurrency on the upstream
+
+
+def test_a_stale_ceiling_does_not_hold_back_a_resumed_batch(tmp_path: Path, start: Callable[..., Run],
+                                                            mock: MockThread) -> None:
+    p, base = serve(start, tmp_path / "data", mock, "--concurrency", "16")
+    c = client(base)
+    f = c.files.create(file=("in.jsonl", io.BytesIO(batch_lines(300, lambda i: {"mock": {"delay_s": 0.2}}))),
+                       purpose="batch")
+    bid = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    run = tmp_path / "data" / "runs" / bid / "run"
+    wait_until(lambda: (run / "results.jsonl").exists() and (run / "results.jsonl").stat().st_size > 0,
+               "the first results", proc=p)
+    p.signal(signal.SIGTERM)
+    assert p.finish() == 0
+    (run / "concurrency").write_text("1\n")  # as a server before a crash might have left it
+    mock.reset_stats()
+    _, base2 = serve(start, tmp_path / "data", mock, "--concurrency", "16")
+    b = wait_ended(client(base2), bid)
+    assert b.status == "completed" and b.request_counts is not None and b.request_counts.completed == 300
+    assert 1 < mock.stats()["max_in_flight"] <= 16  # its ceiling written again before its run started
+    assert (run / "concurrency").read_text().strip() == "16"

@@ -16,7 +16,7 @@ from openai.types.batch_usage import BatchUsage
 from evalsup.serve import shapes
 from evalsup.serve.auth import KeysError, owner_of, read_keys
 from evalsup.serve.check import check_input
-from evalsup.serve.fair import Queued, next_batch, share
+from evalsup.serve.fair import Queued, next_batch
 from evalsup.serve.results import split
 from evalsup.serve.store import BatchRec, Store
 
@@ -52,13 +52,12 @@ def test_list_pages_walk_every_item_once() -> None:
     assert shapes.window_seconds("24h") == 86400 and shapes.window_seconds("soon") is None
 
 
-def test_keys_take_turns_and_each_batch_its_share() -> None:
+def test_keys_take_turns() -> None:
     q = [Queued("a1", "A", 1), Queued("a2", "A", 2), Queued("b1", "B", 3)]
     assert next_batch(q, {}) == "a1"
     assert next_batch(q[1:], {"A": 10}) == "b1"  # B never served: before A's second
     assert next_batch(q[1:], {"A": 10, "B": 11}) == "a2"
     assert next_batch([], {}) is None
-    assert share(256, 4) == 64 and share(3, 4) == 1
 
 
 def test_validation_names_each_bad_line(tmp_path: Path) -> None:
