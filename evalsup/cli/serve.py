@@ -28,6 +28,10 @@ SERVE_SETS = {
 SERVE_REFUSES = {
     "fresh": "a batch's run resumed after a restart would start over and pay again",
     "resume": "serve resumes each batch's run itself; a new batch has nothing to resume",
+    "retry_failed": "each restart of serve reruns a batch's run, which would send its failed lines again each time",
+    "shard": "a batch is one run on this machine; its output file needs every line",
+    "ray": "a batch is one run on this machine, sharing serve's live limit per upstream",
+    "shards": "a batch is one run on this machine, sharing serve's live limit per upstream",
 }
 
 

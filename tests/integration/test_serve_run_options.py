@@ -33,6 +33,9 @@ REFUSED = [
     (("--no-check",), "--check/--no-check is set by evalsup serve"),
     (("--fresh",), "--fresh cannot go to a batch's run"),
     (("--resume",), "--resume cannot go to a batch's run"),
+    (("--retry-failed",), "--retry-failed cannot go to a batch's run"),
+    (("--shard", "0/2"), "--shard cannot go to a batch's run"),
+    (("--ray", "--shards", "2"), "cannot go to a batch's run"),
 ]
 
 
