@@ -87,9 +87,25 @@ def cache_file(directory: Path) -> Path:
     return directory / FILE
 
 
+class NotText(bytes):
+    """A TEXT value whose bytes are not UTF-8 (the file was edited: evalsup writes bodies as BLOBs and its text
+    columns as str), kept as those bytes. The driver's own decoding raised instead, from the row's fetch, so one
+    such row stopped a whole export; as this, it is one entry the checks refuse (``shape_problem``: not a string;
+    ``keep.why_unfit``: not JSON)."""
+
+
+def _text(raw: bytes) -> str | NotText:
+    """The connection's ``text_factory``: a TEXT value as str, or as NotText when it is not UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return NotText(raw)
+
+
 def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
     # isolation_level=None: transactions only as written (BEGIN IMMEDIATE ... COMMIT), never implicit ones
     conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
+    conn.text_factory = _text
     conn.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
     return conn
 
@@ -254,7 +270,8 @@ class Store:
 
 def blob(value: Any) -> bytes:
     """A BLOB column's value as bytes, whatever SQLite holds there (a file edited by hand may hold text, a
-    number or NULL: their bytes, or none, and the checks that follow refuse them)."""
+    number or NULL: their bytes, or none, and the checks that follow refuse them; a text that is not UTF-8 is
+    its bytes, NotText)."""
     if isinstance(value, bytes):
         return value
     if isinstance(value, memoryview | bytearray):
@@ -289,6 +306,8 @@ def field_problem(name: str, value: Any) -> str | None:
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
+    if isinstance(value, NotText):
+        return "text that is not UTF-8"
     return {bool: "a boolean", str: "a string", dict: "an object", list: "a list", float: "a fraction"}.get(
         type(value), type(value).__name__)
 
