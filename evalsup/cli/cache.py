@@ -101,8 +101,8 @@ def export(directory: Path, output: Path | None) -> None:
     request_id, model, path, tokens, times. An entry no run would serve (damaged, or no answer: the checks of
     `run --cache`, a cut answer allowed; a value that is not UTF-8 text) is left out and counted, the first of
     each reason named by its key. A file SQLite cannot read on stops the export, exit 2."""
-    from evalsup.cache.keep import why_unfit
-    from evalsup.cache.store import Store, describe, entry_json, shape_problem
+    from evalsup.cache.keep import entry_unfit
+    from evalsup.cache.store import Store, describe, entry_json
 
     store = _open(directory)
     assert isinstance(store, Store)
@@ -111,7 +111,7 @@ def export(directory: Path, output: Path | None) -> None:
     left = Skipped()
     try:
         for e in store.entries():
-            why = shape_problem(e) or why_unfit(e.status, e.body, e.path, keep_length=True)[1]
+            why = entry_unfit(e, e.path, keep_length=True)[1]
             if why is not None:
                 left.add(why, f"key {e.key.hex()[:12]}")
                 continue
