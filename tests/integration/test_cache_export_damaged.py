@@ -1,7 +1,8 @@
 """`evalsup cache export` of a cache whose entries were damaged in the SQLite file itself: a body (or a text
 column) rewritten as TEXT holding bytes that are not UTF-8 raised from the database driver, a traceback, and
 nothing after it was exported. Now each such entry is left out and counted, the first one's key named, as
-export leaves out an entry no run would serve, and the rest are exported (exit 0)."""
+export leaves out an entry no run would serve, and the rest are exported (exit 0); a run counts the same
+entries unusable and sends them again."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import orjson
 
 from evalsup.mock.server import MockThread
-from tests.harness import run_args, run_cli, write_tasks
+from tests.harness import chat_requests, run_args, run_cli, summary, write_tasks
 
 N = 20
 
@@ -54,3 +55,13 @@ def test_export_leaves_out_entries_whose_text_is_not_utf8_and_names_the_first(tm
     r = run_cli("cache", "export", str(cache))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stdout.splitlines()) == N - 3
+    r = run_cli("cache", "stats", str(cache), "--json")
+    assert r.returncode == 0 and orjson.loads(r.stdout)["entries"] == N, r.stderr
+
+    # a run agrees: the three are unusable, sent again (they were a silent miss, a read said to be busy)
+    mock.reset_stats()
+    r = run_cli(*run_args(mock, tasks, "-w", "2", "--cache", str(cache), "--out", str(tmp_path / "r2")))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert chat_requests(mock) == 3
+    c = summary(tmp_path / "r2")["cache"]
+    assert (c["hits"], c["unusable"]) == (N - 3, 3), c
