@@ -183,14 +183,19 @@ class Store:
         r = rows[0]
         return Entry(key, blob(r[0]), *r[1:])
 
-    def get_many(self, keys: Sequence[bytes]) -> list[Entry]:
+    def get_many(self, keys: Sequence[bytes]) -> Iterator[Entry]:
         """The entries of ``keys`` that are there (one indexed SELECT; at most 999 keys, SQLite's oldest limit of
-        bound parameters)."""
+        bound parameters), one row at a time: a batch of large bodies is never held at once. Read to the end
+        (or closed) at once, so no snapshot is held."""
         if not keys:
-            return []
-        rows = self.conn.execute(f"SELECT {', '.join(COLUMNS)} FROM entries WHERE key IN "
-                                 f"({','.join('?' * len(keys))})", tuple(keys)).fetchall()
-        return [Entry(blob(r[0]), blob(r[1]), *r[2:]) for r in rows]
+            return
+        cur = self.conn.execute(f"SELECT {', '.join(COLUMNS)} FROM entries WHERE key IN "
+                                f"({','.join('?' * len(keys))})", tuple(keys))
+        try:
+            for r in cur:
+                yield Entry(blob(r[0]), blob(r[1]), *r[2:])
+        finally:
+            cur.close()
 
     # ----- writing -----
 
