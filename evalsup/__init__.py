@@ -10,11 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["BadInput", "BadSettings", "EndpointUnavailable", "EvalsupError", "Judge", "Record", "RunResult",
-           "RunStopped", "read_results", "run", "to_pandas"]
+__all__ = ["BadInput", "BadSettings", "EndpointUnavailable", "EvalsupError", "Judge", "Record", "ResultsDamaged",
+           "RunResult", "RunStopped", "read_results", "run", "to_pandas"]
 
 if TYPE_CHECKING:
-    from evalsup.api.exceptions import BadInput, BadSettings, EndpointUnavailable, EvalsupError, RunStopped
+    from evalsup.api.exceptions import (
+        BadInput,
+        BadSettings,
+        EndpointUnavailable,
+        EvalsupError,
+        ResultsDamaged,
+        RunStopped,
+    )
     from evalsup.api.options import Judge
     from evalsup.api.results import Record, read_results, to_pandas
     from evalsup.api.run import RunResult, run
@@ -22,7 +29,7 @@ if TYPE_CHECKING:
 _WHERE = {"run": "api.run", "RunResult": "api.run", "read_results": "api.results", "to_pandas": "api.results",
           "Record": "api.results", "Judge": "api.options",
           "BadInput": "api.exceptions", "BadSettings": "api.exceptions", "EndpointUnavailable": "api.exceptions",
-          "EvalsupError": "api.exceptions",
+          "EvalsupError": "api.exceptions", "ResultsDamaged": "api.exceptions",
           "RunStopped": "api.exceptions"}
 
 

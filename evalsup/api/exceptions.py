@@ -3,6 +3,8 @@
     EvalsupError
     ├── BadInput              the task input (a line, the file, a changed input): fix it, rerun
     ├── BadSettings           an option, the endpoint's URL, key or model: fix it, rerun
+    ├── ResultsDamaged        a results file read back holds a line that is no record, or a second record for
+    │                         a task: `evalsup repair RUN_DIR`
     └── RunStopped            the run stopped before every task had its record; .code, .resumable
         └── EndpointUnavailable   the endpoint could not be reached, or stayed down past --max-wait-down
 
@@ -36,6 +38,13 @@ class BadInput(EvalsupError):
 class BadSettings(EvalsupError):
     """An option or the endpoint's settings are wrong (a value out of range, no --base-url, a wrong key or
     model): nothing was sent."""
+
+
+class ResultsDamaged(EvalsupError):
+    """A results file read back (``read_results``, ``to_pandas``) is damaged: a line that is no record, or a
+    second record for a task. The message is the one `evalsup status` prints (``results.jsonl:LINE: ...``,
+    naming the first line too for a second record) and says what `evalsup repair` does; ``code`` is 2, its exit
+    code."""
 
 
 class RunStopped(EvalsupError):

@@ -1,4 +1,12 @@
-"""Reading a run's results from Python: ``read_results`` streams them, ``to_pandas`` makes a DataFrame."""
+"""Reading a run's results from Python: ``read_results`` streams them, ``to_pandas`` makes a DataFrame.
+
+The file is checked as `evalsup status`, `score` and `report` check it, by the same code
+(``rundir.results_file``): before the first record, the lines a run directory's checkpoint covers against its
+CRC, and a second record for a task (``refuse_second_record``: with the checkpoint only the records after it
+are held, as the resume does); then each line as it is read (one that is no record). Either is
+``ResultsDamaged``, the message `evalsup status` prints. The records still stream: nothing is held but that
+check's ids.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,10 @@ from typing import Any, Literal, overload
 
 import orjson
 
-from evalsup.api.exceptions import BadInput
+from evalsup.api.exceptions import BadInput, ResultsDamaged
 from evalsup.rundir import layout
-from evalsup.rundir.results_file import LineAt
+from evalsup.rundir.checkpoint import RunDirDamaged
+from evalsup.rundir.results_file import LineAt, iter_records, refuse_second_record
 from evalsup.tasks.group_key import group_of, parse_group_by
 from evalsup.tasks.routes import answer_text
 
@@ -58,15 +67,24 @@ def _results_path(where: str | Path) -> tuple[Path, Path | None]:
     return p, None
 
 
-def _complete_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(offset, line) of each complete line; a torn last line (a run killed mid-write) is not a result."""
+def _refuse_second_record(path: Path) -> None:
+    """ResultsDamaged for a second record of a task (or a line before it that is no record)."""
+    try:
+        refuse_second_record(path, verify=True)
+    except RunDirDamaged as e:
+        raise ResultsDamaged(str(e)) from None
+
+
+def _records(path: Path) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    """(offset, line, record) of each complete line, each checked to be a record (ResultsDamaged, naming
+    ``file:LINE``, if not); a torn last line (a run killed mid-write, or still writing) is not a result."""
     pos = 0
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                return
-            yield pos, line
+    try:
+        for _n, line, rec in iter_records(path):
+            yield pos, line, rec
             pos += len(line)
+    except RunDirDamaged as e:
+        raise ResultsDamaged(str(e)) from None
 
 
 def _task_file(run_dir: Path | None, tasks: str | Path | None) -> Path:
@@ -96,8 +114,8 @@ def _in_input_order(results: Path, tasks: Path) -> Iterator[bytes]:
 
     index = IdSet()
     with LineAt(results) as id_at:
-        for pos, line in _complete_lines(results):
-            index.add(str(orjson.loads(line)["custom_id"]), pos, id_at)
+        for pos, _line, rec in _records(results):
+            index.add(rec["custom_id"], pos, id_at)
         try:
             reader = TaskReader(tasks, 1 << 30)
         except OSError as e:
@@ -132,20 +150,26 @@ def read_results(where: str | Path, *, ordered: bool = False, typed: bool = Fals
     TASKS.run). ``typed=True`` yields ``Record`` objects (``.custom_id``, ``.ok``, ``.body``, ``.error``,
     ``.scores``, ``.text``) instead of dicts. A run still going can be read: its last line is read only once
     complete.
+
+    Raises ``ResultsDamaged`` (the line `evalsup status` prints: ``results.jsonl:LINE: ...``, and what
+    `evalsup repair` does) at once when the file holds a second record for a task, and while reading at a line
+    that is no record.
     """
     results, run_dir = _results_path(where)
     task_file = _task_file(run_dir, tasks) if ordered else None
+    _refuse_second_record(results)
 
-    def lines() -> Iterator[bytes]:
+    def recs() -> Iterator[dict[str, Any]]:
         if task_file is not None:
-            yield from _in_input_order(results, task_file)
+            for line in _in_input_order(results, task_file):
+                yield orjson.loads(line)
         else:
-            for _, line in _complete_lines(results):
-                yield line
+            for _, _line, rec in _records(results):
+                yield rec
 
     if typed:
-        return (Record.from_dict(orjson.loads(line)) for line in lines())
-    return (orjson.loads(line) for line in lines())
+        return (Record.from_dict(rec) for rec in recs())
+    return recs()
 
 
 def _flat(rec: dict[str, Any], group_path: tuple[str, ...] | None = None) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 asks to keep those, ``--cache-length``). A refusal to keep is never wrong: it costs a request next time.
 
 The same rules hold on the way out (issue 39): an entry becomes a record only when it still passes the checks
-an online answer passes (``why_unfit``): the file may have been damaged, edited or imported since it was kept.
+an online answer passes (``why_unfit``; for an entry read back, ``entry_unfit``: its columns' kinds first): the file
+may have been damaged, edited or imported since it was kept. The run's workers (cache.lookup), `cache export` and
+the estimate (cache.known: `evalsup estimate --cache`, the run's start line) ask the same ``entry_unfit``, so what
+the estimate counts as free is what the run answers from the cache.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from evalsup.cache.store import Entry, shape_problem
 from evalsup.tasks.routes import answer_key
 
 # a large body checked without being built (worker.bodies.UsageOnly) is searched instead; inside a JSON string
@@ -66,3 +70,13 @@ def why_unfit(status: Any, body: bytes, path: str | None, keep_length: bool = Fa
         return None, f"no {need!r}, not an answer for its route"
     why = why_not(parsed, body, keep_length)
     return (parsed, None) if why is None else (None, f"cut ({why})" if why == "length" else why)
+
+
+def entry_unfit(e: Entry, path: str | None, keep_length: bool = False) -> tuple[Any, str | None]:
+    """An entry read back checked before it becomes a record: its columns of the kinds evalsup writes
+    (``store.shape_problem``), then its answer (``why_unfit``) for a request to ``path``: (its body parsed,
+    None), or (None, why it is no answer to serve)."""
+    problem = shape_problem(e)
+    if problem is not None:
+        return None, problem
+    return why_unfit(e.status, e.body, path, keep_length)

@@ -1,8 +1,14 @@
 """What the cache already holds, for `evalsup estimate --cache DIR` and a run's estimate at its start (issue 30):
-which of a batch of keys have an answer kept, and its completion tokens (a task answered from the cache costs
-nothing; the lengths kept inform the estimate's band). One indexed SELECT a batch (``key IN (...)``, the primary
-key), read only: the file is neither created nor changed, and a damaged or busy file is no hits and one note,
-never a failed estimate."""
+which of a batch of keys have an answer kept that the run would serve, and its completion tokens (a task
+answered from the cache costs nothing; the lengths kept inform the estimate's band). One indexed SELECT a batch
+(``key IN (...)``, the primary key), read only: the file is neither created nor changed, and a damaged or busy
+file is no hits and one note, never a failed estimate.
+
+An entry counts as a hit only when it passes the check the run's workers make before answering from it
+(``keep.entry_unfit``, for the request's path and the run's --cache-length): one that fails it (damaged, edited,
+imported with an error) is sent again by the run, so the estimate counts it as a request (priced), and apart,
+as ``unusable``. The check parses each hit's body (orjson): measured in docs/benchmarks.md against the key
+look-up alone."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalsup.cache.keep import entry_unfit
 from evalsup.cache.key import KeyMaker
 from evalsup.cache.store import CacheError, Store, cache_file, describe
 from evalsup.tasks.requests import RequestDefaults, to_request
@@ -23,10 +30,12 @@ BATCH = 500  # keys a SELECT (SQLite's bound-parameter limit is 999 in old build
 
 class KnownAnswers:
     """The cache at ``directory`` opened for reading (``problem``: why it cannot be, one line; then every
-    look-up finds nothing)."""
+    look-up finds nothing). ``keep_length``: the run's --cache-length (an answer cut at its token limit is a
+    hit only with it, as in the run)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, keep_length: bool = False) -> None:
         self.path = cache_file(directory)
+        self.keep_length = keep_length
         self.store: Store | None = None
         self.problem: str | None = None
         if not self.path.is_file():
@@ -37,24 +46,30 @@ class KnownAnswers:
         except CacheError as e:
             self.problem = str(e)
 
-    def completion_tokens(self, keys: Sequence[bytes]) -> dict[bytes, int]:
-        """{key: its kept answer's completion tokens} for the ``keys`` that have one."""
+    def completion_tokens(self, keys: Sequence[bytes], paths: Sequence[str | None] | None = None
+                          ) -> tuple[dict[bytes, int], dict[bytes, str]]:
+        """({key: its kept answer's completion tokens} for the ``keys`` whose entry the run would serve,
+        {key: why not} for those whose entry it would not (``keep.entry_unfit``)). ``paths``: each key's
+        request path (the route whose answer it must be); None, or a None in it: the entry's own."""
         store = self.store
         if store is None or not keys:
-            return {}
+            return {}, {}
+        path_of = dict(zip(keys, paths, strict=True)) if paths is not None else {}
         out: dict[bytes, int] = {}
+        unfit: dict[bytes, str] = {}
         try:
             for i in range(0, len(keys), BATCH):
-                part = keys[i:i + BATCH]
-                rows = store.conn.execute(
-                    f"SELECT key, completion_tokens FROM entries WHERE key IN ({','.join('?' * len(part))})",
-                    part).fetchall()
-                out.update((bytes(k), int(ct or 0)) for k, ct in rows)
+                for e in store.get_many(keys[i:i + BATCH]):
+                    why = entry_unfit(e, path_of.get(e.key) or e.path, self.keep_length)[1]
+                    if why is None:
+                        out[e.key] = e.completion_tokens
+                    else:
+                        unfit[e.key] = why
         except sqlite3.Error as e:
             self.problem = f"the cache {self.path} cannot be read ({describe(e)})"
             self.close()
-            return {}
-        return out
+            return {}, {}
+        return out, unfit
 
     def close(self) -> None:
         if self.store is not None:
@@ -86,13 +101,15 @@ class Seen:
 
 @dataclass
 class Pending:
-    """A request waiting for its batch's look-up: its figures, the model's largest answer, its key, and what
-    the caller wants back with it (the estimate: the body its tokenizer would count)."""
+    """A request waiting for its batch's look-up: its figures, the model's largest answer, its key, what the
+    caller wants back with it (the estimate: the body its tokenizer would count), and its path (None: the
+    entry's own, which its key was made with)."""
 
     f: Figures
     model_max: int | None
     key: bytes
     extra: Any = None
+    path: str | None = None
 
 
 class CachedTally:
@@ -111,6 +128,8 @@ class CachedTally:
         self.earlier = earlier  # (answers, shortest, sum) a choice already seen (the run directory's)
         self.pending: list[Pending] = []
         self.hits = 0
+        self.unusable = 0  # requests whose entry the run would not serve: counted as requests
+        self.unusable_why: dict[str, int] = {}  # by reason (at most MAX_MODELS reasons)
         self.by_model: dict[str, int] = {}
         self.seen = Seen()
         self.shapes: dict[str, dict[tuple[int, int], int] | None] = {}
@@ -122,12 +141,17 @@ class CachedTally:
 
     def flush(self) -> None:
         pending, self.pending = self.pending, []
-        kept = self.known.completion_tokens([p.key for p in pending])
+        kept, unfit = self.known.completion_tokens([p.key for p in pending], [p.path for p in pending])
         tally = self.tally
         for p in pending:
             f = p.f
             ct = kept.get(p.key)
             name = f.model or "(no model)"
+            why = unfit.get(p.key) if ct is None else None
+            if why is not None:  # the run sends it again: a request like any other
+                self.unusable += 1
+                if why in self.unusable_why or len(self.unusable_why) < MAX_MODELS:
+                    self.unusable_why[why] = self.unusable_why.get(why, 0) + 1
             if ct is not None:  # answered from the cache: free
                 self.hits += 1
                 if name in self.by_model or len(self.by_model) < MAX_MODELS:
@@ -170,8 +194,10 @@ class CachedTally:
         return "run directory and cache" if self.earlier is not None and self.earlier[0] else "cache"
 
     def to_json(self) -> dict[str, Any]:
-        """The estimate's ``cache``: where, the hits (free requests) by model, their lengths a choice."""
+        """The estimate's ``cache``: where, the hits (free requests) by model, their lengths a choice; the
+        requests whose entry the run would not serve (``unusable``, by reason), when there are any."""
         return {"path": str(self.known.path), "hits": self.hits, "hits_by_model": self.by_model,
+                **({"unusable": self.unusable, "unusable_why": self.unusable_why} if self.unusable else {}),
                 **({"completion_seen": {"low": round(self.seen.low, 1),
                                         "mean": round(self.seen.total / self.seen.n, 1)}} if self.seen.n else {}),
                 **({"note": self.known.problem} if self.known.problem else {})}

@@ -3,7 +3,7 @@ loop: one indexed SELECT on a local file, tens of microseconds; a busy or damage
 answered here, before the request would be paced or sent, so it costs no request and no rate-limit budget, and
 its result travels to the supervisor like any other (``metrics.cache: "hit"``).
 
-An entry is a hit only once it passes the checks an online answer passes (``keep.why_unfit``, issue 39): a
+An entry is a hit only once it passes the checks an online answer passes (``keep.entry_unfit``, issue 39): a
 damaged, edited or imported entry that does not is a miss, its reason in the RESULT's meta (``cu``), and the
 request is sent as usual; its answer then replaces the entry."""
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
-from evalsup.cache.keep import why_not, why_unfit
+from evalsup.cache.keep import entry_unfit, why_not
 from evalsup.cache.key import KeyMaker
-from evalsup.cache.store import CacheError, Entry, Store, describe, shape_problem
+from evalsup.cache.store import CacheError, Entry, Store, describe
 
 MODES = ("rw", "ro", "refresh")
 
@@ -79,10 +79,7 @@ class CacheReader:
         e = self.get(key)
         if e is None:
             return None
-        problem = shape_problem(e)
-        if problem is not None:
-            return problem
-        parsed, why = why_unfit(e.status, e.body, path, self.keep_length)
+        parsed, why = entry_unfit(e, path, self.keep_length)
         if why is not None:
             return why
         single = b"\n" not in e.body and b"\r" not in e.body

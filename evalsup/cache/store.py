@@ -18,7 +18,7 @@ import contextlib
 import math
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,9 +87,25 @@ def cache_file(directory: Path) -> Path:
     return directory / FILE
 
 
+class NotText(bytes):
+    """A TEXT value whose bytes are not UTF-8 (the file was edited: evalsup writes bodies as BLOBs and its text
+    columns as str), kept as those bytes. The driver's own decoding raised instead, from the row's fetch, so one
+    such row stopped a whole export; as this, it is one entry the checks refuse (``shape_problem``: not a string;
+    ``keep.why_unfit``: not JSON)."""
+
+
+def _text(raw: bytes) -> str | NotText:
+    """The connection's ``text_factory``: a TEXT value as str, or as NotText when it is not UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return NotText(raw)
+
+
 def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
     # isolation_level=None: transactions only as written (BEGIN IMMEDIATE ... COMMIT), never implicit ones
     conn = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
+    conn.text_factory = _text
     conn.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
     return conn
 
@@ -166,6 +182,20 @@ class Store:
             return None
         r = rows[0]
         return Entry(key, blob(r[0]), *r[1:])
+
+    def get_many(self, keys: Sequence[bytes]) -> Iterator[Entry]:
+        """The entries of ``keys`` that are there (one indexed SELECT; at most 999 keys, SQLite's oldest limit of
+        bound parameters), one row at a time: a batch of large bodies is never held at once. Read to the end
+        (or closed) at once, so no snapshot is held."""
+        if not keys:
+            return
+        cur = self.conn.execute(f"SELECT {', '.join(COLUMNS)} FROM entries WHERE key IN "
+                                f"({','.join('?' * len(keys))})", tuple(keys))
+        try:
+            for r in cur:
+                yield Entry(blob(r[0]), blob(r[1]), *r[2:])
+        finally:
+            cur.close()
 
     # ----- writing -----
 
@@ -254,7 +284,8 @@ class Store:
 
 def blob(value: Any) -> bytes:
     """A BLOB column's value as bytes, whatever SQLite holds there (a file edited by hand may hold text, a
-    number or NULL: their bytes, or none, and the checks that follow refuse them)."""
+    number or NULL: their bytes, or none, and the checks that follow refuse them; a text that is not UTF-8 is
+    its bytes, NotText)."""
     if isinstance(value, bytes):
         return value
     if isinstance(value, memoryview | bytearray):
@@ -289,6 +320,8 @@ def field_problem(name: str, value: Any) -> str | None:
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
+    if isinstance(value, NotText):
+        return "text that is not UTF-8"
     return {bool: "a boolean", str: "a string", dict: "an object", list: "a list", float: "a fraction"}.get(
         type(value), type(value).__name__)
 

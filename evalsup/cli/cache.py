@@ -99,9 +99,10 @@ def prune(directory: Path, max_gb: float) -> None:
 def export(directory: Path, output: Path | None) -> None:
     """Every answer in the cache of DIR as JSON lines (oldest use first): key, body (its exact text), status,
     request_id, model, path, tokens, times. An entry no run would serve (damaged, or no answer: the checks of
-    `run --cache`, a cut answer allowed) is left out and counted."""
-    from evalsup.cache.keep import why_unfit
-    from evalsup.cache.store import Store, entry_json, shape_problem
+    `run --cache`, a cut answer allowed; a value that is not UTF-8 text) is left out and counted, the first of
+    each reason named by its key. A file SQLite cannot read on stops the export, exit 2."""
+    from evalsup.cache.keep import entry_unfit
+    from evalsup.cache.store import Store, describe, entry_json
 
     store = _open(directory)
     assert isinstance(store, Store)
@@ -110,12 +111,15 @@ def export(directory: Path, output: Path | None) -> None:
     left = Skipped()
     try:
         for e in store.entries():
-            why = shape_problem(e) or why_unfit(e.status, e.body, e.path, keep_length=True)[1]
+            why = entry_unfit(e, e.path, keep_length=True)[1]
             if why is not None:
                 left.add(why, f"key {e.key.hex()[:12]}")
                 continue
             out.write(entry_json(e))
             n += 1
+    except sqlite3.Error as e:  # the file itself is damaged past a row's values (a page, the index)
+        _fail(f"the cache {store.path} cannot be read ({describe(e)}); {n:,} entries were exported before it"
+              + left.text("left out"))
     finally:
         if output is not None:
             out.close()

@@ -611,10 +611,12 @@ def report(run_dir: Path, output: Path | None, group_by: str | None) -> None:
                    "apart), and its answers' lengths inform the completion band. Read only.")
 @table_option("cache_model_id", help="As for evalsup run (the cache keys' model).")
 @table_option("cache_salt", help="As for evalsup run (mixed into every cache key).")
+@table_option("cache_length", help="As for evalsup run: an answer kept cut at its token limit is free too.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: int | None, prices: Path | None,
              self_hosted: bool, out: Path | None, shard: str | None, tokenize_max: int, api_key_env: str,
-             cache_dir: Path | None, cache_model_id: str | None, cache_salt: str, as_json: bool) -> None:
+             cache_dir: Path | None, cache_model_id: str | None, cache_salt: str, cache_length: bool,
+             as_json: bool) -> None:
     """What a run of TASKS would send and cost: requests, prompt and completion tokens, and the cost, each as
     low / expected / high, by model. Streamed: flat memory on any size; no request but /tokenize.
 
@@ -623,9 +625,10 @@ def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: i
     model's largest answer or context window from its price source, else unbounded: no high end, say
     --max-tokens); with answers already in the run directory, low is the shortest seen and expected the mean.
     With --cache DIR, the requests whose answer the cache holds are free (counted apart) and those answers'
-    lengths count as seen. A model with no price says so (never counted as free). The prices: --prices FILE
-    over genai-prices (pip install 'evalsup[prices]') over evalsup's own table, each named with its date.
-    Exit 2 on a bad line or price file.
+    lengths count as seen; an answer kept that the run would not serve (damaged, an error) is a request. A
+    model with no price says so (never counted as free). The prices: --prices FILE over genai-prices (pip
+    install 'evalsup[prices]') over evalsup's own table, each named with its date. Exit 2 on a bad line or
+    price file.
     """
     from evalsup.config.prices import PriceError, load_prices
     from evalsup.config.run_config import parse_shard, run_dir_of
@@ -645,7 +648,7 @@ def estimate(tasks: Path, base_url: str | None, model: str | None, max_tokens: i
         headers = endpoint_headers(base_url, (), api_key_env, None) if base_url else None
         s = do_estimate(tasks, table, defaults, base_url=base_url, headers=headers, tokenize_max=tokenize_max,
                         run_dir=run_dir, shard=parsed_shard, cache_dir=cache_dir, cache_model_id=cache_model_id,
-                        cache_salt=cache_salt)
+                        cache_salt=cache_salt, cache_length=cache_length)
     except (PriceError, ConfigError, EstimateError, HeaderError) as e:
         _fail(str(e))
     if as_json:

@@ -65,15 +65,7 @@ def iter_records(path: Path, start: int = 0, first_line: int = 1,
     ``once``, before the first line, on a second record for an id too (``second_record``, with the checkpoint
     beside a run directory's results.jsonl): the tools count each id once."""
     if once:
-        cp = None
-        if path.name == RESULTS:
-            try:
-                cp = load_checkpoint(path.parent)
-            except JournalError:
-                cp = None  # unreadable: every record is held as if after it
-        problem = second_record(path, cp)
-        if problem is not None:
-            raise problem
+        refuse_second_record(path)
     with open(path, "rb") as f:
         f.seek(start)
         n = first_line
@@ -85,6 +77,26 @@ def iter_records(path: Path, start: int = 0, first_line: int = 1,
                 raise damaged(path, n, why or "")
             yield n, line, rec
             n += 1
+
+
+def refuse_second_record(path: Path, verify: bool = False) -> None:
+    """Raise RunDirDamaged for the first second record of an id in a results file (``second_record``, with the
+    checkpoint beside a run directory's results.jsonl, so that only the records after it are held), or for the
+    first line before it that is no record. The check of ``iter_records(once=True)``, and of the Python API's
+    readers (evalsup.api.results). ``verify``: first check the lines the checkpoint covers against its line
+    count and CRC (``verify_covered``, as `evalsup status` does: one read), so a line changed or put among them
+    is named by its own number, not by where the lines after the checkpoint seem to start."""
+    cp = None
+    if path.name == RESULTS:
+        try:
+            cp = load_checkpoint(path.parent)
+        except JournalError:
+            cp = None  # unreadable: every record is held as if after it
+    if verify and cp is not None:
+        verify_covered(path, cp)
+    problem = second_record(path, cp)
+    if problem is not None:
+        raise problem
 
 
 def records(path: Path, once: bool = False) -> Iterator[dict[str, Any]]:

@@ -6,7 +6,9 @@ lines and for a million): requests, prompt tokens and completion tokens as a low
 cost from the price table (config.prices), by model and in all (the maths: tasks.tokens.Tally). The band's lengths
 seen come from the run directory's answers (``seen_lengths``) and, with ``--cache DIR``, from the cache: a request
 whose key (cache.key, as the run's workers make it) the cache already holds costs nothing and is counted apart
-(``cache.hits``), and the completion tokens of those kept answers join the lengths seen (each model's misses are
+(``cache.hits``; an entry the run would not serve, damaged or no answer, is a request like any other, counted
+apart as ``cache.unusable``: cache.keep.entry_unfit, the run's own check), and the completion tokens of those
+kept answers join the lengths seen (each model's misses are
 banded again with them at the end, from their (choices, max tokens) shapes, so the pass stays
 one and flat). The keys are looked up in batches (one indexed SELECT each: cache.known.CachedTally).
 
@@ -152,11 +154,13 @@ FLUSH_BYTES = 4 << 20  # the tokenizer's bodies a batch of cache look-ups may ho
 def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base_url: str | None = None,
              headers: dict[str, str] | None = None, tokenize_max: int = 2000, run_dir: Path | None = None,
              shard: tuple[int, int] | None = None, max_line_bytes: int = 16 << 20, cache_dir: Path | None = None,
-             cache_model_id: str | None = None, cache_salt: str = "") -> dict[str, Any]:
+             cache_model_id: str | None = None, cache_salt: str = "", cache_length: bool = False) -> dict[str, Any]:
     """The estimate of ``tasks`` (see the module's doc) as a dict: ``Tally.summary`` plus how it was made.
     With ``cache_dir`` (--cache DIR, its key settings as the run's) the requests whose answer the cache holds
     are free: counted apart (``cache.hits``), not in the requests, tokens and cost; their answers' lengths join
-    the band's lengths seen. Raises EstimateError (a bad line: ``file:LINE: why``, as the run would refuse it)."""
+    the band's lengths seen. An entry the run would not serve (``cache.keep.entry_unfit``, ``cache_length`` as
+    the run's --cache-length) is a request, counted apart too (``cache.unusable``). Raises EstimateError (a bad
+    line: ``file:LINE: why``, as the run would refuse it)."""
     from evalsup.tasks.reader import TaskError
 
     u = Usage()
@@ -181,7 +185,7 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
         scaled = None if exact is not None or not counted else round(f.approx_prompt * counted / approx_sum)
         tally.add(f, model_max, exact if exact is not None else scaled, counted=exact is not None)
 
-    look = None if cache_dir is None else CachedTally(KnownAnswers(cache_dir), tally,
+    look = None if cache_dir is None else CachedTally(KnownAnswers(cache_dir, cache_length), tally,
                                                       lambda p: count(p.f, p.model_max, p.extra),
                                                       (u.answers, u.low, u.sum_per_choice))
     keys = KeyMaker(cache_model_id, (base_url,) if base_url else (), cache_salt)
@@ -207,7 +211,7 @@ def estimate(tasks: Path, prices: PriceTable, defaults: RequestDefaults, *, base
                 key, path, body = request_key(keys, obj, defaults)
                 tb = _tokenize_body(path, body) if wants_tb else None
                 held += len(got[1]) if tb is not None else 0
-                look.offer(Pending(f, model_max, key, tb))
+                look.offer(Pending(f, model_max, key, tb, path))
                 if held >= FLUSH_BYTES:
                     look.flush()
                 if not look.pending:
@@ -277,6 +281,9 @@ def estimate_text(s: dict[str, Any]) -> str:
                      "from it (free, not counted above)"
                      + (f"; its answers' completion tokens a choice: shortest {seen['low']:,.0f}, mean "
                         f"{seen['mean']:,.0f} (the band's low and expected)" if seen else "")
+                     + (f"; {c['unusable']:,} kept answers unusable ("
+                        + ", ".join(f"{k:,} {why}" for why, k in c["unusable_why"].items())
+                        + "): the run sends them again, counted above" if c.get("unusable") else "")
                      + (f" ({c['note']})" if c.get("note") else ""))
     for name, m in s["models"].items():
         p, c = m["prompt_tokens"], m["completion_tokens"]

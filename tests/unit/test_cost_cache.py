@@ -86,12 +86,15 @@ def test_progress_line_status_prometheus_and_report_show_the_hits() -> None:
 
 # ----- 3. the estimate with the cache -----
 
+ANSWER = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}'
+
+
 def _store(tmp_path: Path, objs: list[dict[str, Any]], completion: int) -> Path:
     d = tmp_path / "cache"
     s = Store(d)
     keys = KeyMaker()
     now = time.time()
-    s.put([Entry(request_key(keys, o, D)[0], b"{}", 200, None, "m", "/v1/chat/completions", 3, completion, now, now)
+    s.put([Entry(request_key(keys, o, D)[0], ANSWER, 200, None, "m", "/v1/chat/completions", 3, completion, now, now)
            for o in objs])
     s.close()
     return d
@@ -128,6 +131,26 @@ def test_estimate_with_a_cache_and_a_cache_that_is_not_there(tmp_path: Path) -> 
     assert s["completion_from"] == "seen (cache)"
     plain = estimate(tasks, prices, D)
     assert plain["requests"] == 10 and "cache" not in plain
+
+
+def test_an_entry_the_run_would_not_serve_is_a_request_in_the_estimate(tmp_path: Path) -> None:
+    """The run's check (cache.keep.entry_unfit) decides a hit: an entry that is no answer for its route, or an
+    answer cut at its token limit without --cache-length, is a request (priced), counted apart."""
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(_task(i)) + b"\n" for i in range(10)))
+    cache = _store(tmp_path, [_task(i) for i in range(6)], completion=10)
+    keys = KeyMaker()
+    cut = ANSWER.replace(b'"stop"', b'"length"')
+    s = Store(cache)
+    for i, body in ((0, b"{}"), (1, cut)):
+        s.put([Entry(request_key(keys, _task(i), D)[0], body, 200, None, "m", "/v1/chat/completions", 3, 10)])
+    s.close()
+    prices = load_prices(self_hosted=True)
+    e = estimate(tasks, prices, D, cache_dir=cache)
+    assert (e["requests"], e["cache"]["hits"], e["cache"]["unusable"]) == (6, 4, 2)
+    assert e["cache"]["unusable_why"] == {"no 'choices', not an answer for its route": 1, "cut (length)": 1}
+    e = estimate(tasks, prices, D, cache_dir=cache, cache_length=True)  # as `run --cache-length` serves it
+    assert (e["requests"], e["cache"]["hits"], e["cache"]["unusable"]) == (5, 5, 1)
     missing = estimate(tasks, prices, D, cache_dir=tmp_path / "none")
     assert missing["requests"] == 10 and missing["cache"]["hits"] == 0 and "no cache" in missing["cache"]["note"]
     assert not (tmp_path / "none").exists()  # read only: nothing created
