@@ -249,7 +249,7 @@ class Supervisor:
         w = self.cfg.worker
         if w.cache_dir is None or w.cache_mode not in ("rw", "ro"):
             return None
-        return CachedTally(KnownAnswers(Path(w.cache_dir)), tally)
+        return CachedTally(KnownAnswers(Path(w.cache_dir), w.cache_length), tally)
 
     def _estimator(self, tally: Tally, look: CachedTally | None = None) -> Callable[[dict[str, Any], int], None]:
         """The pre-scan's eye for the estimate at the start (issue 30): each of this shard's lines counted (with
