@@ -153,7 +153,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         d = Path(tmp)
-        mport, sport = free_port(), free_port()
+        mport = free_port()
         mock = subprocess.Popen([sys.executable, "-m", "evalsup", "mock", "--port", str(mport)], env=env(),
                                 stderr=subprocess.DEVNULL)
         time.sleep(2)
@@ -163,17 +163,9 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "evalsup", "run", str(tasks), "--out", str(d / "run"), "--base-url",
                         upstream, "--quiet"], env=env(), check=True, capture_output=True)
         run_s = time.monotonic() - t
-        server = subprocess.Popen([sys.executable, "-m", "evalsup", "serve", "--upstream", upstream, "--data",
-                                   str(d / "data"), "--port", str(sport), "--max-running-batches", "1"], env=env(),
-                                  stderr=subprocess.DEVNULL)
+        server, base = serve_up(upstream, d / "data", "--max-running-batches", "1")
         try:
-            for _ in range(100):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{sport}/health", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            c = openai.OpenAI(base_url=f"http://127.0.0.1:{sport}/v1", api_key="x", max_retries=0, timeout=600)
+            c = openai.OpenAI(base_url=base, api_key="x", max_retries=0, timeout=600)
             idle = psutil.Process(server.pid).memory_info().rss / 1e6
             pad = 2000
             big = batch_file(d / "big.jsonl", int(a.upload_mb * 1e6 / (pad + 120)), pad)
