@@ -32,6 +32,7 @@ SERVE_REFUSES = {
     "shard": "a batch is one run on this machine; its output file needs every line",
     "ray": "a batch is one run on this machine, sharing serve's live limit per upstream",
     "shards": "a batch is one run on this machine, sharing serve's live limit per upstream",
+    "metrics_port": "every batch's run would bind the same port (serve's own /metrics counts the batches)",
 }
 
 
@@ -123,11 +124,19 @@ def run_options_problem(ctx: click.Context, data: Path, settings: Settings) -> s
         # --help is no option of a batch's run: refused as any unknown one (not the run's help and exit 0)
         alone = run.make_context("evalsup run", [str(home / "input.jsonl"), *settings.run_args], help_option_names=[])
         for name, why in (*SERVE_SETS.items(), *SERVE_REFUSES.items()):
-            if alone.get_parameter_source(name) is ParameterSource.COMMANDLINE:
-                p = next(p for p in run.params if p.name == name)
-                flag = "/".join([p.opts[0], *p.secondary_opts])
+            source = alone.get_parameter_source(name)
+            p = next(p for p in run.params if p.name == name)
+            flag = "/".join([p.opts[0], *p.secondary_opts])
+            if source is ParameterSource.COMMANDLINE:
                 return f"after --: {flag} " + (f"is set by evalsup serve ({why})" if name in SERVE_SETS
                                                else f"cannot go to a batch's run: {why}")
+            # serve's own options come last on a run's command line and win over these; a refused one would not
+            if name in SERVE_REFUSES and source is ParameterSource.ENVIRONMENT:
+                return f"{p.envvar} in serve's environment sets {flag} for every batch's run, which cannot take " \
+                       f"it: {why}"
+            if name in SERVE_REFUSES and source is ParameterSource.DEFAULT_MAP:
+                return f"after --: --config sets {name.replace('_', '-')} ({flag}), which a batch's run cannot " \
+                       f"take: {why}"
         ups = [x for u in settings.upstreams for x in ("--base-url", u)]
         full = run.make_context("evalsup run", [
             str(home / "input.jsonl"), "--out", str(home / "run"), *ups, "--api-key-env", settings.api_key_env,

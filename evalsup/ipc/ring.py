@@ -21,6 +21,7 @@ for the writer.
 from __future__ import annotations
 
 import collections
+import math
 import mmap
 import os
 import struct
@@ -38,6 +39,7 @@ POS = struct.Struct("<Q")  # RELEASE payload: everything before this position is
 
 
 RING_LEAST_MB, RING_MOST_MB = 16, 64  # the rings' budget without EVALSUP_RING_MB: 1/64 of memory, within these
+RING_LARGEST_MB = 4096  # EVALSUP_RING_MB past this is taken as this
 
 
 def ring_budget(memory_bytes: int | None) -> int:
@@ -55,6 +57,9 @@ def ring_budget(memory_bytes: int | None) -> int:
             mb = float(raw)
         except ValueError:
             mb = float(RING_LEAST_MB)
+        if not math.isfinite(mb):  # nan, inf: not a size
+            mb = float(RING_LEAST_MB)
+        mb = min(mb, RING_LARGEST_MB)
     else:
         mb = RING_LEAST_MB if not memory_bytes else min(RING_MOST_MB, max(RING_LEAST_MB, memory_bytes / 64 / (1 << 20)))
     return 0 if mb <= 0 else int(mb * (1 << 20))
@@ -125,7 +130,7 @@ class SupervisorRing:
             return None
         try:
             return cls(size)
-        except OSError:
+        except (OSError, OverflowError, ValueError):
             return None
 
     def close_fd(self) -> None:

@@ -127,11 +127,15 @@ def settle(share: Share, seen: Seen, now: float) -> Share:
     if seen.stopped:
         return replace(share, held=share.ceiling, applied_at=None)
     applied = share.applied_at
-    if applied is None and seen.at is not None and seen.at > share.written_at and seen.ceiling == share.ceiling:
+    # the run applies a ceiling written since the lowering began: the one its file says now, or one written
+    # before it (lowered again since), or the one it clamps to (`-- --concurrency N`): whichever, its in-flight
+    # from then on stays under the larger of that ceiling and what it had in flight
+    if applied is None and seen.at is not None and seen.at > share.written_at and seen.ceiling is not None:
         applied = seen.at
     held = share.held
-    if applied is not None and seen.at is not None and seen.at >= applied + SETTLE_S and seen.in_flight is not None:
-        held = max(share.ceiling, min(held, seen.in_flight))
+    if applied is not None and seen.at is not None and seen.at >= applied + SETTLE_S and seen.in_flight is not None \
+            and seen.ceiling is not None:
+        held = max(share.ceiling, min(held, max(seen.ceiling, seen.in_flight)))
     return Share(share.ceiling, held, share.written_at, None if held <= share.ceiling else applied)
 
 
@@ -190,7 +194,10 @@ def step(total: int, running: Sequence[Live], now: float) -> dict[str, Share]:
     out: dict[str, Share] = {}
     for bid, s in settled.items():
         if want[bid] < s.ceiling:  # lowered now; what it holds is counted until its run shows it gave it back
-            out[bid] = Share(want[bid], max(s.held, s.ceiling), now, None)
+            # lowered again while a lowering is under way: its start and evidence stand (a target that moves every
+            # second must not keep the old figure held for ever)
+            out[bid] = Share(want[bid], max(s.held, s.ceiling), *((s.written_at, s.applied_at) if s.lowering
+                                                                    else (now, None)))
         else:
             out[bid] = s
     free = total - sum(s.held for s in out.values())
@@ -202,5 +209,6 @@ def step(total: int, running: Sequence[Live], now: float) -> dict[str, Share]:
         if up <= s.ceiling:
             continue
         free -= max(0, up - s.held)
-        out[bid] = Share(up, max(up, s.held), now, None) if up >= s.held else Share(up, s.held, now, None)
+        out[bid] = Share(up, max(up, s.held), now, None) if up >= s.held else \
+            Share(up, s.held, s.written_at, s.applied_at)  # still lowering: its evidence stands
     return out

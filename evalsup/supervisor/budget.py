@@ -92,7 +92,13 @@ class Amount:
 
 
 def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
-    return Amount(prompt, completion, None if price is None else price.cost(prompt, completion))
+    """The most these tokens may cost at ``price``: every prompt token at the dearer of the plain input rate and
+    the cache-write rate (a provider that writes the prompt to its cache bills it so: Anthropic's 1.25x), which is
+    what a result may settle at (``settle_result`` prices its cache writes)."""
+    if price is None:
+        return Amount(prompt, completion, None)
+    return Amount(prompt, completion, max(price.cost(prompt, completion),
+                                          price.cost(prompt, completion, written_tokens=prompt)))
 
 
 class TaskCosts:
@@ -130,7 +136,8 @@ class TaskCosts:
         tier = tier_of(body) if "custom_id" in obj else None  # (a simple line's other keys are its metadata)
         variant = getattr(price, "variant", None)
         if tier is not None and variant is not None and a.cost is not None:  # its tier may be dearer (priority)
-            a = Amount(prompt, completion, max(a.cost, variant(tier).cost(prompt, completion)))
+            a = Amount(prompt, completion, max(a.cost, variant(tier).cost(prompt, completion),
+                                               variant(tier).cost(prompt, completion, written_tokens=prompt)))
         if self.judge:  # the template with the task's prompt (as {prompt} and {messages}), its answer, expected
             expected = obj.get("expected")
             jp = self.judge_template_tokens + 2 * p + 2 * c + \

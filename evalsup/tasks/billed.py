@@ -44,8 +44,12 @@ def billed(usage: Any) -> Billed:
     ct = count(usage.get("completion_tokens", usage.get("output_tokens")))
     read = count(usage.get("cache_read_input_tokens"))
     written = count(usage.get("cache_creation_input_tokens"))
-    if read or written:  # Anthropic: input_tokens are the uncached part
-        return Billed(pt + read + written, ct, read, written)
+    if read or written:
+        if "prompt_tokens" not in usage:  # Anthropic's own shape: input_tokens are the uncached part
+            return Billed(pt + read + written, ct, read, written)
+        # an OpenAI-shaped gateway in front of Anthropic (LiteLLM's proxy): prompt_tokens has them already
+        read = min(read, pt)
+        return Billed(pt, ct, read, min(written, pt - read))
     details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
     if isinstance(details, dict):
         read, written = count(details.get("cached_tokens")), count(details.get("cache_write_tokens"))

@@ -36,6 +36,7 @@ REFUSED = [
     (("--retry-failed",), "--retry-failed cannot go to a batch's run"),
     (("--shard", "0/2"), "--shard cannot go to a batch's run"),
     (("--ray", "--shards", "2"), "cannot go to a batch's run"),
+    (("--metrics-port", "9100"), "--metrics-port cannot go to a batch's run"),
 ]
 
 
@@ -68,3 +69,20 @@ def test_a_good_run_option_starts_and_reaches_the_runs(tmp_path: Path, start: Ca
     assert (recorded_settings(tmp_path / "data" / "runs" / b.id / "run") or {}).get("max_tokens") == 16
     p.signal(signal.SIGTERM)
     assert p.finish() == 0
+
+
+def test_a_refused_run_option_from_the_environment_or_a_config_file_is_refused_too(
+        tmp_path: Path, start: Callable[..., Run], mock: MockThread) -> None:
+    """serve's own options come last on each run's command line and win; a refused one (--fresh: a restarted
+    batch would start over and pay again) does not, so it is refused wherever it comes from."""
+    port, data = free_port(), tmp_path / "data"
+    p = start("serve", "--upstream", mock.url, "--data", str(data), "--port", str(port), env={"EVALSUP_FRESH": "1"})
+    assert p.finish() == 2
+    assert "EVALSUP_FRESH in serve's environment" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not listening(port) and not data.exists()
+    conf = tmp_path / "run.toml"
+    conf.write_text("fresh = true\n")
+    p = start("serve", "--upstream", mock.url, "--data", str(data), "--port", str(port), "--", "--config", str(conf))
+    assert p.finish() == 2
+    assert "--config sets fresh" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not listening(port) and not data.exists()

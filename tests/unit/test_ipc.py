@@ -254,3 +254,11 @@ def test_the_rings_budget_follows_the_memory_a_run_may_use(monkeypatch: pytest.M
     monkeypatch.setenv("EVALSUP_RING_MB", "8")
     assert ring_budget(24 << 30) == 8 << 20
     assert ring_size(1, 64 << 20) == 64 << 20 and ring_size(4, 8 << 20) == 4 << 20  # at least 4 MiB each
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e30", "lots"])
+def test_a_ring_size_that_is_no_size_falls_back(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("EVALSUP_RING_MB", value)
+    got = ring_budget(24 << 30)
+    assert 0 <= got <= 4096 << 20
+    assert value not in ("nan", "inf", "lots") or got == 16 << 20

@@ -76,6 +76,9 @@ def test_what_an_answer_was_billed_for_in_each_shape() -> None:
     # Anthropic's input_tokens are the uncached part: every prompt token counts
     assert billed({"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 60,
                    "cache_creation_input_tokens": 30}) == Billed(100, 5, 60, 30)
+    # an OpenAI-shaped gateway in front of Anthropic (LiteLLM's proxy) counts them in prompt_tokens already
+    assert billed({"prompt_tokens": 100, "completion_tokens": 5, "cache_read_input_tokens": 60,
+                   "cache_creation_input_tokens": 30}) == Billed(100, 5, 60, 30)
     assert billed({"input_tokens": 40, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 90}}) \
         == Billed(40, 2, 40, 0)  # never more cached than the prompt
     assert billed({"prompt_tokens": 1.5, "completion_tokens": True}) == Billed()  # not counts: nothing
@@ -119,3 +122,18 @@ def test_a_long_prompt_rate_applies_by_request_to_a_hedged_and_reasked_task(tmp_
     want = 2 * long.cost(150_000, 1_000) + long.cost(300_000, 2_000, requests=2)
     assert b.spent_cost == pytest.approx(want) and back.cost == pytest.approx(want)
     assert want < long.cost(600_000, 4_000)  # (the sums at the long-prompt rates)
+
+
+def test_a_prompt_written_to_the_providers_cache_never_settles_above_its_reservation() -> None:
+    """Anthropic bills a prompt written to its cache at 1.25x the input rate: the reservation takes the dearer
+    rate, so a task whose whole prompt is written settles within it (a cap is never passed by cache writes)."""
+    costs = TaskCosts(RequestDefaults(model="m", max_tokens=100), lambda _m: PRICE)
+    worst = costs.worst({"id": "t", "messages": [{"role": "user", "content": "x" * 4000}]})[0]
+    assert worst.cost is not None
+    b = Budget(Caps(cost=1e9))
+    b.reserve(1, worst, PRICE)
+    usage = {"input_tokens": 0, "cache_creation_input_tokens": worst.prompt, "output_tokens": worst.completion}
+    _, meta = build("t", outcome(usage), 1, 0.0, 1, None, {})
+    b.settle_result(1, meta)
+    assert b.spent_cost > PRICE.cost(worst.prompt, worst.completion)  # the writes were dearer than plain input
+    assert b.spent_cost <= worst.cost + 1e-12

@@ -156,3 +156,25 @@ def test_random_targets_are_max_min_fair_by_key(seed: int) -> None:
         assert k_got <= k_want
         if k_got < k_want:
             assert all(other_got <= k_got + 1 for other_got, _ in keys.values()), (k, keys)
+
+
+@pytest.mark.parametrize("clamp", [None, 64])
+def test_a_batch_whose_target_moves_every_second_still_gives_room_back(clamp: int | None) -> None:
+    """A alone holds the whole 256; its adaptive limit wobbles (40-42), so its demand and its target move every
+    second; B arrives. B must get room within a few seconds, whether A's run applies the ceilings serve writes or
+    clamps them to its own `-- --concurrency 64`; and the held figures never sum above the total."""
+    total = 256
+    shares = run_steps(total, {"a": ("A", Seen(remaining=100_000))})
+    assert shares["a"].ceiling == total
+    applied = min(total, clamp or total)
+    now = 100.0
+    for i in range(12):
+        now += 1.0
+        limit = 40 + i % 3
+        seen_a = Seen(remaining=100_000 - 100 * i, limit=limit, in_flight=min(limit, applied), ceiling=applied,
+                      at=now - 0.5)
+        shares = run_steps(total, {"a": ("A", seen_a), "b": ("B", Seen(remaining=5_000))},
+                           {"a": shares["a"], "b": shares.get("b", Share())}, now=now)
+        assert sum(s.held for s in shares.values()) <= total
+        applied = min(shares["a"].ceiling, clamp or total)  # the run reads its file at its next tick
+    assert shares["b"].ceiling > 0, shares
