@@ -120,8 +120,10 @@ def test_a_generator_of_50000_dicts_in_flat_memory(tmp_path: Path) -> None:
     def peak_kb():  # VmHWM: this process's own peak (ru_maxrss starts from the forking parent's, pytest's)
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    # the same run with 5,000 tasks first: imports, buffers of a chunk's size (1 MiB), the child's start
-    evalsup.run(big(5_000), base_url=URL, model="mock-model", out=OUT + "-warm", progress=False, shard="0/50")
+    # the same run with 5,000 tasks first: imports, buffers of a chunk's size (1 MiB), the child's start; it
+    # sends as many (1,000: shard 0/5) as the run measured, so that only the input's size differs between them
+    # (the run's own state follows the tasks it sends: results waiting for the disk on a loaded machine)
+    evalsup.run(big(5_000), base_url=URL, model="mock-model", out=OUT + "-warm", progress=False, shard="0/5")
     before = peak_kb()
     # all 50,000 are streamed into the run directory; shard 0/50 sends 1,000 of them, to keep the test short
     res = evalsup.run(big(50_000), base_url=URL, model="mock-model", out=OUT, progress=False, shard="0/50")
