@@ -10,7 +10,8 @@ and while its batch runs. Offline, against the project's mock on 127.0.0.1.
 
 ``--lone``: one batch alone on a mock answering in --latency-ms, through `evalsup serve --concurrency C
 --max-running-batches 4`, twice in one invocation: with the fixed share serve gave a run before the live ceilings
-(C / 4, passed as the run's own `--max-concurrency`, which then caps its ceiling) and with the live share (all of
+(C / 4, passed as the run's own `-- --concurrency`, which then caps its ceiling; serve refuses
+`--max-concurrency` after `--` since it sets it itself) and with the live share (all of
 C, lent while no other batch runs). Wall times from create to the output file, their ratio, and the most
 requests the mock held at once each time.
 """
@@ -28,6 +29,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psutil
@@ -82,10 +84,21 @@ def serve_up(upstream: str, data: Path, *extra: str) -> tuple[subprocess.Popen[b
     for _ in range(100):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            break
+            return server, f"http://127.0.0.1:{port}/v1"
         except OSError:
+            if server.poll() is not None:
+                break
             time.sleep(0.1)
-    return server, f"http://127.0.0.1:{port}/v1"
+    server.kill()
+    raise SystemExit(f"bench_serve: evalsup serve {' '.join(extra)} did not come up (exit {server.wait()})")
+
+
+def batch_through(c: Any, file_id: str, poll_s: float) -> tuple[Any, bytes]:
+    """A chat batch of ``file_id`` created, waited for (polled every ``poll_s``), and its output file's bytes."""
+    b = c.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    while (b := c.batches.retrieve(b.id)).status not in ("completed", "failed", "expired", "cancelled"):
+        time.sleep(poll_s)
+    return b, c.files.content(b.output_file_id or "").content
 
 
 def mock_stats(mport: int, reset: bool = False) -> dict[str, object]:
@@ -109,7 +122,8 @@ def lone(a: argparse.Namespace) -> None:
         tasks = batch_file(d / "tasks.jsonl", a.n)
         got = []
         try:
-            for name, extra in (("fixed share", ("--", "--max-concurrency", str(max(1, a.concurrency // 4)))),
+            # serve sets each run's --max-concurrency itself (and refuses it after --): a run fixed at the old share
+            for name, extra in (("fixed share", ("--", "--concurrency", str(max(1, a.concurrency // 4)))),
                                 ("live share", ())):
                 server, base = serve_up(f"http://127.0.0.1:{mport}/v1", d / name.replace(" ", "-"), "--concurrency",
                                         str(a.concurrency), "--max-running-batches", "4", *extra)
@@ -118,10 +132,7 @@ def lone(a: argparse.Namespace) -> None:
                     f = c.files.create(file=("tasks.jsonl", io.BytesIO(tasks.read_bytes())), purpose="batch")
                     mock_stats(mport, reset=True)
                     t = time.monotonic()
-                    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-                    while (b := c.batches.retrieve(b.id)).status not in ("completed", "failed", "expired", "cancelled"):
-                        time.sleep(0.2)
-                    out = c.files.content(b.output_file_id or "").content
+                    b, out = batch_through(c, f.id, 0.2)
                     wall = time.monotonic() - t
                     assert b.status == "completed" and out.count(b"\n") == a.n, b
                     got.append((name, wall, mock_stats(mport)["max_in_flight"]))
@@ -177,10 +188,7 @@ def main() -> None:
             t = time.monotonic()
             f = c.files.create(file=("tasks.jsonl", io.BytesIO(tasks.read_bytes())), purpose="batch")
             with Peak(server.pid) as during:
-                b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-                while (b := c.batches.retrieve(b.id)).status not in ("completed", "failed", "expired", "cancelled"):
-                    time.sleep(0.5)
-                out = c.files.content(b.output_file_id or "").content
+                b, out = batch_through(c, f.id, 0.5)
             serve_s = time.monotonic() - t
             assert b.status == "completed" and out.count(b"\n") == a.n, b
         finally:
