@@ -20,7 +20,7 @@ import orjson
 from evalsup.config.cgroup import CgroupProbe, CgroupSample
 from evalsup.config.run_config import RunConfig
 from evalsup.supervisor.policies import InflightBudget, PressureSignal, RecycleCause, RecyclePolicy, Watermark
-from evalsup.supervisor.rss import rss_bytes
+from evalsup.supervisor.rss import own_rss_bytes, rss_bytes
 from evalsup.supervisor.workers import State, WorkerView
 
 GIB = 1 << 30
@@ -119,7 +119,7 @@ class MemoryControl:
         sup_rss = rss_bytes(self._sup_pid) or 0
         per_worker: dict[int, int] = {}
         for w in workers:
-            r = rss_bytes(w.pid) if w.pid else None
+            r = own_rss_bytes(w.pid) if w.pid else None
             if r is None:
                 continue
             dec.rss[w.id] = r

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-__all__ = ["PAGE_SIZE", "rss_bytes", "tree_rss_bytes"]
+__all__ = ["PAGE_SIZE", "own_rss_bytes", "rss_bytes", "tree_rss_bytes"]
 
 PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC_STATM = os.path.exists("/proc/self/statm")
@@ -59,6 +59,39 @@ def rss_bytes(pid: int) -> int | None:
     if _PROC_STATM:
         return _statm_rss(pid)
     return _psutil_rss(pid)
+
+
+def _status_shmem(pid: int) -> int | None:
+    """``RssShmem`` of ``pid`` from ``/proc/<pid>/status``, in bytes (None: not found or unreadable)."""
+    try:
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    at = data.find(b"\nRssShmem:")
+    if at < 0:
+        return None
+    fields = data[at + 10 : data.find(b"\n", at + 10)].split()
+    try:
+        return int(fields[0]) * 1024  # in kB
+    except (IndexError, ValueError):
+        return None
+
+
+def own_rss_bytes(pid: int) -> int | None:
+    """A worker's resident memory less its shared-memory pages (``RssShmem``): those are its results ring
+    (``ipc.ring``), which the worker writes through a mapping of its own and which the supervisor's RSS counts
+    already. The figure a worker is recycled by: what it holds itself. ``None`` when the process is gone."""
+    rss = rss_bytes(pid)
+    if rss is None or not _PROC_STATM:
+        return rss
+    shmem = _status_shmem(pid)
+    return rss if shmem is None else max(0, rss - shmem)
 
 
 def tree_rss_bytes(pids: Iterable[int]) -> int:

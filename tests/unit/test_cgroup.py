@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evalsup.config.cgroup import CgroupProbe, CgroupSample, parse_keyed, parse_limit, parse_proc_cgroup, parse_psi
-from evalsup.supervisor.rss import rss_bytes, tree_rss_bytes
+from evalsup.supervisor.rss import own_rss_bytes, rss_bytes, tree_rss_bytes
 
 V1_UNLIMITED = "9223372036854771712"
 
@@ -395,6 +395,38 @@ def test_rss_self_and_tree() -> None:
     own = rss_bytes(os.getpid())
     assert own is not None and own > 1_000_000
     assert tree_rss_bytes([os.getpid(), os.getpid()]) >= 2 * own * 0.9
+
+
+def test_a_workers_own_rss_leaves_out_the_results_ring_it_writes_through_a_mapping() -> None:
+    """A worker copies large results into a mapping of its ring (ipc.ring): the ring's pages show in its RSS
+    but are the supervisor's (counted in its RSS); the figure a worker is recycled by leaves them out."""
+    import mmap
+
+    from evalsup.ipc.ring import SupervisorRing, WorkerRing
+
+    size = 32 << 20
+    sup = SupervisorRing(size)
+    assert sup.fd is not None
+    ring = WorkerRing(os.dup(sup.fd), size)
+    sup.close_fd()
+    before_rss, before_own = rss_bytes(os.getpid()), own_rss_bytes(os.getpid())
+    assert before_rss is not None and before_own is not None
+    line = b"x" * (1 << 20)
+    written = 0
+    for i in range(3 * size // len(line)):  # around the ring three times: pwritev first, then the mapping
+        line = bytes([i % 251]) * len(line)
+        pos = ring.put([line])
+        assert pos is not None
+        written += len(line)
+        assert bytes(sup.line(pos, len(line), written)) == line  # what the journal's writer would write
+        upto = sup.releasable(written)  # written: the worker may use the space again
+        assert upto is not None
+        ring.release(upto)
+    assert ring.touched >= size - (1 << 20) - mmap.PAGESIZE
+    after_rss, after_own = rss_bytes(os.getpid()), own_rss_bytes(os.getpid())
+    assert after_rss is not None and after_own is not None
+    assert after_rss - before_rss > size // 2  # the mapping's pages are resident here...
+    assert after_own - before_own < size // 8  # ...and not counted as this process's own
 
 
 def test_own_v1_memory_cgroup_is_ours_or_the_mount_where_ours_is_not_there(tmp_path: Path) -> None:
