@@ -63,9 +63,10 @@ def iter_records(path: Path, start: int = 0, first_line: int = 1,
     """(line number, line, record) of each complete line from byte ``start`` (line ``first_line``); a torn last
     line (a run still writing, or killed) ends the file. Raises RunDirDamaged on a line that is no record; with
     ``once``, before the first line, on a second record for an id too (``second_record``, with the checkpoint
-    beside a run directory's results.jsonl): the tools count each id once."""
+    beside a run directory's results.jsonl, whose covered lines are checked first, so that a line put among
+    them is named by its own number): the tools count each id once."""
     if once:
-        refuse_second_record(path)
+        refuse_second_record(path, verify=True)
     with open(path, "rb") as f:
         f.seek(start)
         n = first_line

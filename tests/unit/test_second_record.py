@@ -61,6 +61,20 @@ def test_a_record_after_the_checkpoint_for_an_id_done_before_it_is_named_with_it
     assert len(list(iter_records(path))) == 21  # unchecked, as the resume's own scan of the tail reads
 
 
+def test_a_record_put_among_the_checkpointed_lines_is_named_by_its_own_line_by_the_tools(tmp_path: Path) -> None:
+    """`evalsup score` and `report` read with ``iter_records(once=True)``: a copy of line 3 put in as line 6,
+    inside what the checkpoint covers, is named as line 6 (as `evalsup status` names it), not as the line where
+    the records after the checkpoint seem to start."""
+    covered = [_line(f"t{i}") for i in range(20)]
+    d, _cp = _run_dir(tmp_path, covered, [])
+    path = d / "results.jsonl"
+    path.write_bytes(b"".join([*covered[:5], covered[2], *covered[5:]]))  # sed -i '5r' a copy of line 3
+    said = "results.jsonl:6: a second record for 't2' (the first: line 3)"
+    with pytest.raises(RunDirDamaged, match=re.escape(said)):
+        next(iter_records(path, once=True))
+    assert check_run_dir(d) is not None and "results.jsonl:6: a second record for 't2'" in check_run_dir(d)
+
+
 def test_each_id_once_is_no_damage_and_the_earliest_second_record_is_named(tmp_path: Path) -> None:
     covered = [_line(f"t{i}") for i in range(50)]
     d, cp = _run_dir(tmp_path, covered, [_line("t50"), _line("t51")])
