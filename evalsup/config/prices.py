@@ -64,6 +64,9 @@ class Price:
     variants: tuple[tuple[tuple[str, str], Price], ...] = ()
     # prompt tokens written to the provider's cache for an hour (Anthropic's 1-hour TTL), else ``cache_write``
     cache_write_1h: float | None = None
+    # the user's own (--prices FILE): it prices an answer to its model even when the response names a snapshot
+    # another source knows (``rundir.usage.billed_price``: what the user says they pay wins)
+    given: bool = field(default=False, compare=False)
 
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
              written_tokens: float = 0.0, requests: float = 1.0, written_1h_tokens: float = 0.0) -> float:
@@ -402,7 +405,7 @@ def read_user_prices(path: Path) -> dict[str, Price]:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise PriceError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    return _table(data, str(path), str(path))
+    return {m: replace(p, given=True) for m, p in _table(data, str(path), str(path)).items()}
 
 
 def load_prices(user_file: Path | str | None = None, self_hosted: bool = False, *, maintained: bool = True,

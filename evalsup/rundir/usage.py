@@ -51,12 +51,15 @@ def billed_price(price_of: Callable[[str | None], P | None], answered: str | Non
     """The price an answer is billed at, the one rule of the live budget and the read-back: the model its
     response names (``answered``: a provider bills the snapshot that served it, ``gpt-4o-2024-08-06`` for a
     request asking ``gpt-4o``, whose rates may differ from the alias's) when a price is known for it, else the
-    model the request asked (``asked``); None: neither has a price."""
-    if answered:
+    model the request asked (``asked``); None: neither has a price. A price the user gave for the model asked
+    (--prices FILE, ``Price.given``) wins over another source's for the snapshot (what they say they pay), not
+    over one they gave for the snapshot itself."""
+    mine = price_of(asked) if asked else None
+    if answered and answered != asked:
         p = price_of(answered)
-        if p is not None:
+        if p is not None and (getattr(p, "given", False) or not getattr(mine, "given", False)):
             return p
-    return price_of(asked) if asked else None
+    return mine
 
 
 def answer_cost(price: Priced, answer: Billed, tier: str | None = None, batch: bool = False, copies: int = 1,

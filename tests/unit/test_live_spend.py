@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from evalsup.config.caps import Caps
-from evalsup.config.prices import Price
-from evalsup.rundir.usage import usage_of_results
+from evalsup.config.prices import Price, load_prices
+from evalsup.rundir.usage import billed_price, usage_of_results
 from evalsup.supervisor.budget import Amount, Budget, TaskCosts
 from evalsup.tasks.billed import Billed, billed, tier_of
 from evalsup.tasks.requests import RequestDefaults
@@ -257,3 +257,20 @@ def test_a_tasks_own_model_prices_its_answer_when_the_response_names_none_with_a
     assert b.spent_cost == pytest.approx(back.cost) == pytest.approx(FLEX.cost(1_000, 200))
     _, same = build("t2", outcome(usage, model="gpt-4o"), 8, 0.0, 1, None, {}, extras=Extras(model="gpt-4o"))
     assert "md" not in same  # the usual answer, naming the model asked, adds nothing to the meta
+
+
+def test_a_price_the_user_gave_for_the_model_asked_wins_over_a_tables_for_the_snapshot(tmp_path: Path) -> None:
+    """--prices FILE says what the user pays for the model they ask (a gateway's alias, a negotiated rate): an
+    answer naming a snapshot that only another source prices is spent at the user's price; a price they gave
+    for the snapshot itself is the snapshot's."""
+    f = tmp_path / "p.json"
+    f.write_text('{"my-sonnet": {"input": 1, "output": 2}, "gpt-4o-2024-05-13": {"input": 7, "output": 9}}')
+    table = load_prices(f, maintained=False)
+    theirs = table.lookup("claude-sonnet-4-20250514")  # the shipped table's
+    mine = table.lookup("my-sonnet")
+    assert theirs is not None and mine is not None and mine.given and not theirs.given
+    assert billed_price(table.lookup, "claude-sonnet-4-20250514", "my-sonnet") is mine
+    assert billed_price(table.lookup, "gpt-4o-2024-05-13", "gpt-4o") == Price(7.0, 9.0, source=str(f))
+    assert billed_price(table.lookup, "claude-sonnet-4-20250514", "unpriced-alias") is theirs
+    assert billed_price(table.lookup, "unpriced-snapshot", "my-sonnet") is mine
+    assert billed_price(table.lookup, None, None) is None
