@@ -91,7 +91,6 @@ class Price:
         return ((prompt_tokens - cached - written) * p.input + cached * read_rate + (written - hour) * write_rate
                 + hour * hour_rate + completion_tokens * p.output) / PER
 
-
     def variant(self, service_tier: str | None = None, batch: bool = False) -> Price:
         """The rates an answer was billed at: the batch API's (``batch``), else the ``service_tier`` its response
         names (OpenAI's ``flex``, ``priority``...); this price when the source has none for it."""

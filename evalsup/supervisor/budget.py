@@ -275,9 +275,11 @@ class Budget:
             price = got[1]
             self._unreserve(got[0])
             if answered is not None and self.price_of is not None and answered != got[2]:
-                price = billed_price(self.price_of, answered, got[2]) or price
-                if got[2] is not None and len(self.answered_as) < 1_000 and self.price_of(answered) is not None:
-                    self.answered_as[got[2]] = answered  # the next tasks of that model reserve at the dearer
+                used = billed_price(self.price_of, answered, got[2])
+                if used is not None and used != price:  # priced as the snapshot: its model's next tasks reserve
+                    if got[2] is not None and len(self.answered_as) < 1_000:  # at the dearer of the two
+                        self.answered_as[got[2]] = answered
+                    price = used
         prompt, completion = max(0, prompt), max(0, completion)
         cost = None if price is None else bill(price) if bill is not None else price.cost(prompt, completion)
         self.spent_prompt += prompt
