@@ -93,6 +93,8 @@ class Held:
     chunk: int | None = None
     schema: dict[str, Any] | None = None  # the request's own response_format JSON schema, validated on its answer
     bad_schema: dict[str, str] | None = None  # the record's error when that schema is no JSON schema
+    model: str | None = None  # the model its request asks (an answer is priced by its response's, else this one)
+    own_model: bool = False  # the task named it (not the run's --model): kept in the record's metrics.model
 
 
 @dataclass
@@ -225,14 +227,17 @@ class Driver:
         tid = str(obj.get("custom_id", obj.get("id")))
         url, body, metadata = to_request(obj, self.defaults)
         schema, bad = self._schema(body)
+        asked = body.get("model")
+        asked = asked if isinstance(asked, str) and asked else None
+        own = asked is not None and asked != self.defaults.model
         n = self.key_chunk.get(k)
         if n is not None:  # a task of a chunk already under way (a resume): its answer comes from that chunk
-            self.held[k] = Held(tid, metadata, self.key_att.get(k, 0), n, schema, bad)
+            self.held[k] = Held(tid, metadata, self.key_att.get(k, 0), n, schema, bad, asked, own)
             got = self.pending.get(n, {}).pop(k, None)
             if got is not None:
                 self._spawn(self._answer(n, k, got if isinstance(got, Answer) else self._reread(*got)))
             return
-        self.held[k] = Held(tid, metadata, schema=schema, bad_schema=bad)
+        self.held[k] = Held(tid, metadata, schema=schema, bad_schema=bad, model=asked, own_model=own)
         if self.cancel:
             return  # `evalsup cancel`: nothing new is sent; the task stays outstanding for a rerun
         if self.anthropic:  # the request translated (the pre-scan refused what cannot be, unless skipped)
@@ -728,7 +733,7 @@ class Driver:
     def _emit(self, a: Answer, k: int, attempts: int, batch: dict[str, Any], waited_s: float, h: Held,
               scored: Any) -> None:
         out_line, info = build(a, k, attempts, self.pid, self.endpoint_info, batch, h.metadata, scored, waited_s,
-                               self.scrub)
+                               self.scrub, model=h.model, own_model=h.own_model)
         if self.group_path is not None:  # the supervisor's groups come from the meta, as a worker's (records.build)
             info["g"] = group_of(h.metadata, self.group_path)
         self.done += 1

@@ -66,11 +66,14 @@ def not_run(tid: str, code: str, message: str) -> Answer:
 
 def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any], batch: dict[str, Any],
           metadata: dict[str, Any], scored: Scored | None, waited_s: float,
-          scrub: Scrubber | None = None) -> tuple[list[bytes], dict[str, Any]]:
+          scrub: Scrubber | None = None, *, model: str | None = None,
+          own_model: bool = False) -> tuple[list[bytes], dict[str, Any]]:
     """The record of a batch answer and its RESULT meta (``ipc.messages.ResultMeta``). ``batch``: the batch id,
     the request's id and the chunk, kept in ``metrics.batch``; ``waited_s``: from the chunk's intent to its
     collection (the provider's queue and work: a batch answer has no latency of its own). ``scrub``: the run's
-    secrets taken out of the body, the error and the scores' errors (an error that echoes the URL)."""
+    secrets taken out of the body, the error and the scores' errors (an error that echoes the URL). ``model``:
+    the model the request asked (``own_model``: the task named it), which prices the answer when its response
+    names no model with a price (``worker.records.Extras``: the same meta ``md`` and ``metrics.model``)."""
     error = a.error
     body = a.body
     if scrub:
@@ -78,11 +81,13 @@ def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any]
     metrics: dict[str, Any] = {"latency_s": 0.0, "queue_s": round(waited_s, 6), "total_s": round(waited_s, 6),
                                "attempts": attempts, "worker": pid, "endpoint": endpoint,
                                "batch": {**batch, "request_id": a.line_id}}
+    usage = a.body.get("usage") if isinstance(a.body, dict) else None
+    if own_model and model is not None and isinstance(usage, dict):
+        metrics["model"] = model  # a task's own model: the read-back prices by it as the budget does
     line = output_line(a.tid, status=a.status, request_id=a.request_id, body=body, error=error,
                        metrics=metrics, metadata=metadata or None,
                        scores=None if scored is None else scored.scores,
                        score_errors=None if scored is None else scrub.json(scored.errors) if scrub else scored.errors)
-    usage = a.body.get("usage") if isinstance(a.body, dict) else None
     bill = billed(usage)  # OpenAI's names, or an Anthropic Message's; read as the read-back reads them
     info: dict[str, Any] = {
         "k": key, "ok": error is None, "lat": 0.0, "att": attempts, "rb": len(line), "ec": error["code"] if error
@@ -92,9 +97,14 @@ def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any]
         info["cr"] = bill.cached
     if bill.written:
         info["cw"] = bill.written
+    if bill.written_1h:
+        info["w1"] = bill.written_1h
     tier = tier_of(a.body)
     if tier is not None and isinstance(usage, dict):
         info["tr"] = tier
+    answered = a.body.get("model") if isinstance(a.body, dict) else None
+    if isinstance(answered, str) and answered and answered != model and isinstance(usage, dict):
+        info["md"] = answered
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
     return [line], info

@@ -597,8 +597,8 @@ def report(run_dir: Path, output: Path | None, group_by: str | None) -> None:
                    "has none, they are estimated as characters / 4 (marked ≈).")
 @table_option("model", help="Model for lines whose body has none (as for evalsup run).")
 @table_option("max_tokens", lo=0, help="max_tokens for requests that do not set it (as for evalsup run).")
-@table_option("prices", help="Model prices (YAML or JSON: MODEL: {input, output, cached_input}, USD per million "
-                             "tokens) over evalsup's own table.")
+@table_option("prices", help="Model prices (YAML or JSON: MODEL: {input, output, cached_input, cache_write, "
+                             "cache_write_1h}, USD per million tokens) over evalsup's own table.")
 @table_option("self_hosted", help="Your own endpoint: every model costs 0.")
 @table_option("out", help="The run directory (default TASKS.run): its answers so far give the lengths seen, and the "
                           "estimate covers only the tasks still to do.")

@@ -192,7 +192,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("max_total_tokens", ("--max-total-tokens",), "str", metavar="N[/shard]",
            help="As --max-cost, for prompt + completion tokens of the whole run."),
     Option("prices", ("--prices",), "file", metavar="FILE",
-           help="Model prices (YAML or JSON: MODEL: {input, output, cached_input} in USD per million tokens) over "
+           help="Model prices (YAML or JSON: MODEL: {input, output, cached_input, cache_write, cache_write_1h} in "
+                "USD per million tokens) over "
                 "evalsup's own table (evalsup/config/prices.json, dated, sources named). For --max-cost and the "
                 "estimate at the start."),
     Option("self_hosted", ("--self-hosted",), "flag", False,

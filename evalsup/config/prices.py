@@ -4,9 +4,13 @@ table of some 2,000 models and their providers, cached-input, cache-write, long-
 rates included), and the small table shipped with evalsup (``prices.json``, dated, its sources named), the
 fallback for what neither knows. A self-hosted endpoint costs 0.
 
-Prices are USD per million tokens: ``input``, ``output``, ``cached_input`` (and from genai-prices
-``cache_write``). A model is looked up by its name as given, then without a provider prefix (``openai/gpt-4o``:
-genai-prices is asked for that provider's model), then without a date or version suffix
+Prices are USD per million tokens: ``input``, ``output``, ``cached_input``, ``cache_write`` (a prompt token
+written to the provider's cache for 5 minutes, Anthropic's default) and ``cache_write_1h`` (for an hour). A Claude
+model (its name has "claude": Anthropic's, or Bedrock's, Vertex's, OpenRouter's copy) whose source gives no
+cache-write rate has Anthropic's published multipliers of its input rate: 1.25x for a 5-minute write, 2x for a
+1-hour one (genai-prices gives the 1-hour rate for Anthropic's own models, and none for most of the copies; the
+shipped table gives neither). A model is looked up by its name as given, then without a provider prefix
+(``openai/gpt-4o``: genai-prices is asked for that provider's model), then without a date or version suffix
 (``gpt-4o-mini-2024-07-18`` is ``gpt-4o-mini``). A model found nowhere has no price: ``lookup`` returns None
 and every caller says so; it never counts as free. Each ``Price`` names its source and that source's date.
 
@@ -23,7 +27,7 @@ import json
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -58,12 +62,19 @@ class Price:
     over: tuple[tuple[int, Price], ...] = ()
     # the rates of a service tier or of the batch API: (("service_tier", "flex"), price), (("processing", "batch"), ...)
     variants: tuple[tuple[tuple[str, str], Price], ...] = ()
+    # prompt tokens written to the provider's cache for an hour (Anthropic's 1-hour TTL), else ``cache_write``
+    cache_write_1h: float | None = None
+    # the user's own (--prices FILE): it prices an answer to its model even when the response names a snapshot
+    # another source knows (``rundir.usage.billed_price``: what the user says they pay wins)
+    given: bool = field(default=False, compare=False)
 
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
-             written_tokens: float = 0.0, requests: float = 1.0) -> float:
+             written_tokens: float = 0.0, requests: float = 1.0, written_1h_tokens: float = 0.0) -> float:
         """USD for these tokens (of ``requests`` requests: a long-prompt rate applies by a request's mean prompt).
         ``cached_tokens`` and ``written_tokens`` are parts of ``prompt_tokens``: read from and written to the
-        provider's prompt cache, at ``cached_input`` and ``cache_write`` when known, else at ``input``."""
+        provider's prompt cache, at ``cached_input`` and ``cache_write`` when known, else at ``input``;
+        ``written_1h_tokens``, a part of ``written_tokens``, were kept an hour: at ``cache_write_1h`` when known,
+        else as the others."""
         p = self
         if self.over and requests > 0:
             per = prompt_tokens / requests
@@ -73,10 +84,12 @@ class Price:
                     break
         cached = min(max(cached_tokens, 0.0), prompt_tokens)
         written = min(max(written_tokens, 0.0), prompt_tokens - cached)
+        hour = min(max(written_1h_tokens, 0.0), written)
         read_rate = p.input if p.cached_input is None else p.cached_input
         write_rate = p.input if p.cache_write is None else p.cache_write
-        return ((prompt_tokens - cached - written) * p.input + cached * read_rate + written * write_rate
-                + completion_tokens * p.output) / PER
+        hour_rate = write_rate if p.cache_write_1h is None else p.cache_write_1h
+        return ((prompt_tokens - cached - written) * p.input + cached * read_rate + (written - hour) * write_rate
+                + hour * hour_rate + completion_tokens * p.output) / PER
 
     def variant(self, service_tier: str | None = None, batch: bool = False) -> Price:
         """The rates an answer was billed at: the batch API's (``batch``), else the ``service_tier`` its response
@@ -183,6 +196,26 @@ class PriceTable:
 
 SELF_HOSTED = Price(0.0, 0.0, 0.0, None, "self-hosted")
 
+# Anthropic's cache writes, as multiples of the input rate (https://docs.claude.com/en/docs/build-with-claude/
+# prompt-caching#pricing): a prompt kept 5 minutes (the default TTL) bills at 1.25x, one kept an hour at 2x
+WRITE_5M, WRITE_1H = 1.25, 2.0
+
+
+def _claude(name: str) -> bool:
+    """An Anthropic model, wherever it is served (genai-prices' own test for Anthropic's models)."""
+    return "claude" in name.lower()
+
+
+def _anthropic_writes(p: Price) -> Price:
+    """A Claude model's price with Anthropic's cache-write rates where its source gave none (derived from its
+    input rate, tier by tier and variant by variant: the batch API's are half, as its input is)."""
+    if p.cache_write is not None and p.cache_write_1h is not None and not p.over and not p.variants:
+        return p
+    return replace(p, cache_write=p.input * WRITE_5M if p.cache_write is None else p.cache_write,
+                   cache_write_1h=p.input * WRITE_1H if p.cache_write_1h is None else p.cache_write_1h,
+                   over=tuple((s, _anthropic_writes(t)) for s, t in p.over),
+                   variants=tuple((w, _anthropic_writes(v)) for w, v in p.variants))
+
 
 def _find(table: dict[str, Price], model: str) -> Price | None:
     names = [model]
@@ -234,7 +267,8 @@ class _Maintained:
             except (LookupError, ValueError):
                 continue
             table = _find(shipped, model)
-            return _from_package(info, provider, self.at, self.source, table.max_output if table else None)
+            got = _from_package(info, provider, self.at, self.source, table.max_output if table else None)
+            return _anthropic_writes(got) if got is not None and _claude(f"{model} {info.id}") else got
         return None
 
 
@@ -263,8 +297,9 @@ def _rate(v: Any) -> tuple[float | None, dict[int, float]]:
 
 
 def _rates(mp: Any, source: str, max_output: int | None, context: int | None) -> Price | None:
+    # (cache_write_1h_mtok: Anthropic's 1-hour cache writes, in 0.2.5's data; a version without it: derived)
     got = {k: _rate(getattr(mp, k, None)) for k in ("input_mtok", "output_mtok", "cache_read_mtok",
-                                                     "cache_write_mtok")}
+                                                     "cache_write_mtok", "cache_write_1h_mtok")}
     if got["input_mtok"][0] is None and got["output_mtok"][0] is None:
         return None  # priced by something else than tokens (requests, characters, audio): not ours to say
 
@@ -275,11 +310,13 @@ def _rates(mp: Any, source: str, max_output: int | None, context: int | None) ->
 
     def rates(start: int) -> Price:
         return Price(at("input_mtok", start) or 0.0, at("output_mtok", start) or 0.0, at("cache_read_mtok", start),
-                     max_output, source, at("cache_write_mtok", start), context)
+                     max_output, source, at("cache_write_mtok", start), context,
+                     cache_write_1h=at("cache_write_1h_mtok", start))
 
     base = rates(-1)
     over = tuple((s, rates(s)) for s in sorted({s for _, tiers in got.values() for s in tiers}))
-    return Price(base.input, base.output, base.cached_input, max_output, source, base.cache_write, context, over)
+    return Price(base.input, base.output, base.cached_input, max_output, source, base.cache_write, context, over,
+                 cache_write_1h=base.cache_write_1h)
 
 
 def _from_package(info: Any, provider: Any, at: datetime, source: str, max_output: int | None) -> Price | None:
@@ -299,8 +336,7 @@ def _from_package(info: Any, provider: Any, at: datetime, source: str, max_outpu
                 if p is not None and p != base:
                     variants.append(((key, value), p))
     if variants:
-        return Price(base.input, base.output, base.cached_input, max_output, source, base.cache_write, context,
-                     base.over, tuple(variants))
+        return replace(base, variants=tuple(variants))
     return base
 
 
@@ -308,14 +344,15 @@ def _price(entry: Any, where: str, source: str) -> Price:
     if not isinstance(entry, dict):
         raise PriceError(f"{where}: a model's price must be a mapping of input, output (and cached_input) in USD "
                          "per million tokens")
-    unknown = set(entry) - {"input", "output", "cached_input", "max_output", "provider"}
+    unknown = set(entry) - {"input", "output", "cached_input", "cache_write", "cache_write_1h", "max_output",
+                            "provider"}
     if unknown:
-        raise PriceError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (input, output, cached_input: USD "
-                         "per million tokens)")
+        raise PriceError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (input, output, cached_input, "
+                         "cache_write, cache_write_1h: USD per million tokens)")
     vals: dict[str, float | None] = {}
-    for k in ("input", "output", "cached_input"):
+    for k in ("input", "output", "cached_input", "cache_write", "cache_write_1h"):
         v = entry.get(k)
-        if v is None and k != "cached_input":
+        if v is None and k in ("input", "output"):
             raise PriceError(f"{where}: missing {k} (USD per million tokens)")
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0):
             raise PriceError(f"{where}: {k} must be a number >= 0 (USD per million tokens), got {v!r}")
@@ -325,7 +362,8 @@ def _price(entry: Any, where: str, source: str) -> Price:
         raise PriceError(f"{where}: max_output must be a whole number of tokens >= 0, got {mo!r}")
     inp, out = vals["input"], vals["output"]
     assert inp is not None and out is not None
-    return Price(inp, out, vals["cached_input"], mo, source)
+    return Price(inp, out, vals["cached_input"], mo, source, cache_write=vals["cache_write"],
+                 cache_write_1h=vals["cache_write_1h"])
 
 
 def _table(data: Any, name: str, source: str) -> dict[str, Price]:
@@ -334,12 +372,15 @@ def _table(data: Any, name: str, source: str) -> dict[str, Price]:
     if not isinstance(data, dict) or not data:
         raise PriceError(f"{name}: expected a mapping of model name to its prices (input, output, cached_input "
                          "in USD per million tokens)")
-    return {str(m): _price(e, f"{name}: {m}", source) for m, e in data.items()}
+    out = {str(m): _price(e, f"{name}: {m}", source) for m, e in data.items()}
+    return {m: _anthropic_writes(p) if _claude(m) else p for m, p in out.items()}
 
 
 def read_user_prices(path: Path) -> dict[str, Price]:
     """A user's price file: YAML (needs PyYAML: pip install 'evalsup[yaml]') or JSON (always), a mapping
-    ``MODEL: {input: USD, output: USD, cached_input: USD}`` (per million tokens), or the same under ``models:``."""
+    ``MODEL: {input: USD, output: USD, cached_input: USD}`` (per million tokens; ``cache_write`` and
+    ``cache_write_1h``, a prompt written to the provider's cache for 5 minutes and for an hour, when its
+    provider bills them apart), or the same under ``models:``."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -363,7 +404,7 @@ def read_user_prices(path: Path) -> dict[str, Price]:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise PriceError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    return _table(data, str(path), str(path))
+    return {m: replace(p, given=True) for m, p in _table(data, str(path), str(path)).items()}
 
 
 def load_prices(user_file: Path | str | None = None, self_hosted: bool = False, *, maintained: bool = True,

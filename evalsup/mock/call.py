@@ -163,7 +163,7 @@ class Call:
         if self.cfg.models and model not in self.cfg.models:
             msg = f"The model `{model}` does not exist or you do not have access to it."
             return model, error(self.request, 404, msg, code="model_not_found", param="model")
-        return model, None
+        return model + (self.cfg.snapshot or ""), None  # (the name answers give, and the bill counts by)
 
     def choices_n(self) -> tuple[int, web.Response | None]:
         n = self.body.get("n", 1)

@@ -44,6 +44,9 @@ class MockConfig:
     # it (chat's and completions' ``prompt_tokens_details.cached_tokens``, the Responses API's
     # ``input_tokens_details.cached_tokens``), as a provider bills them at its cached-input rate; 0: no details
     cached: float = 0.0
+    # answers name the model asked with this suffix, as a provider names the dated snapshot that served an alias
+    # (issue 40: "gpt-4o" answered as "gpt-4o-2024-08-06", billed by the snapshot's name); None: the model asked
+    snapshot: str | None = None
     judge: bool = False  # grade requests from evalsup's judge template by a known rule (evalsup.mock.judge)
     # the Batch API (issue 31, evalsup.mock.batches)
     batch_step_ms: float = 50.0  # how long a batch stays validating, and finalizing
@@ -98,7 +101,7 @@ def apply_update(cfg: MockConfig, updates: dict[str, Any]) -> MockConfig:
             if not all(isinstance(m, str) for m in value):
                 raise ValueError("models must be a list of strings")
             changes[name] = tuple(value)
-        elif name in ("api_key", "basic_auth", "api_key_header", "require_query"):
+        elif name in ("api_key", "basic_auth", "api_key_header", "require_query", "snapshot"):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string or null")
             if name == "basic_auth" and value is not None and ":" not in value:

@@ -10,9 +10,12 @@ written to the provider's prompt cache (OpenAI's ``prompt_tokens_details.cached_
 ``input_tokens_details``, Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens``: read by
 ``tasks.billed``), the ``service_tier`` its response names (else the one its request asked, which the worker wrote
 as ``metrics.service_tier``), and the batch API's rates for a record of a batch (``metrics.batch``), when the
-price knows them (``config.prices.Price.variant``: genai-prices' rates). ``answer_cost`` is that pricing, and the
-run's budget settles each result with it too, from the same counts in the RESULT's meta: the live spend and this
-read-back are one figure.
+price knows them (``config.prices.Price.variant``: genai-prices' rates); Anthropic's 1-hour cache writes
+(``cache_creation.ephemeral_1h_input_tokens``) at their own rate. ``answer_cost`` is that pricing, and the run's
+budget settles each result with it too, from the same counts in the RESULT's meta: the live spend and this
+read-back are one figure. So is the model an answer is priced by (``billed_price``): the model its response
+names (the dated snapshot the provider billed: ``gpt-4o`` asked, ``gpt-4o-2024-08-06`` answered) when a price
+is known for it, else the request's (``metrics.model`` when the task named its own, else the run's --model).
 
 A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this;
 `evalsup estimate` takes the lengths seen for its band.
@@ -24,7 +27,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -33,12 +36,30 @@ from evalsup.rundir.results_file import iter_records
 from evalsup.tasks.billed import NOTHING, Billed, billed, count, tier_of
 from evalsup.tasks.tokens import fmt_usd
 
-__all__ = ["Usage", "answer_cost", "usage_of_results"]
+__all__ = ["Usage", "answer_cost", "billed_price", "usage_of_results"]
 
 
 class Priced(Protocol):
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
-             written_tokens: float = 0.0, requests: float = 1.0) -> float: ...
+             written_tokens: float = 0.0, requests: float = 1.0, written_1h_tokens: float = 0.0) -> float: ...
+
+
+P = TypeVar("P")
+
+
+def billed_price(price_of: Callable[[str | None], P | None], answered: str | None, asked: str | None) -> P | None:
+    """The price an answer is billed at, the one rule of the live budget and the read-back: the model its
+    response names (``answered``: a provider bills the snapshot that served it, ``gpt-4o-2024-08-06`` for a
+    request asking ``gpt-4o``, whose rates may differ from the alias's) when a price is known for it, else the
+    model the request asked (``asked``); None: neither has a price. A price the user gave for the model asked
+    (--prices FILE, ``Price.given``) wins over another source's for the snapshot (what they say they pay), not
+    over one they gave for the snapshot itself."""
+    mine = price_of(asked) if asked else None
+    if answered and answered != asked:
+        p = price_of(answered)
+        if p is not None and (getattr(p, "given", False) or not getattr(mine, "given", False)):
+            return p
+    return mine
 
 
 def answer_cost(price: Priced, answer: Billed, tier: str | None = None, batch: bool = False, copies: int = 1,
@@ -46,7 +67,8 @@ def answer_cost(price: Priced, answer: Billed, tier: str | None = None, batch: b
     """What one task's answers cost, priced as billed: the one pricing of spend, the run's budget settling a
     RESULT (``supervisor.budget``, from the meta's counts) and this read-back (from the record's body) alike.
 
-    ``answer``: the record's answer (``tasks.billed``: its cached and cache-written prompt tokens), at the rates of
+    ``answer``: the record's answer (``tasks.billed``: its cached and cache-written prompt tokens, the 1-hour
+    writes among them), at the rates of
     its service tier ``tier`` or the batch API's (``batch``) where ``price`` knows them (``Price.variant``:
     genai-prices' rates), ``copies`` times (2: --hedge sent a second copy, taken to use as much); ``reasks``: the
     answers asked again for a JSON schema (``reask_requests`` of them), at the plain rates (their bodies are not
@@ -55,7 +77,8 @@ def answer_cost(price: Priced, answer: Billed, tier: str | None = None, batch: b
     p: Priced = variant(tier, batch) if variant is not None else price
     out = 0.0
     if answer.prompt or answer.completion:
-        out += copies * p.cost(answer.prompt, answer.completion, answer.cached, answer.written)
+        out += copies * p.cost(answer.prompt, answer.completion, answer.cached, answer.written,
+                               written_1h_tokens=answer.written_1h)
     if reasks.prompt or reasks.completion:
         out += price.cost(reasks.prompt, reasks.completion, requests=max(1, reask_requests))
     return out
@@ -132,7 +155,9 @@ def _all_records(path: Path) -> Iterator[tuple[bool, dict[str, Any]]]:
 def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None],
                      fallback_model: str | None = None, judge_price: Priced | None = None) -> Usage:
     """The usage of every complete record of ``path`` (none: an empty Usage). A record's cost is priced by the
-    model its answer names, else ``fallback_model`` (the run's --model); an answer from the cache is not spend.
+    model its answer names when it has a price, else its request's (``billed_price``: ``metrics.model``, written
+    when the task named a model of its own, else ``fallback_model``, the run's --model); an answer from the cache
+    is not spend.
     With ``judge_price`` (--scorer judge, a judge model with a price) the judge's tokens of each record
     (``score_detail.judge.usage``) are spent too, as the run's budget counts them; so are the answers asked
     again for a JSON schema (``metrics.reask_usage``), and a hedged answer's other copy (``metrics.hedged``: the
@@ -161,9 +186,8 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
             u.prompt_tokens += copies * spent.prompt + reasks.prompt
             u.completion_tokens += copies * spent.completion + reasks.completion
             model = body.get("model") if isinstance(body.get("model"), str) else None
-            price = price_of(model) if model else None
-            if price is None and fallback_model:
-                price = price_of(fallback_model)
+            asked = metrics.get("model") if isinstance(metrics.get("model"), str) else fallback_model
+            price = billed_price(price_of, model, asked)
             if price is not None:
                 # the tier the response names, else the one the request asked (the worker wrote it in metrics)
                 tier = tier_of(body) or tier_of(metrics)
@@ -172,7 +196,7 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
             elif paid:
                 u.unpriced += 1
                 if u.unpriced_models is not None and len(u.unpriced_models) < 5:
-                    u.unpriced_models.add(str(model or fallback_model))
+                    u.unpriced_models.add(str(model or asked))
         if judge_price is not None:
             judge = (rec.get("score_detail") or {}).get("judge")
             ju = judge.get("usage") if isinstance(judge, dict) else None

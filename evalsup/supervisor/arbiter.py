@@ -323,11 +323,11 @@ class Supervisor:
                                      if tally.requests else f"estimate for {what}: all {hits:,} requests answered "
                                      "from the cache: no request, no cost")
         if cfg.caps.any:
-            self.budget = Budget(cfg.caps, spent, unpriced_results, judge_price)
+            self.budget = Budget(cfg.caps, spent, unpriced_results, judge_price, self.prices.lookup)
             self.costs = TaskCosts(self.defaults, self.prices.lookup, hedge=w.hedge, max_reasks=w.max_reasks,
                                    run_schema=w.response_schema is not None, validate_schema=w.validate_schema,
                                    judge=judging, judge_price=judge_price, judge_template=w.judge_template,
-                                   judge_max_tokens=w.judge_max_tokens)
+                                   judge_max_tokens=w.judge_max_tokens, answered_as=self.budget.answered_as)
             if not cfg.quiet:
                 self._start_notes.append(f"budget: {self.budget.text()}"
                                          + (" (spent so far, from results.jsonl)" if resumed else ""))

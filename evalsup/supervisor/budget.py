@@ -10,11 +10,14 @@ tasks.tokens, and max_tokens a choice, the model's largest answer without one), 
 (--hedge), the answers asked again for a JSON schema (at most --max-reasks, each with the conversation so far),
 and the judge's call (--scorer judge: the template, the task's prompt and answer, the judge's max_tokens, at the
 judge's price); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
-standard ones. Its result settles it: the reservation goes, the usage the worker read (``ResultMeta`` pt/ct,
-rpt/rct, jpt/jct) is spent, priced as reserved and as billed (``rundir.usage.answer_cost``, the pricing a resume
-reads results.jsonl back with: the prompt tokens the provider's cache served (cr) and wrote (cw) at their rates,
-the service tier the response named or the request asked (tr)); a hedged task spends its answer's usage twice
-(the other copy's usage is not read back: the same request, taken to use as much).
+standard ones; every prompt token at the dearest rate it may be billed at (input, a 5-minute or a 1-hour cache
+write); a model that answered as another (``gpt-4o`` as ``gpt-4o-2024-08-06``) at the dearer of the two once
+one answer said so. Its result settles it: the reservation goes, the usage the worker read (``ResultMeta``
+pt/ct, rpt/rct, jpt/jct) is spent, priced as billed (``rundir.usage.answer_cost`` at ``billed_price``, the
+pricing a resume reads results.jsonl back with: the model the response names (md) when it has a price, else the
+request's; the prompt tokens the provider's cache served (cr) and wrote (cw, w1 of them for an hour) at their
+rates, the service tier the response named or the request asked (tr)); a hedged task spends its answer's usage
+twice (the other copy's usage is not read back: the same request, taken to use as much).
 
 Invariants (tests/unit/test_budget.py drives random sequences against a plain model):
 1. ``reserved`` is the sum of the open reservations, one per key at most; ``reservations`` their count.
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evalsup.config.caps import Caps
-from evalsup.rundir.usage import answer_cost
+from evalsup.rundir.usage import answer_cost, billed_price
 from evalsup.scoring.judge import DEFAULT_TEMPLATE
 from evalsup.tasks.billed import NOTHING, Billed, count, tier_of
 from evalsup.tasks.requests import RequestDefaults
@@ -51,7 +54,7 @@ REASK_TURN = 256
 
 class Priced(Protocol):
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
-             written_tokens: float = 0.0, requests: float = 1.0) -> float: ...
+             written_tokens: float = 0.0, requests: float = 1.0, written_1h_tokens: float = 0.0) -> float: ...
 
     @property
     def max_output(self) -> int | None: ...
@@ -91,14 +94,17 @@ class Amount:
         return Amount(self.prompt + o.prompt, self.completion + o.completion, cost)
 
 
+def most(price: Priced, prompt: int, completion: int) -> float:
+    """The most these tokens may cost at ``price``: every prompt token at the dearest of the plain input rate and
+    the cache-write rates (a provider that writes the prompt to its cache bills it so: Anthropic's 1.25x for 5
+    minutes, 2x for an hour), which is what a result may settle at (``settle_result`` prices its cache writes)."""
+    return max(price.cost(prompt, completion), price.cost(prompt, completion, written_tokens=prompt),
+               price.cost(prompt, completion, written_tokens=prompt, written_1h_tokens=prompt))
+
+
 def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
-    """The most these tokens may cost at ``price``: every prompt token at the dearer of the plain input rate and
-    the cache-write rate (a provider that writes the prompt to its cache bills it so: Anthropic's 1.25x), which is
-    what a result may settle at (``settle_result`` prices its cache writes)."""
-    if price is None:
-        return Amount(prompt, completion, None)
-    return Amount(prompt, completion, max(price.cost(prompt, completion),
-                                          price.cost(prompt, completion, written_tokens=prompt)))
+    """These tokens at their most at ``price`` (``most``); cost None without a price."""
+    return Amount(prompt, completion, None if price is None else most(price, prompt, completion))
 
 
 class TaskCosts:
@@ -108,9 +114,11 @@ class TaskCosts:
     def __init__(self, defaults: RequestDefaults, price_of: Callable[[str | None], Priced | None], *,
                  hedge: bool = False, max_reasks: int = 0, run_schema: bool = False, validate_schema: bool = True,
                  judge_price: Priced | None = None, judge: bool = False, judge_template: str | None = None,
-                 judge_max_tokens: int | None = None) -> None:
+                 judge_max_tokens: int | None = None, answered_as: Mapping[str, str] | None = None) -> None:
         self.defaults = defaults
         self.price_of = price_of
+        # the model each model asked was last answered as (``Budget.answered_as``): reserved at the dearer
+        self.answered_as: Mapping[str, str] = answered_as if answered_as is not None else {}
         self.copies = 2 if hedge else 1  # a hedge's second copy (worker.race: the first request only)
         self.max_reasks = max_reasks if validate_schema else 0
         self.run_schema = run_schema
@@ -132,12 +140,20 @@ class TaskCosts:
             for k in range(1, self.max_reasks + 1):
                 prompt += p + k * grow
                 completion += c
-        a = priced(prompt, completion, price)
-        tier = tier_of(body) if "custom_id" in obj else None  # (a simple line's other keys are its metadata)
-        variant = getattr(price, "variant", None)
-        if tier is not None and variant is not None and a.cost is not None:  # its tier may be dearer (priority)
-            a = Amount(prompt, completion, max(a.cost, variant(tier).cost(prompt, completion),
-                                               variant(tier).cost(prompt, completion, written_tokens=prompt)))
+        a = Amount(prompt, completion, None)
+        if price is not None:
+            tier = tier_of(body) if "custom_id" in obj else None  # (a simple line's other keys are its metadata)
+            snapshot = self.answered_as.get(f.model) if f.model else None
+            dear = self.price_of(snapshot) if snapshot else None  # billed as the snapshot that answers it
+            costs = []
+            for q in (price, dear):
+                if q is None:
+                    continue
+                costs.append(most(q, prompt, completion))
+                variant = getattr(q, "variant", None)
+                if tier is not None and variant is not None:  # its tier may be dearer (priority)
+                    costs.append(most(variant(tier), prompt, completion))
+            a = Amount(prompt, completion, max(costs))
         if self.judge:  # the template with the task's prompt (as {prompt} and {messages}), its answer, expected
             expected = obj.get("expected")
             jp = self.judge_template_tokens + 2 * p + 2 * c + \
@@ -150,9 +166,16 @@ class Budget:
     """Spent and reserved against the caps (``Caps``; a shard's share already taken)."""
 
     def __init__(self, caps: Caps, spent: Amount | None = None, unpriced: int = 0,
-                 judge_price: Priced | None = None) -> None:
+                 judge_price: Priced | None = None, price_of: Callable[[str | None], Priced | None] | None = None
+                 ) -> None:
         self.caps = caps
         self.judge_price = judge_price  # the judge's tokens (--scorer judge) are spent at it
+        # the run's prices: an answer whose response names another model than its request's is priced by it
+        # (``billed_price``); without them (a test's budget), at its reservation's price
+        self.price_of = price_of
+        # {model asked: the model it answered as, with a price}: ``TaskCosts`` reserves at the dearer of the two
+        # (a few names a run; bounded all the same)
+        self.answered_as: dict[str, str] = {}
         self.waiting = False  # the next task would pass a cap while tasks are out: dispatch waits for them
         self.spent_prompt = spent.prompt if spent else 0
         self.spent_completion = spent.completion if spent else 0
@@ -161,7 +184,7 @@ class Budget:
         self.settled = 0  # results settled this session (the projection's average is over them)
         self.session_prompt = self.session_completion = 0  # spent this session
         self.session_cost = 0.0
-        self._open: dict[int, tuple[Amount, Priced | None]] = {}
+        self._open: dict[int, tuple[Amount, Priced | None, str | None]] = {}  # (worst, price, model asked)
         self.res_prompt = self.res_completion = 0
         self.res_cost = 0.0
 
@@ -202,7 +225,7 @@ class Budget:
             return Decision(Verdict.UNPRICED, f"--max-cost: no price for model {model!r}")
         over = self.would_exceed(worst)
         if over is None:
-            self.reserve(key, worst, price)
+            self.reserve(key, worst, price, model)
             return Decision(Verdict.GO)
         if self._open:
             self.waiting = True  # the tasks out may settle below their worst case: then look again
@@ -218,11 +241,12 @@ class Budget:
 
     # ----- moves -----
 
-    def reserve(self, key: int, a: Amount, price: Priced | None) -> None:
-        """A request handed out (key: its task's key) reserves ``a``, its worst case."""
+    def reserve(self, key: int, a: Amount, price: Priced | None, model: str | None = None) -> None:
+        """A request handed out (key: its task's key) reserves ``a``, its worst case (its model ``model``, priced
+        at ``price``)."""
         if key in self._open:
             self.release(key)
-        self._open[key] = (a, price)
+        self._open[key] = (a, price, model)
         self.res_prompt += a.prompt
         self.res_completion += a.completion
         self.res_cost += a.cost or 0.0
@@ -241,14 +265,21 @@ class Budget:
         self.res_cost = max(0.0, self.res_cost - (a.cost or 0.0)) if self._open else 0.0
 
     def settle(self, key: int, prompt: int, completion: int, price: Priced | None = None,
-               bill: Callable[[Priced], float] | None = None) -> Amount:
+               bill: Callable[[Priced], float] | None = None, answered: str | None = None) -> Amount:
         """A result's usage: its reservation goes and the usage is spent, priced as the reservation was (or at
-        ``price`` for a result that had none): ``bill(price)`` when given (what the answers cost as billed:
+        ``price`` for a result that had none), or at the model ``answered`` (the one its response names) when
+        that has a price (``billed_price``): ``bill(price)`` when given (what the answers cost as billed:
         ``settle_result``), else the plain tokens at ``price``. Returns what was spent."""
         got = self._open.pop(key, None)
         if got is not None:
             price = got[1]
             self._unreserve(got[0])
+            if answered is not None and self.price_of is not None and answered != got[2]:
+                used = billed_price(self.price_of, answered, got[2])
+                if used is not None and used != price:  # priced as the snapshot: its model's next tasks reserve
+                    if got[2] is not None and len(self.answered_as) < 1_000:  # at the dearer of the two
+                        self.answered_as[got[2]] = answered
+                    price = used
         prompt, completion = max(0, prompt), max(0, completion)
         cost = None if price is None else bill(price) if bill is not None else price.cost(prompt, completion)
         self.spent_prompt += prompt
@@ -280,21 +311,25 @@ class Budget:
 
     def settle_result(self, key: int, meta: Mapping[str, Any]) -> bool:
         """A RESULT's meta settles task ``key``: its answer (none from the cache: it cost nothing) priced as
-        billed (its prompt tokens read from the provider's cache, cr, and written to it, cw, at their rates, and
-        its service tier's, tr), the answers asked again (rpt/rct), the hedge's other copy (hg: the same usage
-        again), and the judge's call (jpt/jct, at the judge's price). The price is ``rundir.usage.answer_cost``,
-        the read-back's own: the live spend is what a resume reads back. True: dispatch was waiting on the budget
-        and looks again."""
+        billed (at the price of the model its response names, md, when it has one, else its request's; its
+        prompt tokens read from the provider's cache, cr, and written to it, cw (w1 of them kept an hour), at
+        their rates, and its service tier's, tr), the answers asked again (rpt/rct), the hedge's other copy (hg:
+        the same usage again), and the judge's call (jpt/jct, at the judge's price). The price is
+        ``rundir.usage.answer_cost``, the read-back's own: the live spend is what a resume reads back. True:
+        dispatch was waiting on the budget and looks again."""
         if meta.get("ca") == "h":
             answer, reasks, copies = NOTHING, NOTHING, 1
         else:
-            answer = Billed(count(meta.get("pt")), count(meta.get("ct")), count(meta.get("cr")), count(meta.get("cw")))
+            answer = Billed(count(meta.get("pt")), count(meta.get("ct")), count(meta.get("cr")), count(meta.get("cw")),
+                            count(meta.get("w1")))
             reasks = Billed(count(meta.get("rpt")), count(meta.get("rct")))
             copies = 2 if meta.get("hg") else 1
         tier = meta.get("tr")
         tier = tier if isinstance(tier, str) else None
+        answered = meta.get("md")  # the model the response names, when not the request's
         self.settle(key, copies * answer.prompt + reasks.prompt, copies * answer.completion + reasks.completion,
-                    bill=lambda p: answer_cost(p, answer, tier, False, copies, reasks, count(meta.get("rk"))))
+                    bill=lambda p: answer_cost(p, answer, tier, False, copies, reasks, count(meta.get("rk"))),
+                    answered=answered if isinstance(answered, str) and answered else None)
         if "jpt" in meta or "jct" in meta:
             self.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), self.judge_price)
         return self._look_again()

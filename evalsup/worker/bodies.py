@@ -38,9 +38,9 @@ def one_line(raw: bytes) -> bool:
 
 
 class UsageOnly(dict[str, Any]):
-    """What was taken out of a body that was checked, not built: its ``usage`` and ``service_tier`` (what it was
-    billed for: ``tasks.billed``), if it has them, and whether it has the key an answer must have
-    (``has_answer``)."""
+    """What was taken out of a body that was checked, not built: its ``usage``, ``service_tier`` and ``model``
+    (what it was billed for: ``tasks.billed``, and the model it is priced by), if it has them, and whether it has
+    the key an answer must have (``has_answer``)."""
 
     has_answer = True
 
@@ -62,21 +62,24 @@ class BodyParser:
         a UsageOnly reports (``has_answer``)."""
         if self.whole or not single or not LARGE <= len(raw) <= LARGEST or raw.startswith(_BOM):
             return orjson.loads(raw)
-        usage, has, tier = self._usage(raw, need)
+        usage, has, tier, model = self._usage(raw, need)
         if usage is _NO:
             # outside the failed check, whose buffers (as large as the body, or larger) are gone by now
             return orjson.loads(raw)
         out = UsageOnly() if usage is None else UsageOnly(usage=usage)
         if tier is not None:
             out["service_tier"] = tier
+        if model is not None:
+            out["model"] = model
         if not has:
             out.has_answer = False
         return out
 
-    def _usage(self, raw: bytes, need: str | None = None) -> tuple[Any, bool, str | None]:
+    def _usage(self, raw: bytes, need: str | None = None) -> tuple[Any, bool, str | None, str | None]:
         """The body's usage (None without one), or _NO: refused, a big integer, a parser still in use, or a
         body with two "usage" keys (simdjson would take the first, a reader of the line the last); whether
-        the top-level object has the key ``need``; its ``service_tier`` when that is a string (and its only one)."""
+        the top-level object has the key ``need``; its ``service_tier`` and its ``model`` when each is a string
+        (and its only one)."""
         if len(raw) > KEEP:
             parser = simdjson.Parser()  # dropped with its buffers once this body is checked
         else:
@@ -86,21 +89,23 @@ class BodyParser:
         try:
             doc = parser.parse(raw)
             if not isinstance(doc, simdjson.Object):
-                return None, need is None, None
+                return None, need is None, None, None
             keys = list(doc)  # the keys only: no value is built
-            if sum(k == "usage" for k in keys) > 1 or sum(k == "service_tier" for k in keys) > 1:
-                return _NO, True, None
+            if any(sum(k == one for k in keys) > 1 for one in ("usage", "service_tier", "model")):
+                return _NO, True, None, None
             has = need is None or need in keys
             tier = doc.get("service_tier")
             tier = tier if isinstance(tier, str) else None
+            model = doc.get("model")
+            model = model if isinstance(model, str) else None
             usage = doc.get("usage")
             if isinstance(usage, simdjson.Object):
-                return usage.as_dict(), has, tier
+                return usage.as_dict(), has, tier, model
             if isinstance(usage, simdjson.Array):
-                return usage.as_list(), has, tier
+                return usage.as_list(), has, tier, model
             # views into the parser's document go with this frame: the next parse can reuse it
-            return usage, has, tier
+            return usage, has, tier, model
         except Exception:
             if parser is self._parser:
                 self._parser = None  # a fresh one next time, should this one be stuck (views of it kept)
-            return _NO, True, None
+            return _NO, True, None, None

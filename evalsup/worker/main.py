@@ -210,8 +210,11 @@ class Worker:
                                                            url], unfit=unfit)
             else:
                 note = records.CacheNote(ck.hex(), False, unfit=unfit)
+        asked = body.get("model")
+        asked = asked if isinstance(asked, str) and asked else None
         extras = records.Extras(hedge=hedge, judge_tokens=judged, group=group, reasks=reasks,
-                                reask_usage=reask_usage, cache=note, tier=tier_of(body))
+                                reask_usage=reask_usage, cache=note, tier=tier_of(body), model=asked,
+                                own_model=asked is not None and asked != self.defaults.model)
         return records.build(tid, oc, key, meta.get("q", 0.0), self.pid, endpoint, metadata, scored, extras,
                              self.scrub)
 

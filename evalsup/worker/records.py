@@ -3,7 +3,8 @@
 The line is what ``results.jsonl`` will hold (``tasks.records``: id, status, response, error, metrics, metadata,
 scores); the supervisor never parses it, it reads only the meta (``ipc.messages.ResultMeta``: ok, latency,
 attempts, tokens, error code...; what the answer was billed for, ``tasks.billed``: its tokens, ``cr``/``cw`` the
-prompt tokens the provider's cache served and wrote, ``tr`` its service tier, so the budget prices it as billed).
+prompt tokens the provider's cache served and wrote (``w1`` of them kept an hour), ``tr`` its service tier, ``md``
+the model its response names when not the request's, so the budget prices it as billed).
 A large response body (``BIG_BODY`` and up) that is the endpoint's own bytes goes out between the record's head
 and tail, never copied into a line.
 """
@@ -49,7 +50,10 @@ class Extras:
     ``cache``: the cache's word (a hit is marked ``metrics.cache: "hit"``; an answer to keep is written as head,
     body, tail, and the meta's ``ck`` says where its body is in the line); ``tier``: the ``service_tier`` its
     request asked (an answer is priced at the tier its response names, else at this one: meta ``tr``, and
-    ``metrics.service_tier`` when the response named none, so a resume's read-back prices it alike)."""
+    ``metrics.service_tier`` when the response named none, so a resume's read-back prices it alike); ``model``:
+    the model its request asked, and ``own_model`` whether the task named it (not the run's --model): an answer is
+    priced by the model its response names, else by this one (meta ``md`` when the response names another;
+    ``metrics.model`` for a task's own model, so a resume's read-back knows it)."""
 
     hedge: bool | None = None
     judge_tokens: tuple[int, int] | None = None
@@ -58,6 +62,8 @@ class Extras:
     reask_usage: tuple[int, int] | None = None
     cache: CacheNote | None = None
     tier: str | None = None
+    model: str | None = None
+    own_model: bool = False
 
 
 NONE = Extras()
@@ -99,6 +105,11 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
     tier = tier_of(oc.parsed)
     if tier is None and extras.tier is not None and isinstance(usage, dict):
         tier = metrics["service_tier"] = extras.tier  # the response named none: the read-back finds it here
+    # the model the answer is priced by (rundir.usage.billed_price): the response's when it has a price, else
+    # the request's; the read-back knows the run's --model, and a task's own from here
+    answered = oc.parsed.get("model") if isinstance(oc.parsed, dict) else None
+    if extras.own_model and extras.model is not None and isinstance(usage, dict):
+        metrics["model"] = extras.model
     fields: dict[str, Any] = {"status": oc.status, "request_id": oc.request_id, "error": _clean(scrub, oc.error),
                               "metrics": metrics, "metadata": metadata or None,
                               "scores": None if scored is None else scored.scores,
@@ -124,8 +135,12 @@ def build(tid: str, oc: Outcome, key: int, waited_s: float, pid: int, endpoint: 
         info["cr"] = bill.cached
     if bill.written:
         info["cw"] = bill.written
+    if bill.written_1h:
+        info["w1"] = bill.written_1h
     if tier is not None and isinstance(usage, dict):
         info["tr"] = tier
+    if isinstance(answered, str) and answered and answered != extras.model and isinstance(usage, dict):
+        info["md"] = answered
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
     if group is not None:

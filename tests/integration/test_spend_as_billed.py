@@ -85,3 +85,33 @@ def test_a_flex_task_is_spent_at_the_flex_rates(tmp_path: Path) -> None:
     flex = p.variant("flex").cost(back.prompt_tokens, back.completion_tokens)
     standard = p.cost(back.prompt_tokens, back.completion_tokens)
     assert back.cost == pytest.approx(flex) and flex < standard
+
+
+def test_an_answer_is_spent_at_the_snapshot_its_response_names_live_after_a_resume_and_in_summary(
+        tmp_path: Path) -> None:
+    """A provider answers a request for ``gpt-4o`` as ``gpt-4o-2024-05-13`` and bills it at that snapshot's
+    rates: the live spend, a resume's read-back of results.jsonl and summary.json all price it so (before, the
+    live budget priced the request's model and the read-back the response's: two figures for one run)."""
+    prices = tmp_path / "prices.json"
+    alias, snapshot = Price(input=500.0, output=1500.0), Price(input=1000.0, output=3000.0)
+    prices.write_text(json.dumps({"gpt-4o": {"input": alias.input, "output": alias.output},
+                                  "gpt-4o-2024-05-13": {"input": snapshot.input, "output": snapshot.output}}))
+    n = 40
+    tasks = _tasks(tmp_path, n)
+    run_dir = tmp_path / "t.run"
+    with MockThread(MockConfig(latency_ms=5, seed=5, models=("gpt-4o",), snapshot="-2024-05-13")) as mock:
+        args = ["run", "--model", "gpt-4o", "--base-url", mock.url, "--max-tokens", "40", "-c", "8", "--prices",
+                str(prices), "--max-cost", "1000", str(tasks)]
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+        recs = assert_exactly_once(run_dir, ids_of(n))
+        assert {x["response"]["body"]["model"] for x in recs} == {"gpt-4o-2024-05-13"}
+        live = _spent(run_dir)
+        back = usage_of_results(run_dir / "results.jsonl", load_prices(prices).lookup, "gpt-4o")
+        assert live["cost_usd"] == pytest.approx(back.cost, abs=1e-6)
+        assert back.cost == pytest.approx(snapshot.cost(back.prompt_tokens, back.completion_tokens))
+        assert back.cost > 1.9 * alias.cost(back.prompt_tokens, back.completion_tokens)  # not the alias's rates
+        assert summary(run_dir)["prices"]["by_model"]["gpt-4o-2024-05-13"] == str(prices)
+        again = run_cli(*args)  # all done: nothing sent; its budget starts from the read-back
+        assert again.returncode == 0, again.stderr
+        assert _spent(run_dir)["cost_usd"] == live["cost_usd"]

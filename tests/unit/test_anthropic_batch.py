@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from evalsup.batch.anthropic import anthropic_headers
@@ -136,6 +137,23 @@ def test_result_lines_become_answers_and_verdicts_as_openais() -> None:
     _, info = build(ok, 7, 1, 1, {"index": 0}, {"id": "msgbatch_1", "chunk": 1}, {}, None, 0.0)
     assert (info["pt"], info["ct"], info["ok"]) == (3, 4, True)
     assert response_text(msg) == "forty-two" == answer_text(msg)
+
+
+def test_a_batch_answer_carries_its_1h_cache_writes_and_the_model_that_answered() -> None:
+    """A Message Batch's answer is priced as an online one: its 1-hour cache writes apart (meta ``w1``), and by
+    the dated model it names when that is not the one asked (``md``); a task's own model kept in the record."""
+    msg = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-20250514",
+           "content": [{"type": "text", "text": "x"}], "usage": {
+               "input_tokens": 5, "output_tokens": 4, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 900,
+               "cache_creation": {"ephemeral_5m_input_tokens": 300, "ephemeral_1h_input_tokens": 600}}}
+    ok = parse_result({"custom_id": "a", "result": {"type": "succeeded", "message": msg}})
+    parts, info = build(ok, 7, 1, 1, {"index": 0}, {"id": "msgbatch_1", "chunk": 1}, {}, None, 0.0,
+                        model="claude-sonnet-4", own_model=True)
+    assert (info["pt"], info["cw"], info["w1"], info["md"]) == (905, 900, 600, "claude-sonnet-4-20250514")
+    assert orjson.loads(b"".join(parts))["metrics"]["model"] == "claude-sonnet-4"
+    _, same = build(ok, 7, 1, 1, {"index": 0}, {"id": "msgbatch_1", "chunk": 1}, {}, None, 0.0,
+                    model="claude-sonnet-4-20250514")
+    assert "md" not in same
 
 
 def test_candidates_for_a_chunk_whose_create_was_not_recorded() -> None:

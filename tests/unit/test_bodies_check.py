@@ -89,3 +89,8 @@ def test_a_checked_body_keeps_the_service_tier_it_was_billed_at() -> None:
     twice = _big(b',"service_tier":"flex","service_tier":"priority"')
     got = p.parse(twice, True)
     assert not isinstance(got, UsageOnly) and got["service_tier"] == "priority"
+    # and the model it names, which prices it (a snapshot's name: rundir.usage.billed_price)
+    got = p.parse(_big(b',"model":"gpt-4o-2024-08-06"'), True)
+    assert isinstance(got, UsageOnly) and got == {"usage": USAGE, "model": "gpt-4o-2024-08-06"}
+    got = p.parse(_big(b',"model":"a","model":"b"'), True)
+    assert not isinstance(got, UsageOnly) and got["model"] == "b"

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from evalsup.config.caps import Caps
-from evalsup.config.prices import Price
-from evalsup.rundir.usage import usage_of_results
+from evalsup.config.prices import Price, load_prices
+from evalsup.rundir.usage import billed_price, usage_of_results
 from evalsup.supervisor.budget import Amount, Budget, TaskCosts
 from evalsup.tasks.billed import Billed, billed, tier_of
 from evalsup.tasks.requests import RequestDefaults
@@ -22,12 +22,14 @@ from evalsup.worker.records import Extras, build
 
 FLEX = Price(input=1.0, output=4.0, cached_input=0.1)
 PRIORITY = Price(input=5.0, output=20.0, cached_input=0.5)
-PRICE = Price(input=2.0, output=8.0, cached_input=0.2, cache_write=2.5,
+PRICE = Price(input=2.0, output=8.0, cached_input=0.2, cache_write=2.5, cache_write_1h=4.0,
               variants=((("service_tier", "flex"), FLEX), (("service_tier", "priority"), PRIORITY)))
 
 
-def outcome(usage: dict[str, Any], tier: str | None = None) -> Outcome:
-    body: dict[str, Any] = {"model": "m", "choices": [{"message": {"content": "x"}}], "usage": usage}
+def outcome(usage: dict[str, Any], tier: str | None = None, model: str | None = "m") -> Outcome:
+    body: dict[str, Any] = {"choices": [{"message": {"content": "x"}}], "usage": usage}
+    if model is not None:
+        body["model"] = model
     if tier is not None:
         body["service_tier"] = tier
     return Outcome(status=200, body=body, raw_len=100, request_id="r", error=None, attempts=1, latency_s=0.1,
@@ -39,6 +41,10 @@ CASES: list[tuple[str, dict[str, Any], str | None, Extras]] = [
      None, Extras()),
     ("anthropic cache", {"input_tokens": 1_000, "output_tokens": 200, "cache_read_input_tokens": 7_000,
                          "cache_creation_input_tokens": 2_000}, None, Extras()),
+    # Anthropic's writes by how long they are kept (its Messages API's usage as it comes)
+    ("anthropic 1h writes", {"input_tokens": 21, "cache_creation_input_tokens": 3_051, "cache_read_input_tokens": 0,
+                             "cache_creation": {"ephemeral_5m_input_tokens": 1_000, "ephemeral_1h_input_tokens": 2_051},
+                             "output_tokens": 393, "service_tier": "standard"}, None, Extras()),
     ("responses", {"input_tokens": 4_000, "output_tokens": 100, "input_tokens_details": {"cached_tokens": 3_000}},
      None, Extras()),
     ("tier named", {"prompt_tokens": 10_000, "completion_tokens": 300}, "flex", Extras()),
@@ -66,6 +72,8 @@ def test_the_budget_settles_an_answer_at_what_a_resume_reads_back(tmp_path: Path
     plain = PRICE.cost(b.spent_prompt, b.spent_completion)
     if tier == "priority":
         assert b.spent_cost > plain  # a dearer tier, even with most of the prompt cached
+    elif "cache_creation" in usage:
+        assert b.spent_cost > plain  # the prompt written to the cache, 2,051 tokens of it for an hour: dearer
     else:
         assert b.spent_cost < plain  # the cache's rate or the cheaper tier, not the full input rate
 
@@ -137,3 +145,132 @@ def test_a_prompt_written_to_the_providers_cache_never_settles_above_its_reserva
     b.settle_result(1, meta)
     assert b.spent_cost > PRICE.cost(worst.prompt, worst.completion)  # the writes were dearer than plain input
     assert b.spent_cost <= worst.cost + 1e-12
+
+
+def test_anthropic_1h_cache_writes_are_read_apart_in_each_shape() -> None:
+    """Anthropic's usage says how long each written prompt token is kept (``cache_creation``): the 1-hour ones are
+    a part of the writes, priced at their own rate."""
+    native = {"input_tokens": 21, "cache_creation_input_tokens": 2_051, "cache_read_input_tokens": 0,
+              "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 2_051},
+              "output_tokens": 393}
+    assert billed(native) == Billed(2_072, 393, 0, 2_051, 2_051)
+    mixed = {"input_tokens": 50, "cache_read_input_tokens": 4_000, "cache_creation_input_tokens": 1_500,
+             "cache_creation": {"ephemeral_5m_input_tokens": 1_000, "ephemeral_1h_input_tokens": 500},
+             "output_tokens": 20}
+    assert billed(mixed) == Billed(5_550, 20, 4_000, 1_500, 500)
+    # the split without its total (or a total below its parts): the parts are the writes
+    assert billed({"input_tokens": 10, "output_tokens": 1, "cache_creation": {
+        "ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 60}}) == Billed(100, 1, 0, 90, 60)
+    # an OpenAI-shaped gateway passing Anthropic's keys on: its prompt_tokens has them already
+    assert billed({"prompt_tokens": 5_550, "completion_tokens": 20, "cache_read_input_tokens": 4_000,
+                   "cache_creation_input_tokens": 1_500, "cache_creation": mixed["cache_creation"]}) \
+        == Billed(5_550, 20, 4_000, 1_500, 500)
+    # without the split (an older API version): every write is the 5-minute kind, as before
+    assert billed({"input_tokens": 10, "output_tokens": 1, "cache_creation_input_tokens": 30}) \
+        == Billed(40, 1, 0, 30, 0)
+    assert PRICE.cost(5_550, 20, 4_000, 1_500, written_1h_tokens=500) == pytest.approx(
+        (50 * 2.0 + 4_000 * 0.2 + 1_000 * 2.5 + 500 * 4.0 + 20 * 8.0) / 1e6)
+    # a price with no 1-hour rate prices them as the other writes
+    plain = Price(input=2.0, output=8.0, cache_write=2.5)
+    assert plain.cost(1_000, 0, 0, 1_000, written_1h_tokens=600) == plain.cost(1_000, 0, 0, 1_000)
+
+
+def test_a_prompt_written_for_an_hour_never_settles_above_its_reservation() -> None:
+    """A 1-hour write is the dearest rate a prompt token may be billed at (2x input at Anthropic): the reservation
+    takes it, so a task whose whole prompt is written for an hour settles within it."""
+    costs = TaskCosts(RequestDefaults(model="m", max_tokens=100), lambda _m: PRICE)
+    worst = costs.worst({"id": "t", "messages": [{"role": "user", "content": "x" * 4000}]})[0]
+    assert worst.cost is not None
+    b = Budget(Caps(cost=1e9))
+    b.reserve(1, worst, PRICE)
+    usage = {"input_tokens": 0, "cache_creation_input_tokens": worst.prompt, "output_tokens": worst.completion,
+             "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": worst.prompt}}
+    _, meta = build("t", outcome(usage), 1, 0.0, 1, None, {})
+    assert meta["w1"] == worst.prompt
+    b.settle_result(1, meta)
+    five = PRICE.cost(worst.prompt, worst.completion, written_tokens=worst.prompt)
+    assert b.spent_cost > five  # dearer than the same prompt written for 5 minutes
+    assert b.spent_cost == pytest.approx(worst.cost)  # the reservation is exactly this worst case
+
+
+ALIAS = Price(input=2.5, output=10.0)
+SNAPSHOT = Price(input=5.0, output=15.0)  # a dated snapshot dearer than its alias (gpt-4o-2024-05-13's rates)
+PRICES = {"gpt-4o": ALIAS, "gpt-4o-2024-05-13": SNAPSHOT, "other": FLEX}
+
+
+def price_of(model: str | None) -> Price | None:
+    return PRICES.get(model or "")
+
+
+@pytest.mark.parametrize(("answered", "want"), [("gpt-4o-2024-05-13", SNAPSHOT), ("gpt-4o-unpriced-snapshot", ALIAS),
+                                                ("gpt-4o", ALIAS), (None, ALIAS)])
+def test_an_answer_is_priced_by_the_model_its_response_names_live_and_read_back(
+        tmp_path: Path, answered: str | None, want: Price) -> None:
+    """A provider bills the snapshot that answered (request gpt-4o, response gpt-4o-2024-05-13): the live budget
+    and a resume's read-back both price by the response's model when it has a price, else by the request's."""
+    usage = {"prompt_tokens": 1_000, "completion_tokens": 200}
+    parts, meta = build("t1", outcome(usage, model=answered), 7, 0.0, 1, None, {}, extras=Extras(model="gpt-4o"))
+    assert ("md" in meta) == (answered not in ("gpt-4o", None))  # sent only when it differs from the request's
+    (tmp_path / "results.jsonl").write_bytes(b"".join(parts))
+    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=300), price_of)
+    b = Budget(Caps(cost=1e9), price_of=price_of)
+    assert b.afford(7, *costs.worst({"id": "t1", "messages": [{"role": "user", "content": "hi"}]})).verdict.value \
+        == "go"
+    b.settle_result(7, meta)
+    back = usage_of_results(tmp_path / "results.jsonl", price_of, "gpt-4o")
+    assert b.spent_cost == pytest.approx(back.cost, rel=1e-12) == pytest.approx(want.cost(1_000, 200))
+
+
+def test_once_a_model_answered_as_a_dearer_snapshot_its_tasks_reserve_at_the_snapshots_rates() -> None:
+    """The reservation holds what a task may settle at: after one answer names the dearer snapshot, the next
+    tasks asking the alias reserve at the snapshot's price, and settle within it."""
+    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=300), price_of)
+    b = Budget(Caps(cost=1e9), price_of=price_of)
+    costs.answered_as = b.answered_as
+    task = {"id": "t", "messages": [{"role": "user", "content": "x" * 400}]}
+    before, _, _ = costs.worst(task)
+    assert b.afford(1, before, ALIAS, "gpt-4o").verdict.value == "go"
+    _, meta = build("t", outcome({"prompt_tokens": 100, "completion_tokens": 300}, model="gpt-4o-2024-05-13"), 1,
+                    0.0, 1, None, {}, extras=Extras(model="gpt-4o"))
+    b.settle_result(1, meta)
+    assert b.answered_as == {"gpt-4o": "gpt-4o-2024-05-13"}
+    after, price, _ = costs.worst(task)
+    assert before.cost is not None and after.cost is not None
+    assert after.cost == pytest.approx(SNAPSHOT.cost(after.prompt, after.completion))
+    assert after.cost > before.cost
+    assert price is ALIAS  # (the request's price stays the reservation's: an unpriced answer settles at it)
+
+
+def test_a_tasks_own_model_prices_its_answer_when_the_response_names_none_with_a_price(tmp_path: Path) -> None:
+    """A task that names its own model (not the run's --model): its record keeps it (metrics.model), so a resume
+    prices an answer whose response names no priced model by it, as the live budget did."""
+    usage = {"prompt_tokens": 1_000, "completion_tokens": 200}
+    parts, meta = build("t1", outcome(usage, model="served-as-something"), 7, 0.0, 1, None, {},
+                        extras=Extras(model="other", own_model=True))
+    rec = orjson.loads(b"".join(parts))
+    assert rec["metrics"]["model"] == "other"
+    (tmp_path / "results.jsonl").write_bytes(b"".join(parts))
+    b = Budget(Caps(cost=1e9), price_of=price_of)
+    b.reserve(7, Amount(10**4, 10**4, 1.0), FLEX, "other")
+    b.settle_result(7, meta)
+    back = usage_of_results(tmp_path / "results.jsonl", price_of, "gpt-4o")  # the run's --model: not this task's
+    assert b.spent_cost == pytest.approx(back.cost) == pytest.approx(FLEX.cost(1_000, 200))
+    _, same = build("t2", outcome(usage, model="gpt-4o"), 8, 0.0, 1, None, {}, extras=Extras(model="gpt-4o"))
+    assert "md" not in same  # the usual answer, naming the model asked, adds nothing to the meta
+
+
+def test_a_price_the_user_gave_for_the_model_asked_wins_over_a_tables_for_the_snapshot(tmp_path: Path) -> None:
+    """--prices FILE says what the user pays for the model they ask (a gateway's alias, a negotiated rate): an
+    answer naming a snapshot that only another source prices is spent at the user's price; a price they gave
+    for the snapshot itself is the snapshot's."""
+    f = tmp_path / "p.json"
+    f.write_text('{"my-sonnet": {"input": 1, "output": 2}, "gpt-4o-2024-05-13": {"input": 7, "output": 9}}')
+    table = load_prices(f, maintained=False)
+    theirs = table.lookup("claude-sonnet-4-20250514")  # the shipped table's
+    mine = table.lookup("my-sonnet")
+    assert theirs is not None and mine is not None and mine.given and not theirs.given
+    assert billed_price(table.lookup, "claude-sonnet-4-20250514", "my-sonnet") is mine
+    assert billed_price(table.lookup, "gpt-4o-2024-05-13", "gpt-4o") == Price(7.0, 9.0, source=str(f))
+    assert billed_price(table.lookup, "claude-sonnet-4-20250514", "unpriced-alias") is theirs
+    assert billed_price(table.lookup, "unpriced-snapshot", "my-sonnet") is mine
+    assert billed_price(table.lookup, None, None) is None

@@ -66,6 +66,7 @@ def test_yaml_when_pyyaml_is_there(tmp_path: Path) -> None:
     ('{"m": {"input": 1}}', "missing output"),
     ('{"m": {"input": -1, "output": 1}}', "input must be a number >= 0"),
     ('{"m": {"input": 1, "output": 1, "price": 3}}', "unknown key(s) price"),
+    ('{"m": {"input": 1, "output": 1, "cache_write_1h": "2x"}}', "cache_write_1h must be a number >= 0"),
     ('{"m": 3}', "must be a mapping"),
     ("[]", "expected a mapping"),
     ('{"m": {', "not valid JSON"),
@@ -76,6 +77,26 @@ def test_a_bad_price_file_is_one_line_naming_it(tmp_path: Path, text: str, said:
     with pytest.raises(PriceError) as e:
         load_prices(f)
     assert str(f) in str(e.value) and said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_claude_model_without_cache_write_rates_has_anthropics(tmp_path: Path) -> None:
+    """The shipped table gives no cache-write rate: a Claude model's are Anthropic's multiples of its input rate
+    (1.25x kept 5 minutes, 2x kept an hour); a user's file may give its own, and a model that is not Claude
+    keeps its writes at the input rate."""
+    t = load_prices(maintained=False)
+    p = t.lookup("claude-sonnet-4-20250514")
+    assert p is not None and (p.input, p.cache_write, p.cache_write_1h) == (3.0, 3.75, 6.0)
+    # 1,000 prompt tokens: 100 uncached, 300 written for 5 minutes, 600 for an hour
+    assert p.cost(1_000, 0, 0, 900, written_1h_tokens=600) == pytest.approx((100 * 3 + 300 * 3.75 + 600 * 6) / 1e6)
+    gpt = t.lookup("gpt-4o")
+    assert gpt is not None and gpt.cache_write is None and gpt.cache_write_1h is None
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"claude-via-gateway": {"input": 1, "output": 5, "cache_write": 1.5},
+                             "my-alias": {"input": 1, "output": 5, "cache_write": 1.25, "cache_write_1h": 2.5}}))
+    mine = load_prices(f, maintained=False)
+    gw, alias = mine.lookup("claude-via-gateway"), mine.lookup("my-alias")
+    assert gw is not None and (gw.cache_write, gw.cache_write_1h) == (1.5, 2.0)  # given, and derived
+    assert alias is not None and alias.cost(1_000, 0, 0, 1_000, written_1h_tokens=1_000) == pytest.approx(2.5e-3)
 
 
 def test_self_hosted_is_free_for_every_model() -> None:

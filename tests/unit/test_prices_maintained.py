@@ -54,6 +54,39 @@ def test_cached_and_cache_written_prompt_tokens_at_their_rates(model: str, usage
     assert got != pytest.approx(p.cost(usage["input_tokens"], usage["output_tokens"]))  # the cache changes the bill
 
 
+def test_anthropics_1h_cache_writes_at_their_own_rate_as_genai_prices_bills_them() -> None:
+    """Anthropic's usage splits its cache writes by how long they are kept: the 1-hour ones at genai-prices' own
+    rate for them (2x input, where the 5-minute writes are 1.25x), the batch API's halved with the rest."""
+    p = load_prices(at=AT).lookup("claude-sonnet-4-20250514")
+    assert p is not None and p.cache_write_1h is not None and p.cache_write is not None
+    assert p.cache_write_1h == pytest.approx(2 * p.input) and p.cache_write == pytest.approx(1.25 * p.input)
+    got = p.cost(10_000, 500, 0, 6_000, written_1h_tokens=4_000)
+    assert got == pytest.approx(billed("claude-sonnet-4-20250514", input_tokens=10_000, cache_write_tokens=6_000,
+                                       cache_write_1h_tokens=4_000, output_tokens=500))
+    assert got > p.cost(10_000, 500, 0, 6_000)  # dearer than the same writes kept 5 minutes
+    batch = load_prices(at=AT, batch=True).lookup("claude-sonnet-4-20250514")
+    assert batch is not None and batch.cost(10_000, 500, 0, 6_000, written_1h_tokens=4_000) == pytest.approx(
+        billed("claude-sonnet-4-20250514", {"processing": "batch"}, input_tokens=10_000, cache_write_tokens=6_000,
+               cache_write_1h_tokens=4_000, output_tokens=500))
+
+
+def test_a_claude_copy_without_a_1h_rate_has_anthropics_2x() -> None:
+    """A Claude model served elsewhere, for which genai-prices has a 5-minute write rate and no 1-hour one (AWS
+    Bedrock's regional copies): its 1-hour writes at 2x its input rate, never at the 5-minute rate."""
+    t = load_prices(at=AT)
+    found = None
+    for info in next(pr for pr in genai_prices.data.providers if pr.id == "aws").models:
+        mp = info.get_prices(AT)
+        if "claude" in info.id and getattr(mp, "cache_write_mtok", None) is not None \
+                and getattr(mp, "cache_write_1h_mtok", None) is None:
+            found = info.id
+            break
+    if found is None:
+        pytest.skip("the installed genai-prices gives every Claude copy a 1-hour rate")
+    p = t.lookup(f"aws/{found}")
+    assert p is not None and p.cache_write_1h == pytest.approx(2 * p.input)
+
+
 @pytest.mark.parametrize("tier", ["flex", "priority"])
 def test_the_service_tier_an_answer_names(tier: str) -> None:
     p = load_prices(at=AT).lookup("o3")
@@ -147,6 +180,10 @@ def test_a_resume_reads_answers_back_as_they_were_billed(tmp_path: Path) -> None
         rec("c", "claude-sonnet-4-20250514", {"input_tokens": 100, "output_tokens": 50,
                                               "cache_read_input_tokens": 4_000, "cache_creation_input_tokens": 900}),
         rec("d", "o3", {"prompt_tokens": 1_000, "completion_tokens": 2_000}, batch=True),
+        rec("e", "claude-sonnet-4-20250514", {"input_tokens": 100, "output_tokens": 50,
+                                              "cache_creation_input_tokens": 3_000, "cache_creation": {
+                                                  "ephemeral_5m_input_tokens": 1_000,
+                                                  "ephemeral_1h_input_tokens": 2_000}}),
     ]
     (tmp_path / "results.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
     u = usage_of_results(tmp_path / "results.jsonl", load_prices(at=AT).lookup)
@@ -154,7 +191,9 @@ def test_a_resume_reads_answers_back_as_they_were_billed(tmp_path: Path) -> None
             + billed("o3", {"service_tier": "flex"}, input_tokens=1_000, output_tokens=2_000)
             + billed("claude-sonnet-4-20250514", input_tokens=5_000, cache_read_tokens=4_000,
                      cache_write_tokens=900, output_tokens=50)
-            + billed("o3", {"processing": "batch"}, input_tokens=1_000, output_tokens=2_000))
+            + billed("o3", {"processing": "batch"}, input_tokens=1_000, output_tokens=2_000)
+            + billed("claude-sonnet-4-20250514", input_tokens=3_100, cache_write_tokens=3_000,
+                     cache_write_1h_tokens=2_000, output_tokens=50))
     assert u.cost == pytest.approx(want)
     assert u.unpriced == 0
 
