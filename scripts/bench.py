@@ -110,6 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-warm", dest="warm", action="store_false",
                     help="before each run, do not write and delete a file as large as its output (on a VM, the "
                          "first write into never-touched memory is ~10x dearer; warming evens it out)")
+    ap.add_argument("--hold-freed-memory", action="store_true",
+                    help="(root, on a VM with free page reporting) keep freed memory in the guest for the "
+                         "benchmark (min_free_ms 120 s, restored at the end): see reporting_note()")
     ap.add_argument("--evalsup-src", type=Path,
                     help="run evalsup from this source tree (a folder holding evalsup/) instead of this checkout's")
     args = ap.parse_args(argv)
@@ -409,6 +412,50 @@ def warm_memory(workdir: Path, nbytes: int) -> None:
         path.unlink()
 
 
+REPORTING = Path("/sys/module/page_reporting/parameters/min_free_ms")
+
+
+def reporting_note() -> str | None:
+    """What free page reporting does to these figures, when this VM has it on at once (None: it does not).
+
+    A VM with free page reporting (``page_reporting``, a virtio balloon) hands memory the guest frees back to
+    the host; with ``min_free_ms`` 0, at once. Touching that memory again costs a host fault per page, billed
+    to the guest as the time of the instruction that touched it: a 1 GB page-cache write cost 2.46 s of CPU
+    into returned memory against 0.18 s into memory used and freed just before, and 1.51 s again after a
+    3 s pause (``pwrite`` of 1 MiB, this project's 2-core VM). Every run frees its output and buffers and
+    writes new ones, so each contender's CPU at 1 MB swings with how much of what it touched had been
+    returned; warming (``warm_memory``) does not help once the freed memory is returned before the run."""
+    try:
+        value = REPORTING.read_text().strip()
+    except OSError:
+        return None
+    if value != "0":
+        return None
+    return (f"free page reporting returns freed memory to the host at once ({REPORTING} is 0): writes into it "
+            "cost up to 10x the CPU, and large-response figures swing with it; --hold-freed-memory (root) holds "
+            "freed memory in the guest for the benchmark")
+
+
+@contextlib.contextmanager
+def freed_memory_held(on: bool) -> Any:
+    """``--hold-freed-memory``: freed memory stays in the guest for 120 s before it is reported (restored at
+    the end); nothing when off or when this VM has no free page reporting."""
+    old = None
+    if on:
+        try:
+            old = REPORTING.read_text().strip()
+            REPORTING.write_text("120000")
+        except OSError as e:
+            raise SystemExit(f"bench: --hold-freed-memory: cannot set {REPORTING} ({e.strerror}): run as root, "
+                             "on a VM with free page reporting") from None
+    try:
+        yield
+    finally:
+        if old is not None:
+            with contextlib.suppress(OSError):
+                REPORTING.write_text(old)
+
+
 def fsync_time(path: Path) -> float | None:
     """Seconds an fsync of ``path`` takes now (None if there is no such file)."""
     try:
@@ -599,7 +646,12 @@ def main(argv: list[str] | None = None) -> int:
                    check=True, cwd=src)
     mock = Mock(workdir, args.latency_ms, args.latency_ms * args.jitter_pct / 100, args.kb)
     raw: list[dict[str, Any]] = []
+    held = contextlib.ExitStack()
     try:
+        held.enter_context(freed_memory_held(args.hold_freed_memory))
+        note = reporting_note()
+        if note is not None:
+            err.print(f"[yellow]bench: {note}[/]")
         mock.start()
         mock.warm_up("mock-model")
         err.print(f"bench: mock on {mock.url} (pid {mock.proc.pid if mock.proc else '?'}), {args.n:,} tasks in "
@@ -630,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         mock.stop()
+        held.close()
         if not args.keep and args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     summaries = [summarise(c.name, [r for r in raw if r["contender"] == c.name]) for c in args.selected]
@@ -638,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {k: getattr(args, k) for k in ("n", "kb", "latency_ms", "jitter_pct", "inflight", "repeat", "sample_ms",
                                              "ideal_rps")}
         doc = {"config": cfg, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                          "platform": platform.platform()},
+                                          "platform": platform.platform(),
+                                          "freed_memory_held": args.hold_freed_memory},
                "summary": summaries, "runs": raw}
         args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
         err.print(f"bench: raw figures in {args.json_out}")
