@@ -291,6 +291,8 @@ def measure(cmd: list[str], stdout: Path, stderr: Path, timeout: float, interval
                         ct = pr.cpu_times()
                 except psutil.Error:
                     continue
+                if pr.pid != root.pid:  # a worker's mapping of its results ring: counted in the supervisor's RSS
+                    rss -= shmem_bytes(pr.pid)
                 tree += rss
                 peak_proc = max(peak_proc, rss)
                 cpu_last[pr.pid] = ct.user + ct.system
@@ -329,6 +331,19 @@ def measure(cmd: list[str], stdout: Path, stderr: Path, timeout: float, interval
         processes_seen=len(procs), leftover_pids=leftovers, samples=samples, timeline=timeline, start_epoch=epoch0,
         host_busy_s=host, bench_cpu_s=bench_cpu,
     )
+
+
+def shmem_bytes(pid: int) -> int:
+    """``RssShmem`` of ``pid`` (0 when unreadable): an evalsup worker's resident pages of the ring it shares with
+    the supervisor, which the supervisor's RSS counts too (evalsup.supervisor.rss.own_rss_bytes)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssShmem:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def arrival_bins(arrivals: list[float], start: float, wall: float, width: float = 0.5) -> list[int]:
@@ -445,6 +460,8 @@ def freed_memory_held(on: bool) -> Any:
         try:
             old = REPORTING.read_text().strip()
             REPORTING.write_text("120000")
+            print(f"bench: {REPORTING} set to 120000 (was {old}; restored at the end, or by hand after a kill -9)",
+                  file=sys.stderr)
         except OSError as e:
             raise SystemExit(f"bench: --hold-freed-memory: cannot set {REPORTING} ({e.strerror}): run as root, "
                              "on a VM with free page reporting") from None

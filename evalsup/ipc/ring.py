@@ -5,15 +5,15 @@ pipe, out of it into the supervisor, and into the file (with the pipe's page all
 each). Through the ring it is copied into shared memory by the worker and from there into the file by the
 journal's writer: the supervisor never touches its bytes.
 
-The supervisor makes the ring (a memfd), maps it read-only and hands the descriptor to the worker, which
-maps it too and copies lines into the mapping (``memcpy``: 49-85 us a megabyte in a loop against 106-199 us
-for ``pwritev`` into the memfd and its page-cache walk and page locks; for 3,000 x 1 MB results, the
-workers' CPU in ``put`` 0.44-0.45 s against 0.73-0.79 s on a loaded machine). A page the worker's mapping
-has not touched yet is written the first time by ``pwritev``, which allocates it or says ENOMEM (the line
-then takes the pipe) where a store into the mapping would fault into the OOM killer; after that the page
-exists, and only the copy is left. The ring's pages count in the worker's RSS too: the supervisor's memory
-control takes a worker's shared-memory pages out of its figure (``supervisor.rss.own_rss_bytes``), as they
-are the supervisor's, counted in its RSS.
+The supervisor makes the ring (a memfd), maps it read-only and hands the descriptor to the worker, which maps
+it too and copies lines into the mapping (``memcpy``: 49-85 us a megabyte in a loop against 106-199 us for
+``pwritev`` into the memfd and its page-cache walk and page locks; for 3,000 x 1 MB results, the workers' CPU
+in ``put`` 0.44-0.45 s against 0.73-0.79 s on a loaded machine). A page the worker's mapping has not touched
+yet is written the first time by ``pwritev``, whose allocation can fail as an error (the line then takes the
+pipe) where a store into the mapping could only fault; after that the page exists (the memfd is never
+truncated, and without swap never reclaimed), and only the copy is left. The ring's pages count in the worker's
+RSS too: the supervisor's memory control takes a worker's shared-memory pages out of its figure
+(``supervisor.rss.own_rss_bytes``), as they are the supervisor's, counted in its RSS.
 
 Positions count bytes ever reserved (offset = position % size), so "free" is ``size - (head - tail)``. A
 line is placed whole (the end of the ring is skipped when it would not fit there); the worker sends RESULT

@@ -68,7 +68,7 @@ def _status_shmem(pid: int) -> int | None:
     except OSError:
         return None
     try:
-        data = os.read(fd, 4096)
+        data = os.read(fd, 1 << 14)  # (RssShmem comes after Groups:, which a user in many groups makes long)
     except OSError:
         return None
     finally:
