@@ -141,23 +141,25 @@ def _encode(obj: Any) -> Any:
 
 
 def iter_lines(tasks: Iterable[Any]) -> Iterator[bytes]:
-    """Task dicts as JSONL, a few hundred at a time (one dict in memory at a time)."""
-    buf: list[bytes] = []
-    size = 0
+    """Task dicts as JSONL, about a MiB at a time (one dict in memory at a time).
+
+    Each line is copied into the chunk at once rather than kept until the chunk is joined: orjson's output for
+    a 1 KB task holds a 16 KB allocation (orjson 3.13 does not shrink its buffer), so a list of a chunk's
+    thousand lines held 16 MB of heap for 1 MiB of text, 10 MB of it resident, as much as the heap's earlier
+    pages made it (measured: the API's copy of 5,000 1 KB tasks peaked 10 MB above its start; now 3-4 MB)."""
+    buf = bytearray()
     for i, obj in enumerate(tasks):
         if not isinstance(obj, dict):
             raise InputError(f"tasks[{i}]: a task must be a dict, not {type(obj).__name__}")
         try:
-            line = orjson.dumps(obj, default=_encode, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+            buf += orjson.dumps(obj, default=_encode, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
         except TypeError as e:
             raise InputError(f"tasks[{i}]: cannot be written as JSON ({e})") from None
-        buf.append(line)
-        size += len(line)
-        if size >= _CHUNK:
-            yield b"".join(buf)
-            buf, size = [], 0
+        if len(buf) >= _CHUNK:
+            yield bytes(buf)
+            buf.clear()
     if buf:
-        yield b"".join(buf)
+        yield bytes(buf)
 
 
 def _hash_file(path: Path) -> str:

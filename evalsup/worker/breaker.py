@@ -15,6 +15,13 @@ the endpoint with a request of its own (GET /models), never with a parked task. 
 starts, and a request whose attempt failed endpoint-side is parked. On close the supervisor says whether the
 endpoint had been down (a probe failed): then the parked attempts are not counted against --max-attempts (no
 task pays for an outage); if it was up after all, they are.
+
+Nor do the attempts that failed before the trip: each failure belongs to a run of failures (``epoch``, which a
+success or a close ends), and a run that ended in a close after an outage (``ended``) gives its tasks their
+attempts back. While the run of failures covers enough tasks but has not yet lasted as long as an answer takes
+(``undecided``), a task that fails waits that long rather than spend another attempt at once (its retry's
+back-off may be a few ms, and resets come back at once: a task could use up its --max-attempts before its
+breaker was allowed to trip); then the breaker trips if no answer came meanwhile (``overdue``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,10 @@ class LocalBreaker:
         self.open = False
         self.tripped = False  # we told the supervisor; reset on close
         self.was_down = False  # how the last opening ended: the endpoint had been down
+        # the run of failures now: a success or a close ends it; the runs that ended in a close after an outage
+        # (a few: a task lives through few of them), whose failed attempts are given back to their tasks
+        self.epoch = 0
+        self._down_epochs: deque[int] = deque(maxlen=8)
         self._closed = asyncio.Event()
         self._closed.set()
 
@@ -61,10 +72,34 @@ class LocalBreaker:
             return True
         return False
 
+    def undecided(self, now: float) -> float:
+        """Seconds until the run of failures, which already covers enough tasks to trip, has lasted as long as
+        an answer takes (0.0 when nothing waits on that: too few tasks, no wait needed, or tripped or open). A
+        task that fails meanwhile waits this long for the breaker's verdict rather than spend an attempt."""
+        if self.tripped or self.open or len(self.failing) < self.need or self.need <= self.spread:
+            return 0.0
+        return max(0.0, self._streak_at + self.answer_s - now)
+
+    def overdue(self, now: float) -> bool:
+        """The wait ``undecided`` gave is over at ``now``: True when the run of failures, still unbroken by an
+        answer and covering enough tasks, now trips this worker (as ``record`` would on the next failure)."""
+        if self.tripped or self.open or len(self.failing) < self.need or now - self._streak_at < self.answer_s:
+            return False
+        self.tripped = True
+        return True
+
+    def ended(self, epoch: int) -> bool | None:
+        """How the run of failures ``epoch`` ended: in a close after an outage (True: its failed attempts are
+        given back), otherwise (False: an answer, or a false alarm), or not yet (None)."""
+        if epoch == self.epoch:
+            return None
+        return epoch in self._down_epochs
+
     def success(self, latency_s: float = 0.0) -> None:
         """An answer served, after ``latency_s``."""
         self.answer_s += (latency_s - self.answer_s) * (0.2 if self._served else 1.0)
         self._served += 1
+        self.epoch += 1
         self.failing.clear()
         self._answers.append(False)
         self.need = self._need()
@@ -82,10 +117,14 @@ class LocalBreaker:
         return max(self.spread, min(self.max_spread, math.ceil(math.log(self.chance) / math.log(share))))
 
     def set_open(self, is_open: bool, was_down: bool = False) -> None:
-        self.open = is_open
+        was_open, self.open = self.open, is_open
         if is_open:
             self._closed.clear()
         else:
+            if was_open:  # the run of failures that opened it ends here
+                if was_down:
+                    self._down_epochs.append(self.epoch)
+                self.epoch += 1
             self.tripped = False
             self.was_down = was_down
             self.failing.clear()

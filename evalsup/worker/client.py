@@ -282,6 +282,8 @@ class Client:
         st = AttemptState(time.monotonic(), avoid=avoid)
         copy = avoid is not None  # a hedge's second copy (only it avoids an endpoint)
         while True:
+            if st.suspects:  # (as below: an outage's close may have come while it rested or parked)
+                st.outage_refund(pool.run_ended)
             t_q = time.monotonic()
             if pacer.rps is not None or pacer.tpm is not None:  # (no coroutine without a limit)
                 await pacer.pace(estimate)
@@ -326,8 +328,13 @@ class Client:
                 return self._outcome(a, st)
             if f.kind is FailureKind.LOCAL:  # nothing was sent: never the endpoint's failure, nor the task's
                 await self._stop_local(ep, f.message)
+            epoch = ep.breaker.epoch  # the run of failures this one joins (an answer or a close ends it)
             if ep.failed(key, f):  # tripped here: now everywhere
                 self.on_trip(ep.index, f.message)
+            elif f.endpoint_side and (hold := ep.breaker.undecided(time.monotonic())) > 0:
+                await self._verdict(ep, hold, f)
+            if st.suspects:  # attempts of a run of failures that proved an outage meanwhile: given back
+                st.outage_refund(pool.run_ended)
             d = policy.decide(f, st, self.rng, up=ep.up, elsewhere=pool.any_up(), endpoints=len(pool))
             v = d.verdict
             if v is Verdict.DONE:
@@ -342,6 +349,8 @@ class Client:
                 continue
             self.retries += 1
             if v is Verdict.RETRY:
+                if f.endpoint_side:  # counted, unless its run of failures proves an outage (then given back)
+                    st.suspect(ep.index, epoch)
                 await self._rest(d.delay or 0.0)
             elif v is Verdict.WAIT:  # the server's flow control is not the task's failure
                 st.uncount()
@@ -356,6 +365,17 @@ class Client:
                     return self._outcome(a, st)
                 else:
                     await self._rest(d.delay)
+
+    async def _verdict(self, ep: Endpoint, seconds: float, f: Failure) -> None:
+        """An attempt failed at ``ep`` while its breaker has seen enough tasks fail to trip, but not yet for as
+        long as an answer takes (``LocalBreaker.undecided``: ``seconds`` more). The task waits that long
+        rather than spend its next attempt at once on what may be an outage (a reset comes back at once, and a
+        back-off may be a few ms: on a loaded machine a task counted two resets 37 ms into an outage, before its
+        breaker could trip at 62 ms, and one used up --max-attempts 3); then the breaker trips if no answer came
+        meanwhile (``Endpoint.settle``), and the attempt parks as at any trip."""
+        await asyncio.sleep(seconds)
+        if ep.up and ep.settle(time.monotonic()):
+            self.on_trip(ep.index, f.message)
 
     async def _flow_wait(self, ep: Endpoint, d: Decision, st: AttemptState) -> None:
         """Sit out the wait ``ep`` asked for (``d.delay``), or, when ``d.hop``, only until another endpoint has

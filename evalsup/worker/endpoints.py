@@ -9,9 +9,10 @@ it rejoins (BREAKER_CLOSE); one left out at the start (it failed the connection 
 An ``Endpoint`` changes only through its own methods, each named for what happened: a request ``sent`` to it
 and ``answered``; an answer that ``succeeded`` or ``failed`` (the breaker's and the key's evidence); a wait it
 asked for (``cool``); the supervisor's BREAKER_OPEN/BREAKER_CLOSE (``set_open``) or this worker's own trip
-(``eject``); the key check's findings (``key_refused``, ``key_taken``, ``key_lost``, ``key_check_ended``); its
-rate limits (``set_rate``, ``pace``, ``correct_usage``); and every attempt's evidence for its adaptive limit
-(``observe``, ``server_queue``). No I/O: the client asks, and says what it sent.
+(``eject``, and ``settle``: a run of failures that outlasted an answer); the key check's findings
+(``key_refused``, ``key_taken``, ``key_lost``, ``key_check_ended``); its rate limits (``set_rate``, ``pace``,
+``correct_usage``); and every attempt's evidence for its adaptive limit (``observe``, ``server_queue``). No
+I/O: the client asks, and says what it sent.
 
 Per-endpoint rate limits (issue 21 item 1): the RATE frame (``ipc.messages.Rate``) carries this worker's share of
 the global limits, for the worker's ``Pacer``, and of each endpoint's own (``eps``), for that endpoint's
@@ -91,6 +92,15 @@ class Endpoint:
         """Task ``key``'s attempt failed with ``f``: evidence for its breaker. True when this worker trips it now
         (ejected here at once, parked requests wait for the close; the caller tells the supervisor)."""
         if self.breaker.record(key, f.endpoint_side, f.refused):
+            self.eject()
+            return True
+        return False
+
+    def settle(self, now: float) -> bool:
+        """A task that failed waited, at ``now``, for its breaker's verdict (``LocalBreaker.undecided``): True when
+        the run of failures, unbroken meanwhile, trips this worker now (ejected here; the caller tells the
+        supervisor)."""
+        if self.breaker.overdue(now):
             self.eject()
             return True
         return False
@@ -271,6 +281,11 @@ class EndpointPool:
             back, self._back = self._back, None
             if not back.done():
                 back.set_result(was_down)
+
+    def run_ended(self, index: int, epoch: int) -> bool | None:
+        """How endpoint ``index``'s run of failures ``epoch`` ended (``LocalBreaker.ended``): True in a close
+        after an outage, False otherwise, None not yet."""
+        return self.all[index].breaker.ended(epoch)
 
     def hand_back(self) -> None:
         """The worker drains: every request parked for an outage, and any that would park from now on, raises

@@ -6,6 +6,7 @@ import email.utils
 import enum
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,7 +69,8 @@ class AttemptState:
     """One task's attempts so far (as tenacity's RetryCallState): what the policy reads, what the loop keeps.
 
     ``used`` attempts count against --max-attempts (not a 429's wait, a move off an ejected endpoint, an outage
-    or another endpoint's turn after a refused key: ``uncount``); ``sent`` requests went out in all."""
+    or another endpoint's turn after a refused key: ``uncount``; nor those that failed before an outage's trip:
+    ``outage_refund``); ``sent`` requests went out in all."""
 
     start: float  # monotonic, the first attempt's start: the record's total_s
     used: int = 0
@@ -82,6 +84,9 @@ class AttemptState:
     endpoint: int = 0  # the last attempt's endpoint
     stalled: int = 0  # attempts abandoned on the supervisor's STALL (timeout_stall; each counted as used)
     avoid: Endpoint | None = None  # the endpoint that just asked this request to wait (429): the next pick avoids it
+    # counted attempts that failed endpoint-side: (endpoint, its breaker's run of failures then); given back
+    # when that run proves an outage (``outage_refund``). None until the first (most tasks never fail)
+    suspects: list[tuple[int, int]] | None = None
 
     def begin(self, queued: float, endpoint: int) -> None:
         """An attempt goes out, after ``queued`` seconds waiting for the pacers, to endpoint ``endpoint``."""
@@ -94,6 +99,30 @@ class AttemptState:
     def uncount(self) -> None:
         """The attempt just made is not the task's failure: it does not count against --max-attempts."""
         self.used -= 1
+
+    def suspect(self, endpoint: int, epoch: int) -> None:
+        """The attempt just counted failed endpoint-side at ``endpoint`` during its breaker's run of failures
+        ``epoch``: counted unless that run turns out to have been an outage."""
+        if self.suspects is None:
+            self.suspects = []
+        self.suspects.append((endpoint, epoch))
+
+    def outage_refund(self, ended: Callable[[int, int], bool | None]) -> int:
+        """Give back the counted attempts whose run of failures ended in an outage (``ended(endpoint, epoch)``:
+        True), and forget those whose run ended otherwise (False: an answer came, they were the task's own);
+        None keeps one (its run goes on). How many were given back."""
+        if not self.suspects:
+            return 0
+        keep, back = [], 0
+        for s in self.suspects:
+            verdict = ended(*s)
+            if verdict is None:
+                keep.append(s)
+            elif verdict:
+                back += 1
+        self.used -= back
+        self.suspects = keep or None
+        return back
 
     def waited(self, seconds: float, hopped_from: Endpoint | None = None) -> None:
         """A flow-control wait of ``seconds`` ended: sat out, or cut short to go elsewhere (``hopped_from``)."""

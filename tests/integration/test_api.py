@@ -140,8 +140,11 @@ def test_a_generator_of_50000_dicts_in_flat_memory(tmp_path: Path) -> None:
     list_mb = (got["listed_kb"] - got["after_kb"]) / 1024
     print(f"parent peak RSS grew {grew_mb:.1f} MB from 5,000 to 50,000 tasks; a list of them: +{list_mb:.1f} MB")
     assert list_mb > 30  # the comparison means something
-    # streamed, not held: far below what holding them costs (alone 0.2-0.4 MB; 7.1 MB once inside the whole
-    # suite, two files at a time, not explained yet: a measured process, not a budget)
+    # streamed, not held: far below what holding them costs (alone 0.7-1.1 MB, a list 59-60 MB). Both peaks were
+    # the copy's own: a chunk's thousand orjson outputs, each holding 16 KB, 10 MB resident and up to 16 MB as
+    # the heap's earlier pages made it (likely the 7.1 MB more seen once inside the whole suite, not reproduced
+    # since: memory the list then reused, which cost 46 MB against 53); now a chunk's text, 3-4 MB
+    # (rundir.inputs.iter_lines). A measured process, not a budget
     assert grew_mb < list_mb / 4
 
 

@@ -1,8 +1,10 @@
 """The Python API without a run: an unknown keyword or an iterable without out= refused, DataFrame records
-written as JSON, and exit codes mapped to exceptions in one place. (Runs through the API: integration/test_api.py.)"""
+written as JSON, an iterable copied a chunk at a time in a chunk's memory, and exit codes mapped to exceptions
+in one place. (Runs through the API: integration/test_api.py.)"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -31,6 +33,28 @@ def test_dataframe_records_are_written_as_json(tmp_path: Path) -> None:
     assert [orjson.loads(line) for line in lines] == [
         {"id": "a", "prompt": "p", "n": 1, "x": 0.5, "when": "2026-01-01T00:00:00"},
         {"id": "b", "prompt": "q", "n": 2, "x": None, "when": "2026-01-02T00:00:00"}]
+
+
+def test_tasks_given_as_dicts_are_copied_holding_about_a_chunk_of_memory() -> None:
+    """evalsup.run copies an iterable into the run directory a chunk (1 MiB) at a time: what that holds is a
+    chunk's text, not a chunk's count of orjson outputs, each of which keeps a 16 KB allocation for a 1 KB task
+    (orjson 3.13): holding those until the join cost 16 MB a chunk (10 MB of it resident, the parent's peak)."""
+    import tracemalloc
+
+    from evalsup.rundir.inputs import _CHUNK, iter_lines
+
+    def tasks(n: int) -> Iterator[dict[str, str]]:
+        for i in range(n):
+            yield {"id": f"q{i}", "prompt": f"question {i} " + "x" * 1000}
+
+    tracemalloc.start()
+    try:
+        size = sum(len(chunk) for chunk in iter_lines(tasks(5_000)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert size > 4 * _CHUNK  # (several chunks went through)
+    assert peak < 4 * _CHUNK, f"{peak / 2**20:.1f} MiB held to copy {size / 2**20:.1f} MiB"
 
 
 def test_exit_codes_map_to_exceptions_in_one_place() -> None:
