@@ -41,7 +41,7 @@ from evalsup.config.caps import Caps
 from evalsup.rundir.usage import answer_cost, billed_price
 from evalsup.scoring.judge import DEFAULT_TEMPLATE
 from evalsup.tasks.billed import NOTHING, Billed, count, tier_of
-from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.requests import RequestDefaults, simple_body
 from evalsup.tasks.response_schema import schema_of_request
 from evalsup.tasks.tokens import CHARS_PER_TOKEN, DEFAULT_MAX_OUTPUT, PER_MESSAGE, figures, fmt_tokens, fmt_usd
 
@@ -134,7 +134,7 @@ class TaskCosts:
         price = self.price_of(f.model)
         p, c = f.approx_prompt, f.max_completion(price.max_output if price is not None else None)
         prompt, completion = p * self.copies, c * self.copies
-        body = obj.get("body") if "custom_id" in obj else obj
+        body = obj.get("body") if "custom_id" in obj else simple_body(obj)  # what is sent (not the metadata)
         if self.max_reasks and (self.run_schema or schema_of_request(body) is not None):
             grow = 4 * c + REASK_TURN + 2 * PER_MESSAGE  # the answer as a turn, the error (which may quote it)
             for k in range(1, self.max_reasks + 1):

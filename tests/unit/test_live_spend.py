@@ -16,7 +16,8 @@ from evalsup.config.prices import Price, load_prices
 from evalsup.rundir.usage import billed_price, usage_of_results
 from evalsup.supervisor.budget import Amount, Budget, TaskCosts
 from evalsup.tasks.billed import Billed, billed, tier_of
-from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.requests import RequestDefaults, to_request
+from evalsup.tasks.tokens import figures
 from evalsup.worker.client import Outcome
 from evalsup.worker.records import Extras, build
 
@@ -274,3 +275,29 @@ def test_a_price_the_user_gave_for_the_model_asked_wins_over_a_tables_for_the_sn
     assert billed_price(table.lookup, "claude-sonnet-4-20250514", "unpriced-alias") is theirs
     assert billed_price(table.lookup, "unpriced-snapshot", "my-sonnet") is mine
     assert billed_price(table.lookup, None, None) is None
+
+
+def test_a_simple_lines_model_and_max_tokens_are_metadata_and_the_budget_prices_what_is_sent(tmp_path: Path) -> None:
+    """A simple line's other keys are its record's metadata (README, docs/cli.md), ``model`` and ``max_tokens``
+    too: the request asks the run's --model with --max-tokens, so its reservation and the estimate are of that
+    request, and the answer settles within it at what a resume reads back (not at the metadata's cheap model)."""
+    defaults = RequestDefaults(model="gpt-4o", max_tokens=2_000)
+    line = {"id": "t1", "prompt": "Write an essay.", "model": "other", "max_tokens": 5, "n": 3}
+    _, body, metadata = to_request(line, defaults)
+    assert (body["model"], body["max_tokens"], "n" in body) == ("gpt-4o", 2_000, False)
+    assert metadata == {"model": "other", "max_tokens": 5, "n": 3}
+    f = figures(line, defaults)
+    assert (f.model, f.max_tokens, f.choices) == ("gpt-4o", 2_000, 1)
+    assert f == figures({"id": "t1", "messages": body["messages"]}, defaults)  # the same request, the same figures
+    worst, price, model = TaskCosts(defaults, price_of).worst(line)
+    assert (model, price, worst.completion) == ("gpt-4o", ALIAS, 2_000)
+    b = Budget(Caps(cost=1e9), price_of=price_of)
+    assert b.afford(1, worst, price, model).verdict.value == "go"
+    usage = {"prompt_tokens": worst.prompt, "completion_tokens": 2_000}  # the whole --max-tokens used
+    parts, meta = build("t1", outcome(usage, model="gpt-4o"), 1, 0.0, 1, None, metadata,
+                        extras=Extras(model=body["model"]))
+    b.settle_result(1, meta)
+    (tmp_path / "results.jsonl").write_bytes(b"".join(parts))
+    back = usage_of_results(tmp_path / "results.jsonl", price_of, "gpt-4o")
+    assert b.spent_cost == pytest.approx(back.cost) == pytest.approx(ALIAS.cost(worst.prompt, 2_000))
+    assert worst.cost is not None and b.spent_cost <= worst.cost
