@@ -9,7 +9,8 @@ Each answer is priced as it was billed, where its body says so (issue 40): its p
 written to the provider's prompt cache (OpenAI's ``prompt_tokens_details.cached_tokens`` /
 ``input_tokens_details``, Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens``: read by
 ``tasks.billed``), the ``service_tier`` its response names (else the one its request asked, which the worker wrote
-as ``metrics.service_tier``), and the batch API's rates for a record of a batch (``metrics.batch``), when the
+as ``metrics.service_tier``), and the batch API's rates for a record of a batch (``metrics.batch``; not the
+answer of the online request ``--batch-fallback online`` sent after it: ``tasks.billed.by_batch``), when the
 price knows them (``config.prices.Price.variant``: genai-prices' rates); Anthropic's 1-hour cache writes
 (``cache_creation.ephemeral_1h_input_tokens``) at their own rate. ``answer_cost`` is that pricing, and the run's
 budget settles each result with it too, from the same counts in the RESULT's meta: the live spend and this
@@ -35,7 +36,7 @@ import orjson
 
 from evalsup.rundir.layout import DAMAGED, REPLACED
 from evalsup.rundir.results_file import iter_records
-from evalsup.tasks.billed import NOTHING, Billed, billed, count, tier_of
+from evalsup.tasks.billed import NOTHING, Billed, billed, by_batch, count, tier_of
 from evalsup.tasks.tokens import fmt_usd
 
 __all__ = ["Usage", "answer_cost", "billed_price", "note_snapshot", "usage_of_results"]
@@ -223,7 +224,7 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
             if price is not None:
                 # the tier the response names, else the one the request asked (the worker wrote it in metrics)
                 tier = tier_of(body) or tier_of(metrics)
-                u.cost += answer_cost(price, spent, tier, isinstance(metrics.get("batch"), dict), copies, reasks,
+                u.cost += answer_cost(price, spent, tier, by_batch(metrics.get("batch")), copies, reasks,
                                       count(metrics.get("reasks")))
             elif paid:
                 u.unpriced += 1

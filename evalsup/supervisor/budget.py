@@ -20,9 +20,9 @@ the bound of invariant 4 for that round. Its result settles it: the reservation 
 read (``ResultMeta`` pt/ct, rpt/rct, jpt/jct) is spent, priced as billed (``rundir.usage.answer_cost`` at
 ``billed_price``, the pricing a resume reads results.jsonl back with: the model the response names (md) when it
 has a price, else the request's; the prompt tokens the provider's cache served (cr) and wrote (cw, w1 of them
-for an hour) at their rates, the service tier the response named or the request asked (tr)); a hedged task
-spends its answer's usage twice (the other copy's usage is not read back: the same request, taken to use as
-much).
+for an hour) at their rates, the service tier the response named or the request asked (tr), a provider batch's
+answer at the batch API's rates (bt)); a hedged task spends its answer's usage twice (the other copy's usage is
+not read back: the same request, taken to use as much).
 
 Invariants (tests/unit/test_budget.py drives random sequences against a plain model):
 1. ``reserved`` is the sum of the open reservations, one per key at most; ``reservations`` their count.
@@ -349,10 +349,10 @@ class Budget:
         """A RESULT's meta settles task ``key``: its answer (none from the cache: it cost nothing) priced as
         billed (at the price of the model its response names, md, when it has one, else its request's; its
         prompt tokens read from the provider's cache, cr, and written to it, cw (w1 of them kept an hour), at
-        their rates, and its service tier's, tr), the answers asked again (rpt/rct), the hedge's other copy (hg:
-        the same usage again), and the judge's call (jpt/jct, at the judge's price). The price is
-        ``rundir.usage.answer_cost``, the read-back's own: the live spend is what a resume reads back. True:
-        dispatch was waiting on the budget and looks again."""
+        their rates, and its service tier's, tr, or a provider batch's, bt), the answers asked again (rpt/rct),
+        the hedge's other copy (hg: the same usage again), and the judge's call (jpt/jct, at the judge's price).
+        The price is ``rundir.usage.answer_cost``, the read-back's own: the live spend is what a resume reads
+        back. True: dispatch was waiting on the budget and looks again."""
         if meta.get("ca") == "h":
             answer, reasks, copies = NOTHING, NOTHING, 1
         else:
@@ -363,8 +363,9 @@ class Budget:
         tier = meta.get("tr")
         tier = tier if isinstance(tier, str) else None
         answered = meta.get("md")  # the model the response names, when not the request's
+        batch = bool(meta.get("bt"))  # a provider batch's answer (--batch-api): at the batch API's rates
         self.settle(key, copies * answer.prompt + reasks.prompt, copies * answer.completion + reasks.completion,
-                    bill=lambda p: answer_cost(p, answer, tier, False, copies, reasks, count(meta.get("rk"))),
+                    bill=lambda p: answer_cost(p, answer, tier, batch, copies, reasks, count(meta.get("rk"))),
                     answered=answered if isinstance(answered, str) and answered else None)
         if "jpt" in meta or "jct" in meta:
             self.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), self.judge_price)

@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
+from evalsup.batch.records import Answer
+from evalsup.batch.records import build as batch_build
 from evalsup.config.caps import Caps
 from evalsup.config.prices import Price, load_prices
 from evalsup.rundir.usage import billed_price, usage_of_results
@@ -397,3 +399,39 @@ def test_an_alias_answered_as_several_snapshots_reserves_at_the_dearest_live_and
     costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=300), price_of, answered_as=b.answered_as)
     worst = costs.worst({"id": "t", "messages": [{"role": "user", "content": "x" * 400}]})[0]
     assert worst.cost == pytest.approx(SNAPSHOT.cost(worst.prompt, worst.completion))
+
+
+def test_a_batch_answer_is_spent_at_the_batch_rates_live_as_a_resume_reads_it_back(tmp_path: Path) -> None:
+    """--batch-api: the provider bills a batch's answers at its batch rates (half). The RESULT says it came from a
+    batch (meta bt), so the live budget (summary.json's spend, the cap) spends what a resume reads back from its
+    record's metrics.batch; an online answer of the same usage at the standard rates, the online fallback's too
+    (before: read back at the batch's). (Before: live $0.0035, read back $0.00175.)"""
+    half = Price(input=1.0, output=4.0)
+    price = Price(input=2.0, output=8.0, variants=((("processing", "batch"), half),))
+    body = {"model": "m", "choices": [{"message": {"content": "x"}}],
+            "usage": {"prompt_tokens": 1_000, "completion_tokens": 100}}
+    lines, meta = batch_build(Answer("t1", 200, body, "r", "batch_req_1", None, ""), 7, 1, 1,
+                              {"index": 0, "url": "u"}, {"id": "batch_1", "chunk": 0}, {}, None, 1.0, model="m")
+    (tmp_path / "results.jsonl").write_bytes(b"".join(lines))
+    b = Budget(Caps(cost=100.0), price_of=lambda _m: price)
+    costs = TaskCosts(RequestDefaults(model="m", max_tokens=300), lambda _m: price)
+    assert b.afford(7, *costs.worst({"id": "t1", "messages": [{"role": "user", "content": "hi"}]})).verdict \
+        is Verdict.GO
+    b.settle_result(7, meta)
+    back = usage_of_results(tmp_path / "results.jsonl", lambda _m: price, "m")
+    assert b.spent_cost == pytest.approx(back.cost) == pytest.approx(half.cost(1_000, 100))
+    _, online = build("t2", outcome(body["usage"]), 8, 0.0, 1, None, {}, extras=Extras(model="m"))
+    b.reserve(8, Amount(2_000, 300, 1.0), price, "m")
+    b.settle_result(8, online)
+    assert b.spent_cost == pytest.approx(half.cost(1_000, 100) + price.cost(1_000, 100))
+    # --batch-fallback online: the answer of the online request sent after the batch, at the standard rates
+    # (its record keeps the batch that did not answer, with "fallback": "online"), live and read back alike
+    fell, meta = batch_build(Answer("t3", 200, body, "r", None, None, ""), 9, 2, 1, {"index": 0, "url": "u"},
+                             {"id": "batch_1", "chunk": 0, "fallback": "online"}, {}, None, 1.0, model="m")
+    with (tmp_path / "results.jsonl").open("ab") as f:
+        f.write(b"".join(fell))
+    b.reserve(9, Amount(2_000, 300, 1.0), price, "m")
+    b.settle_result(9, meta)
+    back = usage_of_results(tmp_path / "results.jsonl", lambda _m: price, "m")
+    assert back.cost == pytest.approx(half.cost(1_000, 100) + price.cost(1_000, 100))
+    assert b.spent_cost == pytest.approx(back.cost + price.cost(1_000, 100))  # (t2 was not written)
