@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalsup.scoring.scorers import Scored
-from evalsup.tasks.billed import billed, tier_of
+from evalsup.tasks.billed import billed, by_batch, tier_of
 from evalsup.tasks.records import output_line
 from evalsup.tasks.secrets import Scrubber
 
@@ -73,7 +73,10 @@ def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any]
     collection (the provider's queue and work: a batch answer has no latency of its own). ``scrub``: the run's
     secrets taken out of the body, the error and the scores' errors (an error that echoes the URL). ``model``:
     the model the request asked (``own_model``: the task named it), which prices the answer when its response
-    names no model with a price (``worker.records.Extras``: the same meta ``md`` and ``metrics.model``)."""
+    names no model with a price (``worker.records.Extras``: the same meta ``md`` and ``metrics.model``). The
+    meta's ``bt`` says the answer came from the batch (``tasks.billed.by_batch``: not from the online request
+    --batch-fallback online sent after it): the budget prices it at the batch API's rates, as a resume's
+    read-back does, so the live spend, the resume's and summary.json's agree."""
     error = a.error
     body = a.body
     if scrub:
@@ -105,6 +108,8 @@ def build(a: Answer, key: int, attempts: int, pid: int, endpoint: dict[str, Any]
     answered = a.body.get("model") if isinstance(a.body, dict) else None
     if isinstance(answered, str) and answered and answered != model and isinstance(usage, dict):
         info["md"] = answered
+    if isinstance(usage, dict) and by_batch(batch):
+        info["bt"] = 1  # the batch API's answer: the budget spends it at the batch's rates, as the read-back does
     if scored is not None and scored.unscored:
         info["us"] = scored.unscored
     return [line], info

@@ -52,6 +52,7 @@ class ResultMeta(TypedDict):
     w1: NotRequired[int]  # of them, those kept an hour (Anthropic's 1-hour cache writes: their own rate)
     md: NotRequired[str]  # the model the response names, when not the request's (priced by it when it has a price)
     tr: NotRequired[str]  # the service tier the answer is billed at (the response's, else the request's)
+    bt: NotRequired[int]  # 1: a provider batch's answer (record's metrics.batch), billed at the batch API's rates
     # the cache (issue 30): "h" answered from it, "m" not; ``ch`` the key hit (hex), ``ck`` an answer to keep:
     # [key hex, offset of the body in the line, its length, request id, model, path] (evalsup.cache.feed)
     ca: NotRequired[str]

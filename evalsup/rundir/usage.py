@@ -9,7 +9,8 @@ Each answer is priced as it was billed, where its body says so (issue 40): its p
 written to the provider's prompt cache (OpenAI's ``prompt_tokens_details.cached_tokens`` /
 ``input_tokens_details``, Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens``: read by
 ``tasks.billed``), the ``service_tier`` its response names (else the one its request asked, which the worker wrote
-as ``metrics.service_tier``), and the batch API's rates for a record of a batch (``metrics.batch``), when the
+as ``metrics.service_tier``), and the batch API's rates for a record of a batch (``metrics.batch``; not the
+answer of the online request ``--batch-fallback online`` sent after it: ``tasks.billed.by_batch``), when the
 price knows them (``config.prices.Price.variant``: genai-prices' rates); Anthropic's 1-hour cache writes
 (``cache_creation.ephemeral_1h_input_tokens``) at their own rate. ``answer_cost`` is that pricing, and the run's
 budget settles each result with it too, from the same counts in the RESULT's meta: the live spend and this
@@ -17,7 +18,9 @@ read-back are one figure. So is the model an answer is priced by (``billed_price
 names (the dated snapshot the provider billed: ``gpt-4o`` asked, ``gpt-4o-2024-08-06`` answered) when a price
 is known for it, else the request's (``metrics.model`` when the task named its own, else the run's --model).
 
-A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this;
+A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this,
+the snapshots each model answered as and was billed at among it (``Usage.answered_as``: its tasks reserve at the
+dearest, as they did live) and the models that answered (``Usage.answered``);
 `evalsup estimate` takes the lengths seen for its band.
 """
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -33,10 +36,12 @@ import orjson
 
 from evalsup.rundir.layout import DAMAGED, REPLACED
 from evalsup.rundir.results_file import iter_records
-from evalsup.tasks.billed import NOTHING, Billed, billed, count, tier_of
+from evalsup.tasks.billed import NOTHING, Billed, billed, by_batch, count, tier_of
 from evalsup.tasks.tokens import fmt_usd
 
-__all__ = ["Usage", "answer_cost", "billed_price", "usage_of_results"]
+__all__ = ["Usage", "answer_cost", "billed_price", "note_snapshot", "usage_of_results"]
+
+MAX_MODELS = 1_000  # models asked a run keeps by name (answered_as, answered): a few a run; bounded all the same
 
 
 class Priced(Protocol):
@@ -60,6 +65,23 @@ def billed_price(price_of: Callable[[str | None], P | None], answered: str | Non
         if p is not None and (getattr(p, "given", False) or not getattr(mine, "given", False)):
             return p
     return mine
+
+
+def note_snapshot(answered_as: dict[str, str], asked: str, answered: str,
+                  price_of: Callable[[str | None], Priced | None], prompt: int, completion: int) -> None:
+    """Note that the model ``asked`` answered as ``answered`` and was billed at its price (``billed_price``
+    chose it), so its next tasks reserve at the dearer of the two (``supervisor.budget.TaskCosts``). An alias
+    that answered as several snapshots keeps the dearest: a new one replaces the one kept only when it costs
+    more for these tokens (the answer's: ``prompt``, ``completion``). The live budget and the read-back of a
+    resume note the same pairs in the same order (results.jsonl's), so both keep the same name."""
+    kept = answered_as.get(asked)
+    if kept == answered or (kept is None and len(answered_as) >= MAX_MODELS):
+        return
+    if kept is not None:
+        old, new = price_of(kept), price_of(answered)
+        if old is not None and (new is None or new.cost(prompt, completion) <= old.cost(prompt, completion)):
+            return
+    answered_as[asked] = answered
 
 
 def answer_cost(price: Priced, answer: Billed, tier: str | None = None, batch: bool = False, copies: int = 1,
@@ -97,6 +119,10 @@ class Usage:
     sum_per_choice: float = 0.0
     judge_prompt_tokens: int = 0  # the judge's tokens (with judge_price), in prompt_tokens / completion_tokens too
     judge_completion_tokens: int = 0
+    # {model asked: the dearest snapshot it answered as and was billed at} (``note_snapshot``), and the models
+    # asked that answered at all: a resume's budget starts knowing them (``supervisor.budget.Budget.learn``)
+    answered_as: dict[str, str] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
 
     @property
     def seen(self) -> tuple[float, float] | None:
@@ -182,16 +208,23 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
         paid = isinstance(usage, dict) and metrics.get("cache") != "hit"
         spent = answer if paid else NOTHING
         copies = 2 if metrics.get("hedged") else 1  # --hedge: the other copy was paid too, taken to use as much
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        asked = metrics.get("model") if isinstance(metrics.get("model"), str) else fallback_model
+        price = billed_price(price_of, model, asked) if paid or reasks != NOTHING or isinstance(usage, dict) \
+            else None
+        if isinstance(usage, dict) and asked:  # what the budget learns as it settles the same answer
+            if len(u.answered) < MAX_MODELS:
+                u.answered.add(asked)
+            if model and model != asked and price is not None and price != price_of(asked):
+                note_snapshot(u.answered_as, asked, model, price_of, copies * spent.prompt + reasks.prompt,
+                              copies * spent.completion + reasks.completion)
         if paid or reasks != NOTHING:
             u.prompt_tokens += copies * spent.prompt + reasks.prompt
             u.completion_tokens += copies * spent.completion + reasks.completion
-            model = body.get("model") if isinstance(body.get("model"), str) else None
-            asked = metrics.get("model") if isinstance(metrics.get("model"), str) else fallback_model
-            price = billed_price(price_of, model, asked)
             if price is not None:
                 # the tier the response names, else the one the request asked (the worker wrote it in metrics)
                 tier = tier_of(body) or tier_of(metrics)
-                u.cost += answer_cost(price, spent, tier, isinstance(metrics.get("batch"), dict), copies, reasks,
+                u.cost += answer_cost(price, spent, tier, by_batch(metrics.get("batch")), copies, reasks,
                                       count(metrics.get("reasks")))
             elif paid:
                 u.unpriced += 1

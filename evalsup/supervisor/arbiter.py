@@ -54,7 +54,7 @@ from evalsup.rundir.checkpoint import Checkpoint, JournalError, load_checkpoint,
 from evalsup.rundir.journal import Journal
 from evalsup.rundir.layout import CEILING, EVENTS, MEMORY, RESULTS
 from evalsup.rundir.results_file import ResumeState
-from evalsup.rundir.usage import usage_of_results
+from evalsup.rundir.usage import Usage, usage_of_results
 from evalsup.scoring.groups import GroupedScores
 from evalsup.scoring.selection import FIELD
 from evalsup.scoring.selection import check as check_scorers
@@ -298,6 +298,7 @@ class Supervisor:
                              ex.BAD_INPUT)
         spent: Amount | None = None
         unpriced_results = 0
+        read_back: Usage | None = None
         if (cfg.caps.any or (resumed and not cfg.quiet)) and (cfg.run_dir / RESULTS).exists():  # (issue 40: said)
             try:
                 # an unpriced judge (token caps only): its tokens still count, at no known cost
@@ -309,6 +310,7 @@ class Supervisor:
             except OSError as e:
                 raise RunRefused(f"cannot read {cfg.run_dir / RESULTS}: {e.strerror}", ex.BAD_INPUT) from None
             spent, unpriced_results = Amount(u.prompt_tokens, u.completion_tokens, u.cost), u.unpriced
+            read_back = u
             tally.seen = tally.seen or u.seen
             if resumed and cfg.verbose and not cfg.quiet:
                 self._start_notes.append(u.said())
@@ -323,7 +325,11 @@ class Supervisor:
                                      if tally.requests else f"estimate for {what}: all {hits:,} requests answered "
                                      "from the cache: no request, no cost")
         if cfg.caps.any:
-            self.budget = Budget(cfg.caps, spent, unpriced_results, judge_price, self.prices.lookup)
+            # under --batch-api a first answer takes hours: its tasks do not wait for one (docs/paid-apis.md)
+            self.budget = Budget(cfg.caps, spent, unpriced_results, judge_price, self.prices.lookup,
+                                 first_answer=w.batch is None)
+            if read_back is not None:  # the snapshots the models answered as, so far: reserved at from the start
+                self.budget.learn(read_back.answered_as, read_back.answered)
             self.costs = TaskCosts(self.defaults, self.prices.lookup, hedge=w.hedge, max_reasks=w.max_reasks,
                                    run_schema=w.response_schema is not None, validate_schema=w.validate_schema,
                                    judge=judging, judge_price=judge_price, judge_template=w.judge_template,

@@ -12,12 +12,17 @@ and the judge's call (--scorer judge: the template, the task's prompt and answer
 judge's price); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
 standard ones; every prompt token at the dearest rate it may be billed at (input, a 5-minute or a 1-hour cache
 write); a model that answered as another (``gpt-4o`` as ``gpt-4o-2024-08-06``) at the dearer of the two once
-one answer said so. Its result settles it: the reservation goes, the usage the worker read (``ResultMeta``
-pt/ct, rpt/rct, jpt/jct) is spent, priced as billed (``rundir.usage.answer_cost`` at ``billed_price``, the
-pricing a resume reads results.jsonl back with: the model the response names (md) when it has a price, else the
-request's; the prompt tokens the provider's cache served (cr) and wrote (cw, w1 of them for an hour) at their
-rates, the service tier the response named or the request asked (tr)); a hedged task spends its answer's usage
-twice (the other copy's usage is not read back: the same request, taken to use as much).
+one answer said so (the dearest snapshot when it answered as several; a resume learns them from results.jsonl,
+``learn``). Before that answer the alias's price is all there is: so under --max-cost one task of a model goes
+alone until a result of it settles (``first_answer``, one round trip); under --batch-api (off: a first answer
+takes hours) the first batch's answers may settle above their reservations by what the snapshot's rates add,
+the bound of invariant 4 for that round. Its result settles it: the reservation goes, the usage the worker
+read (``ResultMeta`` pt/ct, rpt/rct, jpt/jct) is spent, priced as billed (``rundir.usage.answer_cost`` at
+``billed_price``, the pricing a resume reads results.jsonl back with: the model the response names (md) when it
+has a price, else the request's; the prompt tokens the provider's cache served (cr) and wrote (cw, w1 of them
+for an hour) at their rates, the service tier the response named or the request asked (tr), a provider batch's
+answer at the batch API's rates (bt)); a hedged task spends its answer's usage twice (the other copy's usage is
+not read back: the same request, taken to use as much).
 
 Invariants (tests/unit/test_budget.py drives random sequences against a plain model):
 1. ``reserved`` is the sum of the open reservations, one per key at most; ``reservations`` their count.
@@ -28,20 +33,22 @@ Invariants (tests/unit/test_budget.py drives random sequences against a plain mo
    their reservations (after a kill -9: what was on the wire, whose answers no record holds).
 5. ``afford`` says WAIT only while a reservation is open, and then ``waiting`` holds until a settle or a release
    (which say so: dispatch looks again); STOP only with none open; GO reserves.
+6. With ``first_answer`` (under --max-cost), a model asked with a price and no result settled yet has at most one
+   reservation open; its first result (any: a failure too) or that task handed back lets the next go.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evalsup.config.caps import Caps
-from evalsup.rundir.usage import answer_cost, billed_price
+from evalsup.rundir.usage import MAX_MODELS, answer_cost, billed_price, note_snapshot
 from evalsup.scoring.judge import DEFAULT_TEMPLATE
 from evalsup.tasks.billed import NOTHING, Billed, count, tier_of
-from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.requests import RequestDefaults, simple_body
 from evalsup.tasks.response_schema import schema_of_request
 from evalsup.tasks.tokens import CHARS_PER_TOKEN, DEFAULT_MAX_OUTPUT, PER_MESSAGE, figures, fmt_tokens, fmt_usd
 
@@ -134,7 +141,7 @@ class TaskCosts:
         price = self.price_of(f.model)
         p, c = f.approx_prompt, f.max_completion(price.max_output if price is not None else None)
         prompt, completion = p * self.copies, c * self.copies
-        body = obj.get("body") if "custom_id" in obj else obj
+        body = obj.get("body") if "custom_id" in obj else simple_body(obj)  # what is sent (not the metadata)
         if self.max_reasks and (self.run_schema or schema_of_request(body) is not None):
             grow = 4 * c + REASK_TURN + 2 * PER_MESSAGE  # the answer as a turn, the error (which may quote it)
             for k in range(1, self.max_reasks + 1):
@@ -166,16 +173,21 @@ class Budget:
     """Spent and reserved against the caps (``Caps``; a shard's share already taken)."""
 
     def __init__(self, caps: Caps, spent: Amount | None = None, unpriced: int = 0,
-                 judge_price: Priced | None = None, price_of: Callable[[str | None], Priced | None] | None = None
-                 ) -> None:
+                 judge_price: Priced | None = None, price_of: Callable[[str | None], Priced | None] | None = None,
+                 first_answer: bool = True) -> None:
         self.caps = caps
         self.judge_price = judge_price  # the judge's tokens (--scorer judge) are spent at it
         # the run's prices: an answer whose response names another model than its request's is priced by it
         # (``billed_price``); without them (a test's budget), at its reservation's price
         self.price_of = price_of
-        # {model asked: the model it answered as, with a price}: ``TaskCosts`` reserves at the dearer of the two
-        # (a few names a run; bounded all the same)
+        # {model asked: the dearest model it answered as and was billed at}: ``TaskCosts`` reserves at the dearer
+        # of the two (a few names a run; bounded all the same); a resume's read-back seeds it (``learn``)
         self.answered_as: dict[str, str] = {}
+        # under --max-cost, one task of a model goes until a result of it settles (``first_answer``; not under
+        # --batch-api, whose answers take hours): its answer names the snapshot that bills the tasks after it
+        self.first_answer = first_answer and caps.cost is not None
+        self.answered: set[str] = set()  # models asked whose result settled (this session or read back)
+        self._first_out: dict[str, int] = {}  # {model asked: the key of its one task out before its first result}
         self.waiting = False  # the next task would pass a cap while tasks are out: dispatch waits for them
         self.spent_prompt = spent.prompt if spent else 0
         self.spent_completion = spent.completion if spent else 0
@@ -223,9 +235,16 @@ class Budget:
         """May the task ``key`` go, reserving ``worst`` (``TaskCosts.worst``)? GO reserves it."""
         if price is None and self.caps.cost is not None:
             return Decision(Verdict.UNPRICED, f"--max-cost: no price for model {model!r}")
+        first = self.first_answer and model is not None and model not in self.answered and \
+            len(self.answered) < MAX_MODELS and price is not None and price.cost(1e6, 1e6) > 0
         over = self.would_exceed(worst)
         if over is None:
+            if first and model in self._first_out and self._first_out[model] != key:
+                self.waiting = True  # its first task is out: the snapshot its answer names may be dearer
+                return Decision(Verdict.WAIT)
             self.reserve(key, worst, price, model)
+            if first and model is not None:
+                self._first_out[model] = key
             return Decision(Verdict.GO)
         if self._open:
             self.waiting = True  # the tasks out may settle below their worst case: then look again
@@ -256,8 +275,21 @@ class Budget:
         got = self._open.pop(key, None)
         if got is None:
             return self._look_again()
+        if got[2] is not None and self._first_out.get(got[2]) == key:
+            del self._first_out[got[2]]  # (the next task of its model goes alone in its place)
         self._unreserve(got[0])
         return self._look_again()
+
+    def learn(self, answered_as: Mapping[str, str], answered: Iterable[str]) -> None:
+        """What a resume read back from results.jsonl (``rundir.usage.Usage``): the snapshots each model asked
+        answered as and was billed at (its tasks reserve at the dearer), and the models that answered (their
+        tasks go without waiting for a first answer)."""
+        for asked, snapshot in answered_as.items():
+            if len(self.answered_as) < MAX_MODELS:
+                self.answered_as[asked] = snapshot
+        for model in answered:
+            if len(self.answered) < MAX_MODELS:
+                self.answered.add(model)
 
     def _unreserve(self, a: Amount) -> None:
         self.res_prompt -= a.prompt
@@ -271,16 +303,20 @@ class Budget:
         that has a price (``billed_price``): ``bill(price)`` when given (what the answers cost as billed:
         ``settle_result``), else the plain tokens at ``price``. Returns what was spent."""
         got = self._open.pop(key, None)
-        if got is not None:
-            price = got[1]
-            self._unreserve(got[0])
-            if answered is not None and self.price_of is not None and answered != got[2]:
-                used = billed_price(self.price_of, answered, got[2])
-                if used is not None and used != price:  # priced as the snapshot: its model's next tasks reserve
-                    if got[2] is not None and len(self.answered_as) < 1_000:  # at the dearer of the two
-                        self.answered_as[got[2]] = answered
-                    price = used
         prompt, completion = max(0, prompt), max(0, completion)
+        if got is not None:
+            price, asked = got[1], got[2]
+            self._unreserve(got[0])
+            if asked is not None:
+                self._first_out.pop(asked, None)
+                if len(self.answered) < MAX_MODELS:
+                    self.answered.add(asked)
+            if answered is not None and self.price_of is not None and answered != asked:
+                used = billed_price(self.price_of, answered, asked)
+                if used is not None and used != price:  # priced as the snapshot: its model's next tasks reserve
+                    if asked is not None:  # at the dearer of the two (the dearest snapshot seen)
+                        note_snapshot(self.answered_as, asked, answered, self.price_of, prompt, completion)
+                    price = used
         cost = None if price is None else bill(price) if bill is not None else price.cost(prompt, completion)
         self.spent_prompt += prompt
         self.spent_completion += completion
@@ -313,10 +349,10 @@ class Budget:
         """A RESULT's meta settles task ``key``: its answer (none from the cache: it cost nothing) priced as
         billed (at the price of the model its response names, md, when it has one, else its request's; its
         prompt tokens read from the provider's cache, cr, and written to it, cw (w1 of them kept an hour), at
-        their rates, and its service tier's, tr), the answers asked again (rpt/rct), the hedge's other copy (hg:
-        the same usage again), and the judge's call (jpt/jct, at the judge's price). The price is
-        ``rundir.usage.answer_cost``, the read-back's own: the live spend is what a resume reads back. True:
-        dispatch was waiting on the budget and looks again."""
+        their rates, and its service tier's, tr, or a provider batch's, bt), the answers asked again (rpt/rct),
+        the hedge's other copy (hg: the same usage again), and the judge's call (jpt/jct, at the judge's price).
+        The price is ``rundir.usage.answer_cost``, the read-back's own: the live spend is what a resume reads
+        back. True: dispatch was waiting on the budget and looks again."""
         if meta.get("ca") == "h":
             answer, reasks, copies = NOTHING, NOTHING, 1
         else:
@@ -327,8 +363,9 @@ class Budget:
         tier = meta.get("tr")
         tier = tier if isinstance(tier, str) else None
         answered = meta.get("md")  # the model the response names, when not the request's
+        batch = bool(meta.get("bt"))  # a provider batch's answer (--batch-api): at the batch API's rates
         self.settle(key, copies * answer.prompt + reasks.prompt, copies * answer.completion + reasks.completion,
-                    bill=lambda p: answer_cost(p, answer, tier, False, copies, reasks, count(meta.get("rk"))),
+                    bill=lambda p: answer_cost(p, answer, tier, batch, copies, reasks, count(meta.get("rk"))),
                     answered=answered if isinstance(answered, str) and answered else None)
         if "jpt" in meta or "jct" in meta:
             self.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), self.judge_price)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Billed", "billed", "tier_of"]
+__all__ = ["Billed", "billed", "by_batch", "tier_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +75,11 @@ def tier_of(body: Any) -> str | None:
     """The ``service_tier`` a body names (a response's: the tier it was served at; a request's: the one asked)."""
     tier = body.get("service_tier") if isinstance(body, dict) else None
     return tier if isinstance(tier, str) and tier else None
+
+
+def by_batch(batch: Any) -> bool:
+    """Whether a record's ``metrics.batch`` (--batch-api) says its answer was billed at the batch API's rates: it
+    came from the provider's batch, not from the online request ``--batch-fallback online`` sent after it
+    (``"fallback": "online"``: a request of its own, at the standard rates). The batch driver's RESULT meta
+    (``bt``) and the read-back ask this, so the live spend and a resume's agree."""
+    return isinstance(batch, dict) and batch.get("fallback") != "online"

@@ -117,6 +117,15 @@ def _metadata(extra: dict[str, Any]) -> dict[str, Any]:
     return {**own, **extra} if isinstance(own, dict) else extra
 
 
+def simple_body(obj: dict[str, Any]) -> dict[str, Any]:
+    """The body a simple line (``{"id", "messages"|"prompt", ...}``) sends before the run's defaults: its messages
+    (a prompt as one user message). Every other key of the line (``model``, ``max_tokens``, ``n`` too) is its
+    record's metadata and never sent: the run's --model and --max-tokens are. ``to_request`` sends this, and
+    ``tasks.tokens.figures`` (the budget's reservation and the estimate) prices it, so both read one rule."""
+    messages = obj["messages"] if "messages" in obj else [{"role": "user", "content": obj["prompt"]}]
+    return {"messages": messages}
+
+
 def to_request(obj: dict[str, Any], defaults: RequestDefaults) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """A parsed task line as (url path, request body, metadata): the metadata is the line's ``metadata`` object
     as given with its other extra keys beside it (``{"expected": "B", "metadata": {"subject": "law"}}`` gives
@@ -127,8 +136,7 @@ def to_request(obj: dict[str, Any], defaults: RequestDefaults) -> tuple[str, dic
         meta = _metadata({k: v for k, v in obj.items() if k not in BATCH_KEYS})
     else:
         url = DEFAULT.path
-        messages = obj["messages"] if "messages" in obj else [{"role": "user", "content": obj["prompt"]}]
-        body = {"messages": messages}
+        body = simple_body(obj)
         meta = _metadata({k: v for k, v in obj.items() if k not in SIMPLE_KEYS})
         if "mock" in meta:  # the project's mock server reads per-request test behaviour from the body
             body["mock"] = meta.pop("mock")

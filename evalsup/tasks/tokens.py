@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.requests import RequestDefaults, simple_body
 from evalsup.tasks.routes import BY_PATH, DEFAULT
 
 CHARS_PER_TOKEN = 4  # the ≈ estimate of a prompt's tokens (English text with BPE tokenizers: 3.5-4.5)
@@ -94,12 +94,14 @@ def _int(v: Any) -> int | None:
 
 
 def figures(obj: dict[str, Any], defaults: RequestDefaults) -> Figures:
-    """A validated task line's figures, with the run's defaults (--model, --max-tokens) where it sets none."""
+    """A validated task line's figures: those of the request it sends (a batch line's body; a simple line's
+    messages only, ``requests.simple_body``: its other keys, ``model`` and ``max_tokens`` among them, are its
+    record's metadata and never sent), with the run's defaults (--model, --max-tokens) where it sets none."""
     if "custom_id" in obj:
         path = str(obj.get("url", DEFAULT.path))
         body = obj.get("body") or {}
     else:
-        path, body = DEFAULT.path, obj
+        path, body = DEFAULT.path, simple_body(obj)
     route = BY_PATH.get(path)
     samples = route is None or route.samples
     messages = body.get("messages")

@@ -115,3 +115,34 @@ def test_an_answer_is_spent_at_the_snapshot_its_response_names_live_after_a_resu
         again = run_cli(*args)  # all done: nothing sent; its budget starts from the read-back
         assert again.returncode == 0, again.stderr
         assert _spent(run_dir)["cost_usd"] == live["cost_usd"]
+
+
+def test_a_cost_cap_holds_at_the_server_when_answers_are_billed_as_a_dearer_snapshot_and_after_a_resume(
+        tmp_path: Path) -> None:
+    """Every request for ``gpt-4o`` answered, and billed, as ``gpt-4o-2024-05-13`` at twice the alias's rates: the
+    first task goes alone, its answer names the snapshot, and the tasks after it reserve at the snapshot's
+    rates, so the bill at the mock stays within --max-cost; the rerun with a higher cap reads the snapshot back
+    from results.jsonl and stays within that too (before: the first wave reserved at the alias's rates and the
+    bill passed the cap, and a resume started over at them)."""
+    prices = tmp_path / "prices.json"
+    alias, snapshot = Price(input=500.0, output=1500.0), Price(input=1000.0, output=3000.0)
+    prices.write_text(json.dumps({"gpt-4o": {"input": alias.input, "output": alias.output},
+                                  "gpt-4o-2024-05-13": {"input": snapshot.input, "output": snapshot.output}}))
+    tasks = _tasks(tmp_path, 200)
+    run_dir = tmp_path / "t.run"
+
+    def bill(mock: MockThread) -> float:
+        b = mock.stats()["billed"]["gpt-4o-2024-05-13"]
+        return snapshot.cost(b["prompt_tokens"], b["completion_tokens"])
+
+    with MockThread(MockConfig(latency_ms=5, seed=5, models=("gpt-4o",), snapshot="-2024-05-13", bill=True)) as mock:
+        args = ["run", "--model", "gpt-4o", "--base-url", mock.url, "--max-tokens", "40", "-c", "16", "--prices",
+                str(prices), str(tasks)]
+        first = run_cli(*args, "--max-cost", "2")
+        assert first.returncode == 75, first.stderr
+        assert summary(run_dir)["exit_reason"] == "budget"
+        assert 1.5 < bill(mock) <= 2.0
+        again = run_cli(*args, "--max-cost", "5")
+        assert again.returncode == 75, again.stderr
+        assert 4.5 < bill(mock) <= 5.0
+        assert _spent(run_dir)["cost_usd"] == pytest.approx(bill(mock), abs=1e-5)

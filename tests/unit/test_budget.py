@@ -189,8 +189,12 @@ def test_a_tasks_worst_case_covers_its_hedge_reasks_and_judge() -> None:
     grow = 4 * 100 + REASK_TURN + 2 * PER_MESSAGE
     assert (asked.prompt, asked.completion) == (p + (p + grow) + (p + 2 * grow), 300)
     assert TaskCosts(_defaults(), lambda m: PRICE, max_reasks=2).worst(task)[0] == plain  # no schema: none
-    own = {**task, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}
+    rf = {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}
+    own = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+           "body": {"messages": task["messages"], "response_format": rf}}
     assert TaskCosts(_defaults(), lambda m: PRICE, max_reasks=1).worst(own)[0].completion == 200
+    # a simple line's response_format is its metadata, never sent: no schema, no re-ask to reserve
+    assert TaskCosts(_defaults(), lambda m: PRICE, max_reasks=1).worst({**task, "response_format": rf})[0] == plain
     off = TaskCosts(_defaults(), lambda m: PRICE, max_reasks=2, run_schema=True, validate_schema=False)
     assert off.worst(task)[0] == plain  # --no-validate-schema: never asked again
     judged = TaskCosts(_defaults(), lambda m: PRICE, judge=True, judge_price=JUDGE, judge_template="T" * 400,

@@ -101,7 +101,9 @@ def _store(tmp_path: Path, objs: list[dict[str, Any]], completion: int) -> Path:
 
 
 def _task(i: int, n: int = 1) -> dict[str, Any]:
-    return {"id": f"t{i}", "messages": [{"role": "user", "content": f"q{i}"}], "temperature": 0, "n": n}
+    # the batch form: n and temperature are the request's (a simple line's other keys are its metadata)
+    return {"custom_id": f"t{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": f"q{i}"}], "temperature": 0, "n": n}}
 
 
 def test_cached_tally_counts_hits_free_and_bands_the_rest_with_their_lengths(tmp_path: Path) -> None:

@@ -95,8 +95,10 @@ def test_evalsup_estimate_of_a_file_without_max_tokens(tmp_path: Path) -> None:
     """`evalsup estimate` of tasks with no max_tokens: a known model's requests bounded by its largest answer,
     an unknown one's said unbounded, by model, and the prices' sources named."""
     tasks = tmp_path / "t.jsonl"
-    tasks.write_bytes(b"".join(orjson.dumps({"id": f"{m}-{i}", "model": m, "messages": [
-        {"role": "user", "content": "Say hello."}]}) + b"\n" for m in ("gpt-4o-mini", "my-model") for i in range(5)))
+    hello = [{"role": "user", "content": "Say hello."}]  # each task names its model: the batch form's body
+    tasks.write_bytes(b"".join(orjson.dumps({"custom_id": f"{m}-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                             "body": {"model": m, "messages": hello}}) + b"\n"
+                               for m in ("gpt-4o-mini", "my-model") for i in range(5)))
     table = load_prices(maintained=False)
     s = estimate(tasks, table, RequestDefaults())
     known, mine = s["models"]["gpt-4o-mini"], s["models"]["my-model"]

@@ -11,12 +11,15 @@ from typing import Any
 import orjson
 import pytest
 
+from evalsup.batch.records import Answer
+from evalsup.batch.records import build as batch_build
 from evalsup.config.caps import Caps
 from evalsup.config.prices import Price, load_prices
 from evalsup.rundir.usage import billed_price, usage_of_results
-from evalsup.supervisor.budget import Amount, Budget, TaskCosts
+from evalsup.supervisor.budget import Amount, Budget, TaskCosts, Verdict
 from evalsup.tasks.billed import Billed, billed, tier_of
-from evalsup.tasks.requests import RequestDefaults
+from evalsup.tasks.requests import RequestDefaults, to_request
+from evalsup.tasks.tokens import figures
 from evalsup.worker.client import Outcome
 from evalsup.worker.records import Extras, build
 
@@ -195,7 +198,8 @@ def test_a_prompt_written_for_an_hour_never_settles_above_its_reservation() -> N
 
 ALIAS = Price(input=2.5, output=10.0)
 SNAPSHOT = Price(input=5.0, output=15.0)  # a dated snapshot dearer than its alias (gpt-4o-2024-05-13's rates)
-PRICES = {"gpt-4o": ALIAS, "gpt-4o-2024-05-13": SNAPSHOT, "other": FLEX}
+CHEAPER = Price(input=3.0, output=12.0)  # another snapshot, dearer than the alias, cheaper than the first
+PRICES = {"gpt-4o": ALIAS, "gpt-4o-2024-05-13": SNAPSHOT, "gpt-4o-2024-08-06": CHEAPER, "other": FLEX}
 
 
 def price_of(model: str | None) -> Price | None:
@@ -274,3 +278,160 @@ def test_a_price_the_user_gave_for_the_model_asked_wins_over_a_tables_for_the_sn
     assert billed_price(table.lookup, "claude-sonnet-4-20250514", "unpriced-alias") is theirs
     assert billed_price(table.lookup, "unpriced-snapshot", "my-sonnet") is mine
     assert billed_price(table.lookup, None, None) is None
+
+
+def test_a_simple_lines_model_and_max_tokens_are_metadata_and_the_budget_prices_what_is_sent(tmp_path: Path) -> None:
+    """A simple line's other keys are its record's metadata (README, docs/cli.md), ``model`` and ``max_tokens``
+    too: the request asks the run's --model with --max-tokens, so its reservation and the estimate are of that
+    request, and the answer settles within it at what a resume reads back (not at the metadata's cheap model)."""
+    defaults = RequestDefaults(model="gpt-4o", max_tokens=2_000)
+    line = {"id": "t1", "prompt": "Write an essay.", "model": "other", "max_tokens": 5, "n": 3}
+    _, body, metadata = to_request(line, defaults)
+    assert (body["model"], body["max_tokens"], "n" in body) == ("gpt-4o", 2_000, False)
+    assert metadata == {"model": "other", "max_tokens": 5, "n": 3}
+    f = figures(line, defaults)
+    assert (f.model, f.max_tokens, f.choices) == ("gpt-4o", 2_000, 1)
+    assert f == figures({"id": "t1", "messages": body["messages"]}, defaults)  # the same request, the same figures
+    worst, price, model = TaskCosts(defaults, price_of).worst(line)
+    assert (model, price, worst.completion) == ("gpt-4o", ALIAS, 2_000)
+    b = Budget(Caps(cost=1e9), price_of=price_of)
+    assert b.afford(1, worst, price, model).verdict.value == "go"
+    usage = {"prompt_tokens": worst.prompt, "completion_tokens": 2_000}  # the whole --max-tokens used
+    parts, meta = build("t1", outcome(usage, model="gpt-4o"), 1, 0.0, 1, None, metadata,
+                        extras=Extras(model=body["model"]))
+    b.settle_result(1, meta)
+    (tmp_path / "results.jsonl").write_bytes(b"".join(parts))
+    back = usage_of_results(tmp_path / "results.jsonl", price_of, "gpt-4o")
+    assert b.spent_cost == pytest.approx(back.cost) == pytest.approx(ALIAS.cost(worst.prompt, 2_000))
+    assert worst.cost is not None and b.spent_cost <= worst.cost
+
+
+def _answer(key: int, pt: int, ct: int, snapshot: str) -> tuple[bytes, dict[str, Any]]:
+    parts, meta = build("t", outcome({"prompt_tokens": pt, "completion_tokens": ct}, model=snapshot), key, 0.0, 1,
+                        None, {}, extras=Extras(model="gpt-4o"))
+    return b"".join(parts), meta
+
+
+def _capped_session(b: Budget, results: Path, snapshot: str = "gpt-4o-2024-05-13") -> int:
+    """The arbiter's dispatch against the budget: tasks go while it says GO (at most 64 out), then the tasks out
+    answer (each using its whole reservation, answered as ``snapshot``) and dispatch looks again, until it says
+    STOP. Returns the tasks that went."""
+    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=16), price_of, answered_as=b.answered_as)
+    task = {"id": "t", "messages": [{"role": "user", "content": "x" * 4000}]}
+    went = 0
+    while True:
+        out = []
+        while len(out) < 64:
+            worst, price, model = costs.worst(task)
+            d = b.afford(1000 + went + len(out), worst, price, model)
+            if d.verdict is not Verdict.GO:
+                assert d.verdict is (Verdict.WAIT if out else Verdict.STOP)
+                break
+            out.append((1000 + went + len(out), worst))
+        if not out:
+            return went
+        for key, worst in out:
+            line, meta = _answer(key, worst.prompt, worst.completion, snapshot)
+            with open(results, "ab") as f:
+                f.write(line)
+            b.settle_result(key, meta)
+        went += len(out)
+
+
+def test_a_capped_run_answered_as_a_dearer_snapshot_stays_under_its_cap_and_so_does_its_resume(tmp_path: Path) -> None:
+    """gpt-4o asked, every answer the dearer gpt-4o-2024-05-13: the first task goes alone under --max-cost (its
+    answer names the snapshot, the tasks after it reserve at its price), so the run stops within its cap; the
+    resume with a higher cap reads the snapshot back from results.jsonl and reserves at its price from its first
+    task. (Before: the first wave of 18 tasks reserved at the alias and spent $0.0947 of a $0.05 cap, the resume
+    $0.2998 of $0.20.)"""
+    results = tmp_path / "results.jsonl"
+    b = Budget(Caps(cost=0.05), price_of=price_of)
+    assert _capped_session(b, results) > 1
+    assert 0.04 < b.spent_cost <= 0.05
+    u = usage_of_results(results, price_of, "gpt-4o")
+    assert u.cost == pytest.approx(b.spent_cost)
+    assert (u.answered_as, u.answered) == ({"gpt-4o": "gpt-4o-2024-05-13"}, {"gpt-4o"})
+    again = Budget(Caps(cost=0.20), Amount(u.prompt_tokens, u.completion_tokens, u.cost), price_of=price_of)
+    again.learn(u.answered_as, u.answered)
+    assert _capped_session(again, results) > 1
+    assert 0.19 < again.spent_cost <= 0.20
+    assert usage_of_results(results, price_of, "gpt-4o").cost == pytest.approx(again.spent_cost)
+
+
+def test_one_task_of_a_model_goes_until_its_first_answer_under_a_cost_cap_only() -> None:
+    """Under --max-cost a model's second task waits for its first result (whatever it was: a failure or a task
+    handed back lets the next go alone); without a cost cap, under --batch-api (``first_answer=False``: a first
+    answer takes hours), for a free model or a model already answered, tasks go at once."""
+    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=16), price_of)
+    worst, price, model = costs.worst({"id": "t", "messages": [{"role": "user", "content": "hi"}]})
+    b = Budget(Caps(cost=1.0), price_of=price_of)
+    assert [b.afford(k, worst, price, model).verdict for k in (1, 2)] == [Verdict.GO, Verdict.WAIT]
+    assert b.waiting and b.afford(3, *costs.worst({"id": "o", "prompt": "x"})).verdict is Verdict.WAIT
+    other = TaskCosts(RequestDefaults(model="other", max_tokens=16), price_of)
+    assert b.afford(4, *other.worst({"id": "o", "prompt": "x"})).verdict is Verdict.GO  # another model's first
+    assert b.release(1)  # handed back unanswered: the next goes alone in its place
+    assert [b.afford(k, worst, price, model).verdict for k in (5, 6)] == [Verdict.GO, Verdict.WAIT]
+    b.settle_result(5, {"k": 5, "ok": False, "pt": 0, "ct": 0})  # a failure settles it too
+    assert all(b.afford(k, worst, price, model).verdict is Verdict.GO for k in range(7, 20))
+    for budget in (Budget(Caps(total_tokens=10**6), price_of=price_of),
+                   Budget(Caps(cost=1.0), price_of=price_of, first_answer=False)):
+        assert all(budget.afford(k, worst, price, model).verdict is Verdict.GO for k in range(5))
+    free = Budget(Caps(cost=1.0))
+    assert all(free.afford(k, worst, Price(0.0, 0.0), model).verdict is Verdict.GO for k in range(5))
+    known = Budget(Caps(cost=1.0), price_of=price_of)
+    known.learn({}, {"gpt-4o"})  # a resume whose results.jsonl has its answers
+    assert all(known.afford(k, worst, price, model).verdict is Verdict.GO for k in range(5))
+
+
+def test_an_alias_answered_as_several_snapshots_reserves_at_the_dearest_live_and_after_a_resume(tmp_path: Path) -> None:
+    """gpt-4o answered as the dear gpt-4o-2024-05-13, then as the cheaper gpt-4o-2024-08-06: its tasks still
+    reserve at the dearest (before: the last one seen), live and as a resume reads it back."""
+    b = Budget(Caps(cost=1e9), price_of=price_of)
+    results = tmp_path / "results.jsonl"
+    for key, snapshot in enumerate(["gpt-4o-2024-08-06", "gpt-4o-2024-05-13", "gpt-4o-2024-08-06"]):
+        b.reserve(key, Amount(1_000, 300, 1.0), ALIAS, "gpt-4o")
+        line, meta = _answer(key, 1_000, 300, snapshot)
+        with results.open("ab") as f:
+            f.write(line)
+        b.settle_result(key, meta)
+        assert b.answered_as == {"gpt-4o": "gpt-4o-2024-08-06" if key == 0 else "gpt-4o-2024-05-13"}
+    assert usage_of_results(results, price_of, "gpt-4o").answered_as == b.answered_as
+    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=300), price_of, answered_as=b.answered_as)
+    worst = costs.worst({"id": "t", "messages": [{"role": "user", "content": "x" * 400}]})[0]
+    assert worst.cost == pytest.approx(SNAPSHOT.cost(worst.prompt, worst.completion))
+
+
+def test_a_batch_answer_is_spent_at_the_batch_rates_live_as_a_resume_reads_it_back(tmp_path: Path) -> None:
+    """--batch-api: the provider bills a batch's answers at its batch rates (half). The RESULT says it came from a
+    batch (meta bt), so the live budget (summary.json's spend, the cap) spends what a resume reads back from its
+    record's metrics.batch; an online answer of the same usage at the standard rates, the online fallback's too
+    (before: read back at the batch's). (Before: live $0.0035, read back $0.00175.)"""
+    half = Price(input=1.0, output=4.0)
+    price = Price(input=2.0, output=8.0, variants=((("processing", "batch"), half),))
+    body = {"model": "m", "choices": [{"message": {"content": "x"}}],
+            "usage": {"prompt_tokens": 1_000, "completion_tokens": 100}}
+    lines, meta = batch_build(Answer("t1", 200, body, "r", "batch_req_1", None, ""), 7, 1, 1,
+                              {"index": 0, "url": "u"}, {"id": "batch_1", "chunk": 0}, {}, None, 1.0, model="m")
+    (tmp_path / "results.jsonl").write_bytes(b"".join(lines))
+    b = Budget(Caps(cost=100.0), price_of=lambda _m: price)
+    costs = TaskCosts(RequestDefaults(model="m", max_tokens=300), lambda _m: price)
+    assert b.afford(7, *costs.worst({"id": "t1", "messages": [{"role": "user", "content": "hi"}]})).verdict \
+        is Verdict.GO
+    b.settle_result(7, meta)
+    back = usage_of_results(tmp_path / "results.jsonl", lambda _m: price, "m")
+    assert b.spent_cost == pytest.approx(back.cost) == pytest.approx(half.cost(1_000, 100))
+    _, online = build("t2", outcome(body["usage"]), 8, 0.0, 1, None, {}, extras=Extras(model="m"))
+    b.reserve(8, Amount(2_000, 300, 1.0), price, "m")
+    b.settle_result(8, online)
+    assert b.spent_cost == pytest.approx(half.cost(1_000, 100) + price.cost(1_000, 100))
+    # --batch-fallback online: the answer of the online request sent after the batch, at the standard rates
+    # (its record keeps the batch that did not answer, with "fallback": "online"), live and read back alike
+    fell, meta = batch_build(Answer("t3", 200, body, "r", None, None, ""), 9, 2, 1, {"index": 0, "url": "u"},
+                             {"id": "batch_1", "chunk": 0, "fallback": "online"}, {}, None, 1.0, model="m")
+    with (tmp_path / "results.jsonl").open("ab") as f:
+        f.write(b"".join(fell))
+    b.reserve(9, Amount(2_000, 300, 1.0), price, "m")
+    b.settle_result(9, meta)
+    back = usage_of_results(tmp_path / "results.jsonl", lambda _m: price, "m")
+    assert back.cost == pytest.approx(half.cost(1_000, 100) + price.cost(1_000, 100))
+    assert b.spent_cost == pytest.approx(back.cost + price.cost(1_000, 100))  # (t2 was not written)
