@@ -1278,8 +1278,8 @@ class Supervisor:
         if self.paused:
             return "throttled"
         if self.budget is not None and self.budget.waiting:  # the next task would pass a cap: the tasks out settle
-            # first (issues 30, 40)
-            return "waiting for budget"
+            # first (issues 30, 40); or a model's first answer is awaited under --max-cost (its billed price)
+            return "waiting for a first answer's price" if self.budget.first_pending else "waiting for budget"
         return "running"
 
     def view(self) -> RunView:

@@ -189,6 +189,7 @@ class Budget:
         self.answered: set[str] = set()  # models asked whose result settled (this session or read back)
         self._first_out: dict[str, int] = {}  # {model asked: the key of its one task out before its first result}
         self.waiting = False  # the next task would pass a cap while tasks are out: dispatch waits for them
+        self.first_pending = False  # ...or waits for a model's first answer, whose billed model sets its price
         self.spent_prompt = spent.prompt if spent else 0
         self.spent_completion = spent.completion if spent else 0
         self.spent_cost = (spent.cost or 0.0) if spent else 0.0
@@ -240,14 +241,14 @@ class Budget:
         over = self.would_exceed(worst)
         if over is None:
             if first and model in self._first_out and self._first_out[model] != key:
-                self.waiting = True  # its first task is out: the snapshot its answer names may be dearer
-                return Decision(Verdict.WAIT)
+                self.waiting = self.first_pending = True  # its first task is out: the snapshot its answer
+                return Decision(Verdict.WAIT)  # names may be dearer
             self.reserve(key, worst, price, model)
             if first and model is not None:
                 self._first_out[model] = key
             return Decision(Verdict.GO)
         if self._open:
-            self.waiting = True  # the tasks out may settle below their worst case: then look again
+            self.waiting, self.first_pending = True, False  # the tasks out may settle below their worst case
             return Decision(Verdict.WAIT, cap=over)
         nxt = f"${worst.cost:,.4f}" if over == "cost" and worst.cost is not None else \
             f"{worst.completion if over == 'completion_tokens' else worst.total:,} tokens"
@@ -255,7 +256,7 @@ class Budget:
 
     def _look_again(self) -> bool:
         """After a settle or a release: True when dispatch was waiting on the budget (it looks again now)."""
-        was, self.waiting = self.waiting, False
+        was, self.waiting, self.first_pending = self.waiting, False, False
         return was
 
     # ----- moves -----

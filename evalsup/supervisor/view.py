@@ -46,7 +46,8 @@ class MemoryFigures(Protocol):
 
 @dataclass(frozen=True)
 class RunView:
-    state: str  # "running", "throttled", "waiting for endpoint", "waiting for budget", "draining" or "stopping"
+    state: str  # "running", "throttled", "waiting for endpoint", "waiting for budget",
+    # "waiting for a first answer's price", "draining" or "stopping"
     stats: RunStats
     rate: Rate
     in_flight: int  # tasks held by workers, queued in them or begun (TaskLedger.in_flight)

@@ -367,6 +367,7 @@ def test_one_task_of_a_model_goes_until_its_first_answer_under_a_cost_cap_only()
     b = Budget(Caps(cost=1.0), price_of=price_of)
     assert [b.afford(k, worst, price, model).verdict for k in (1, 2)] == [Verdict.GO, Verdict.WAIT]
     assert b.waiting and b.afford(3, *costs.worst({"id": "o", "prompt": "x"})).verdict is Verdict.WAIT
+    assert b.first_pending  # status says "waiting for a first answer's price", not that the budget is short
     other = TaskCosts(RequestDefaults(model="other", max_tokens=16), price_of)
     assert b.afford(4, *other.worst({"id": "o", "prompt": "x"})).verdict is Verdict.GO  # another model's first
     assert b.release(1)  # handed back unanswered: the next goes alone in its place
