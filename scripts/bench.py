@@ -49,6 +49,8 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from evalsup.supervisor.rss import shmem_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ROOT / "scripts" / "baselines"
 PY = sys.executable
@@ -292,7 +294,7 @@ def measure(cmd: list[str], stdout: Path, stderr: Path, timeout: float, interval
                 except psutil.Error:
                     continue
                 if pr.pid != root.pid:  # a worker's mapping of its results ring: counted in the supervisor's RSS
-                    rss -= shmem_bytes(pr.pid)
+                    rss -= shmem_bytes(pr.pid) or 0
                 tree += rss
                 peak_proc = max(peak_proc, rss)
                 cpu_last[pr.pid] = ct.user + ct.system
@@ -331,19 +333,6 @@ def measure(cmd: list[str], stdout: Path, stderr: Path, timeout: float, interval
         processes_seen=len(procs), leftover_pids=leftovers, samples=samples, timeline=timeline, start_epoch=epoch0,
         host_busy_s=host, bench_cpu_s=bench_cpu,
     )
-
-
-def shmem_bytes(pid: int) -> int:
-    """``RssShmem`` of ``pid`` (0 when unreadable): an evalsup worker's resident pages of the ring it shares with
-    the supervisor, which the supervisor's RSS counts too (evalsup.supervisor.rss.own_rss_bytes)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"RssShmem:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def arrival_bins(arrivals: list[float], start: float, wall: float, width: float = 0.5) -> list[int]:

@@ -14,24 +14,29 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-__all__ = ["PAGE_SIZE", "own_rss_bytes", "rss_bytes", "tree_rss_bytes"]
+__all__ = ["PAGE_SIZE", "own_rss_bytes", "rss_bytes", "shmem_bytes", "tree_rss_bytes"]
 
 PAGE_SIZE: int = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC_STATM = os.path.exists("/proc/self/statm")
 
 
-def _statm_rss(pid: int) -> int | None:
+def _read_proc(pid: int, name: str, size: int) -> bytes | None:
+    """Up to ``size`` bytes of ``/proc/<pid>/<name>`` in one read; None when the process is gone (or unreadable)."""
     try:
-        fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY)
     except OSError:
         return None
     try:
-        data = os.read(fd, 256)
+        return os.read(fd, size)
     except OSError:
         return None
     finally:
         os.close(fd)
-    fields = data.split()
+
+
+def _statm_rss(pid: int) -> int | None:
+    data = _read_proc(pid, "statm", 256)
+    fields = data.split() if data is not None else []
     if len(fields) < 2:
         return None
     try:
@@ -61,20 +66,12 @@ def rss_bytes(pid: int) -> int | None:
     return _psutil_rss(pid)
 
 
-def _status_shmem(pid: int) -> int | None:
-    """``RssShmem`` of ``pid`` from ``/proc/<pid>/status``, in bytes (None: not found or unreadable)."""
-    try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 1 << 14)  # (RssShmem comes after Groups:, which a user in many groups makes long)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    at = data.find(b"\nRssShmem:")
-    if at < 0:
+def shmem_bytes(pid: int) -> int | None:
+    """``RssShmem`` of ``pid`` from ``/proc/<pid>/status``, in bytes (None: not found or unreadable): a worker's
+    resident pages of the results ring it shares with the supervisor."""
+    data = _read_proc(pid, "status", 1 << 14)  # (RssShmem comes after Groups:, which many groups make long)
+    at = -1 if data is None else data.find(b"\nRssShmem:")
+    if data is None or at < 0:
         return None
     fields = data[at + 10 : data.find(b"\n", at + 10)].split()
     try:
@@ -90,7 +87,7 @@ def own_rss_bytes(pid: int) -> int | None:
     rss = rss_bytes(pid)
     if rss is None or not _PROC_STATM:
         return rss
-    shmem = _status_shmem(pid)
+    shmem = shmem_bytes(pid)
     return rss if shmem is None else max(0, rss - shmem)
 
 
