@@ -27,6 +27,7 @@ import json
 import math
 import re
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -67,6 +68,9 @@ class Price:
     # the user's own (--prices FILE): it prices an answer to its model even when the response names a snapshot
     # another source knows (``rundir.usage.billed_price``: what the user says they pay wins)
     given: bool = field(default=False, compare=False)
+    # Anthropic's (a Claude model, wherever served): its provider writes the prompt cache only where a request
+    # marks it (``cache_control``), so a request with no mark is never billed a write (``supervisor.budget``)
+    writes_marked: bool = field(default=False, compare=False)
 
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,
              written_tokens: float = 0.0, requests: float = 1.0, written_1h_tokens: float = 0.0) -> float:
@@ -123,6 +127,7 @@ class PriceTable:
     _memo: dict[str, Price | None] = field(default_factory=dict, compare=False, repr=False)  # by name, as asked
     _package: _Maintained | None = field(default=None, compare=False, repr=False)
     _loaded: bool = field(default=False, compare=False, repr=False)
+    _index: dict[str, list[str]] | None = field(default=None, compare=False, repr=False)  # (``snapshots``)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def lookup(self, model: str | None) -> Price | None:
@@ -146,6 +151,28 @@ class PriceTable:
         if len(self._memo) < 10_000:  # (a file naming more models than that is looked up afresh)
             self._memo[model] = got
         return got
+
+    def snapshots(self, model: str | None) -> tuple[str, ...]:
+        """The names of ``model``'s snapshots that some source prices: every model the user's file, genai-prices
+        or the shipped table names that is ``model`` followed by date or version suffixes (the names ``lookup``
+        takes back to it: ``gpt-4o-2024-05-13`` for ``gpt-4o``, not ``gpt-4o-mini`` nor
+        ``gpt-4o-realtime-preview``, other models), a provider prefix kept (``openai/gpt-4o``'s are
+        ``openai/gpt-4o-2024-05-13``...). What the alias may be answered and billed as before any answer says
+        which (``supervisor.budget.TaskCosts``). Built once (~2,000 names), at the first call."""
+        if self.self_hosted or not model:
+            return ()
+        with self._lock:
+            index = self._index
+        if index is None:
+            names: list[str] = [*(self.user or {}), *self.models]
+            package = self.package()
+            if package is not None:
+                names += package.names()
+            index = snapshot_index(dict.fromkeys(names))
+            with self._lock:
+                self._index = index
+        prefix, _, bare = model.rpartition("/")
+        return tuple(f"{prefix}/{n}" if prefix else n for n in index.get(bare, ()))
 
     def package(self) -> _Maintained | None:
         """genai-prices' bundled data, loaded at the first look-up that needs it (~0.2 s, ~15 MB); None when it is
@@ -208,13 +235,33 @@ def _claude(name: str) -> bool:
 
 def _anthropic_writes(p: Price) -> Price:
     """A Claude model's price with Anthropic's cache-write rates where its source gave none (derived from its
-    input rate, tier by tier and variant by variant: the batch API's are half, as its input is)."""
-    if p.cache_write is not None and p.cache_write_1h is not None and not p.over and not p.variants:
+    input rate, tier by tier and variant by variant: the batch API's are half, as its input is), marked as
+    writing only where a request asks (``Price.writes_marked``)."""
+    if p.cache_write is not None and p.cache_write_1h is not None and not p.over and not p.variants and \
+            p.writes_marked:
         return p
     return replace(p, cache_write=p.input * WRITE_5M if p.cache_write is None else p.cache_write,
                    cache_write_1h=p.input * WRITE_1H if p.cache_write_1h is None else p.cache_write_1h,
                    over=tuple((s, _anthropic_writes(t)) for s, t in p.over),
-                   variants=tuple((w, _anthropic_writes(v)) for w, v in p.variants))
+                   variants=tuple((w, _anthropic_writes(v)) for w, v in p.variants), writes_marked=True)
+
+
+def _strips(name: str) -> Iterator[str]:
+    """The names ``name`` is looked up as once its date or version suffixes go, one by one (``_find``'s order):
+    ``gpt-4-1106-preview`` gives ``gpt-4-1106``, then ``gpt-4``."""
+    bare = name
+    while (m := _SUFFIX.search(bare)) is not None and m.start() > 0:
+        bare = bare[: m.start()]
+        yield bare
+
+
+def snapshot_index(names: Iterable[str]) -> dict[str, list[str]]:
+    """{model: the names among ``names`` that are it followed by date or version suffixes}: its snapshots."""
+    out: dict[str, list[str]] = {}
+    for name in names:
+        for bare in _strips(name):
+            out.setdefault(bare, []).append(name)
+    return out
 
 
 def _find(table: dict[str, Price], model: str) -> Price | None:
@@ -224,9 +271,7 @@ def _find(table: dict[str, Price], model: str) -> Price | None:
     for name in names:
         if name in table:
             return table[name]
-        bare = name
-        while (m := _SUFFIX.search(bare)) is not None and m.start() > 0:
-            bare = bare[: m.start()]
+        for bare in _strips(name):
             if bare in table:
                 return table[bare]
     return None
@@ -253,6 +298,26 @@ class _Maintained:
         # library in this process would have replaced with downloaded data
         snapshot = DataSnapshot(providers=providers, from_auto_update=False)
         return cls(snapshot, version(PACKAGE), at, _latest_change(providers, at.date()))
+
+    def names(self) -> list[str]:
+        """Every model name the data names: each model's id and the names its match rule gives whole (equals,
+        starts-with; not a contains or a regex, which name no model)."""
+        out: list[str] = []
+
+        def clause(c: Any) -> None:
+            for key in ("equals", "starts_with"):
+                v = getattr(c, key, None)
+                if isinstance(v, str):
+                    out.append(v)
+            for key in ("or_", "and_"):
+                for sub in getattr(c, key, None) or ():
+                    clause(sub)
+
+        for provider in self.snapshot.providers:
+            for info in provider.models:
+                out.append(info.id)
+                clause(info.match)
+        return out
 
     def find(self, model: str, shipped: dict[str, Price]) -> Price | None:
         """``model``'s price, or None (the shipped table is asked next). Its largest answer comes from the

@@ -61,7 +61,7 @@ from evalsup.scoring.selection import check as check_scorers
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.breaker import PAUSED_PROBE_S
-from evalsup.supervisor.budget import Amount, Budget, TaskCosts, Verdict
+from evalsup.supervisor.budget import UNASKED, Amount, Budget, TaskCosts, Verdict
 from evalsup.supervisor.ceiling import Ceiling
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
@@ -238,7 +238,7 @@ class Supervisor:
             raise RunRefused(verdict.say, ex.BAD_INPUT)
         if verdict.say:
             self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
-        await self._start_budget(tally, cp is not None, hits)
+        await self._start_budget(tally, cp is not None, hits, cp.counters.get("budget") if cp is not None else None)
         self._scanned = (start, scan.index)
         if cfg.shard is None and not scan.stopped:  # every non-blank line counted: the total, exact (issue 44)
             self._scan_total = (cp.index if cp is not None else 0) + scan.tasks + scan.invalid
@@ -275,10 +275,12 @@ class Supervisor:
                     look.offer(Pending(f, model_max, request_key(keys, obj, defaults)[0]))
         return each
 
-    async def _start_budget(self, tally: Tally, resumed: bool, hits: int | None = None) -> None:
+    async def _start_budget(self, tally: Tally, resumed: bool, hits: int | None = None,
+                            before: Any = None) -> None:
         """The estimate's line (not under --quiet); --max-cost with a model that has no price is refused here,
         before any request; with a cap, the budget starts from what results.jsonl says was spent (right after
-        any kill: the results file is the source of truth)."""
+        any kill: the results file is the source of truth), and what the checkpoint's budget figures (``before``)
+        say the last session learned beyond it (cache writes no request asked for)."""
         cfg = self.cfg
         if tally.requests and cfg.caps.cost is not None:
             unpriced = [m for m in tally.models if self.prices.lookup(m if m != "(no model)" else None) is None]
@@ -330,10 +332,13 @@ class Supervisor:
                                  first_answer=w.batch is None)
             if read_back is not None:  # the snapshots the models answered as, so far: reserved at from the start
                 self.budget.learn(read_back.answered_as, read_back.answered)
+            self.budget.learn(unasked_writes=isinstance(before, dict) and before.get(UNASKED) is True)
+            await asyncio.to_thread(self.prices.snapshots, w.model)  # (the names' index, built once: not on the loop)
             self.costs = TaskCosts(self.defaults, self.prices.lookup, hedge=w.hedge, max_reasks=w.max_reasks,
                                    run_schema=w.response_schema is not None, validate_schema=w.validate_schema,
                                    judge=judging, judge_price=judge_price, judge_template=w.judge_template,
-                                   judge_max_tokens=w.judge_max_tokens, answered_as=self.budget.answered_as)
+                                   judge_max_tokens=w.judge_max_tokens, learned=self.budget.learned,
+                                   snapshots=self.prices.snapshots)
             if not cfg.quiet:
                 self._start_notes.append(f"budget: {self.budget.text()}"
                                          + (" (spent so far, from results.jsonl)" if resumed else ""))
@@ -783,7 +788,7 @@ class Supervisor:
         b, costs = self.budget, self.costs
         if b is None or costs is None:
             return True
-        d = b.afford(ref.offset, *costs.worst(orjson.loads(line) if obj is None else obj))
+        d = b.afford(ref.offset, *costs.worst(orjson.loads(line) if obj is None else obj, line))
         if d.verdict is Verdict.GO:
             return True
         self.ledger.put_back(ref)

@@ -40,9 +40,12 @@ Invariants (tests/unit/test_budget.py drives random sequences against a plain mo
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import orjson
 
 from evalsup.config.caps import Caps
 from evalsup.rundir.usage import MAX_MODELS, answer_cost, billed_price, note_snapshot
@@ -52,11 +55,21 @@ from evalsup.tasks.requests import RequestDefaults, simple_body
 from evalsup.tasks.response_schema import schema_of_request
 from evalsup.tasks.tokens import CHARS_PER_TOKEN, DEFAULT_MAX_OUTPUT, PER_MESSAGE, figures, fmt_tokens, fmt_usd
 
-__all__ = ["Amount", "Budget", "Decision", "TaskCosts", "Verdict"]
+__all__ = ["Amount", "Budget", "Decision", "Learned", "TaskCosts", "Verdict"]
 
 # A re-ask's user turn (worker.reask.REASK_PROMPT) with the validation error in it: its tokens beyond the answer it
 # may quote (the answer itself is counted apart, twice: as the assistant's turn and in the error)
 REASK_TURN = 256
+# the budget's figures (summary.json, the checkpoint) say so once an answer was billed cache writes its request
+# did not ask for: a resume reads it back from the checkpoint (``learn``)
+UNASKED = "unasked_cache_writes"
+
+
+# the cache writes a reservation allows every prompt token to be billed as (``most``): none (the input rate),
+# the 5-minute kind (Anthropic's 1.25x), the 1-hour kind too (2x)
+NO_WRITES, WRITES_5M, WRITES_1H = 0, 1, 2
+_MARK = b'"cache_control"'  # a key in JSON text: a quote inside a string is escaped, so never a string's text
+_HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
 
 
 class Priced(Protocol):
@@ -65,6 +78,9 @@ class Priced(Protocol):
 
     @property
     def max_output(self) -> int | None: ...
+
+    @property
+    def writes_marked(self) -> bool: ...  # (``config.prices.Price.writes_marked``: a Claude model's)
 
 
 class Verdict(enum.Enum):
@@ -86,11 +102,14 @@ class Decision:
 @dataclass(slots=True)
 class Amount:
     """Tokens and dollars (``cost`` None: the model has no price). Treated as a value: never changed once made
-    (not frozen only because a frozen dataclass costs twice as much to make, once a task)."""
+    (not frozen only because a frozen dataclass costs twice as much to make, once a task). A reservation's
+    ``writes`` says which cache writes its cost allows its answer (``most``): ``settle_result`` learns from an
+    answer billed writes beyond them (``Learned.unasked_writes``)."""
 
     prompt: int = 0
     completion: int = 0
     cost: float | None = 0.0
+    writes: int = WRITES_1H
 
     @property
     def total(self) -> int:
@@ -98,15 +117,46 @@ class Amount:
 
     def __add__(self, o: Amount) -> Amount:
         cost = None if self.cost is None or o.cost is None else self.cost + o.cost
-        return Amount(self.prompt + o.prompt, self.completion + o.completion, cost)
+        return Amount(self.prompt + o.prompt, self.completion + o.completion, cost, min(self.writes, o.writes))
 
 
-def most(price: Priced, prompt: int, completion: int) -> float:
+def most(price: Priced, prompt: int, completion: int, writes: int = WRITES_1H) -> float:
     """The most these tokens may cost at ``price``: every prompt token at the dearest of the plain input rate and
-    the cache-write rates (a provider that writes the prompt to its cache bills it so: Anthropic's 1.25x for 5
-    minutes, 2x for an hour), which is what a result may settle at (``settle_result`` prices its cache writes)."""
-    return max(price.cost(prompt, completion), price.cost(prompt, completion, written_tokens=prompt),
-               price.cost(prompt, completion, written_tokens=prompt, written_1h_tokens=prompt))
+    the cache-write rates ``writes`` allows (a provider that writes the prompt to its cache bills it so:
+    Anthropic's 1.25x for 5 minutes, 2x for an hour), which is what a result may settle at (``settle_result``
+    prices its cache writes)."""
+    out = price.cost(prompt, completion)
+    if writes >= WRITES_5M:
+        out = max(out, price.cost(prompt, completion, written_tokens=prompt))
+    if writes >= WRITES_1H:
+        out = max(out, price.cost(prompt, completion, written_tokens=prompt, written_1h_tokens=prompt))
+    return out
+
+
+def cache_marks(text: bytes) -> int:
+    """The cache writes a request may cause at a provider that writes only where a request marks it (Anthropic's
+    ``cache_control``, anywhere in the body: system, tools, a message, a content block), read from its JSON text
+    (a bytes search, no parse): ``WRITES_1H`` when a mark asks a ``"ttl": "1h"``, ``WRITES_5M`` for any other
+    mark, else ``NO_WRITES``. A key elsewhere in a task's line (a simple line's metadata) counts too: never
+    cheaper than the request."""
+    if _MARK not in text:
+        return NO_WRITES
+    return WRITES_1H if _HOUR.search(text) is not None else WRITES_5M
+
+
+@dataclass(slots=True)
+class Learned:
+    """What the run's answers taught its reservations: ``Budget`` learns it as results settle (a resume from
+    results.jsonl and its checkpoint: ``Budget.learn``), ``TaskCosts`` reads it for every task."""
+
+    # {model asked: the dearest snapshot it answered as and was billed at}: reserved at the dearer of the two
+    answered_as: dict[str, str] = field(default_factory=dict)
+    # models asked whose answer came back (naming the model that billed it): before one, a model is reserved at
+    # the dearest of its snapshots' prices (``TaskCosts``)
+    seen: set[str] = field(default_factory=set)
+    # an answer was billed cache writes its request did not ask for (a gateway adding marks): every prompt is
+    # reserved at the dearest write rate from then on
+    unasked_writes: bool = False
 
 
 def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
@@ -116,16 +166,21 @@ def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
 
 class TaskCosts:
     """The most one task may cost, all of it (see the module): what ``afford`` is asked with. Built once a run
-    from its settings; ``worst(obj)`` is pure."""
+    from its settings; ``worst(obj)`` is pure (it reads ``learned``, which the budget alone changes)."""
 
     def __init__(self, defaults: RequestDefaults, price_of: Callable[[str | None], Priced | None], *,
                  hedge: bool = False, max_reasks: int = 0, run_schema: bool = False, validate_schema: bool = True,
                  judge_price: Priced | None = None, judge: bool = False, judge_template: str | None = None,
-                 judge_max_tokens: int | None = None, answered_as: Mapping[str, str] | None = None) -> None:
+                 judge_max_tokens: int | None = None, learned: Learned | None = None,
+                 snapshots: Callable[[str], Iterable[str]] | None = None) -> None:
         self.defaults = defaults
         self.price_of = price_of
-        # the model each model asked was last answered as (``Budget.answered_as``): reserved at the dearer
-        self.answered_as: Mapping[str, str] = answered_as if answered_as is not None else {}
+        # what the run's answers said (``Budget.learned``): the snapshot each model answered as, the models whose
+        # answer came back, cache writes no request asked for
+        self.learned = learned if learned is not None else Learned()
+        # the names a model may be answered and billed as (``config.prices.PriceTable.snapshots``); None: none
+        self.snapshots = snapshots
+        self._before_answer: dict[str, tuple[Priced, ...]] = {}  # {model: its snapshots' prices, as billed}
         self.copies = 2 if hedge else 1  # a hedge's second copy (worker.race: the first request only)
         self.max_reasks = max_reasks if validate_schema else 0
         self.run_schema = run_schema
@@ -135,8 +190,9 @@ class TaskCosts:
         out = judge_price.max_output if judge_price is not None else None
         self.judge_completion = judge_max_tokens or out or DEFAULT_MAX_OUTPUT
 
-    def worst(self, obj: dict[str, Any]) -> tuple[Amount, Priced | None, str | None]:
-        """(the task's worst case, its model's price, its model's name)."""
+    def worst(self, obj: dict[str, Any], line: bytes | None = None) -> tuple[Amount, Priced | None, str | None]:
+        """(the task's worst case, its model's price, its model's name). ``line``: the task's line as read, where
+        a Claude model's request is looked for cache marks (``cache_marks``; without it, ``obj`` serialized)."""
         f = figures(obj, self.defaults)
         price = self.price_of(f.model)
         p, c = f.approx_prompt, f.max_completion(price.max_output if price is not None else None)
@@ -150,23 +206,48 @@ class TaskCosts:
         a = Amount(prompt, completion, None)
         if price is not None:
             tier = tier_of(body) if "custom_id" in obj else None  # (a simple line's other keys are its metadata)
-            snapshot = self.answered_as.get(f.model) if f.model else None
-            dear = self.price_of(snapshot) if snapshot else None  # billed as the snapshot that answers it
+            writes = WRITES_1H
+            if price.writes_marked and not self.learned.unasked_writes:  # writes only where the request asks
+                writes = cache_marks(line if line is not None else orjson.dumps(obj))
             costs = []
-            for q in (price, dear):
-                if q is None:
-                    continue
-                costs.append(most(q, prompt, completion))
+            for q in self._billed_as(f.model, price):
+                w = writes if q.writes_marked else WRITES_1H
+                costs.append(most(q, prompt, completion, w))
                 variant = getattr(q, "variant", None)
                 if tier is not None and variant is not None:  # its tier may be dearer (priority)
-                    costs.append(most(variant(tier), prompt, completion))
-            a = Amount(prompt, completion, max(costs))
+                    costs.append(most(variant(tier), prompt, completion, w))
+            a = Amount(prompt, completion, max(costs), writes)
         if self.judge:  # the template with the task's prompt (as {prompt} and {messages}), its answer, expected
             expected = obj.get("expected")
             jp = self.judge_template_tokens + 2 * p + 2 * c + \
                 (len(str(expected)) // CHARS_PER_TOKEN + 1 if expected is not None else 0)
             a = a + priced(jp, self.judge_completion, self.judge_price)
         return a, price, f.model
+
+    def _billed_as(self, model: str | None, price: Priced) -> tuple[Priced, ...]:
+        """The prices a task of ``model`` (priced ``price``) may be billed at: once an answer of it came back, its
+        own and that of the dearest snapshot it answered as (``Learned.answered_as``); before, its own and each
+        of its snapshots' that a source prices (``snapshots``), at what an answer naming it would be billed
+        (``billed_price``: a price the user gave for the alias wins over another source's for a snapshot)."""
+        if not model:
+            return (price,)
+        snapshot = self.learned.answered_as.get(model)
+        if snapshot:
+            dear = self.price_of(snapshot)  # billed as the snapshot that answers it
+            return (price,) if dear is None else (price, dear)
+        if model in self.learned.seen or self.snapshots is None:
+            return (price,)
+        got = self._before_answer.get(model)
+        if got is None:
+            out: list[Priced] = []
+            for name in self.snapshots(model):
+                q = billed_price(self.price_of, name, model)
+                if q is not None and q != price and q not in out:
+                    out.append(q)
+            got = (price, *out)
+            if len(self._before_answer) < MAX_MODELS:
+                self._before_answer[model] = got
+        return got
 
 
 class Budget:
@@ -180,9 +261,10 @@ class Budget:
         # the run's prices: an answer whose response names another model than its request's is priced by it
         # (``billed_price``); without them (a test's budget), at its reservation's price
         self.price_of = price_of
-        # {model asked: the dearest model it answered as and was billed at}: ``TaskCosts`` reserves at the dearer
-        # of the two (a few names a run; bounded all the same); a resume's read-back seeds it (``learn``)
-        self.answered_as: dict[str, str] = {}
+        # what the answers said (a few names a run; bounded all the same): the dearest model each model asked
+        # answered as and was billed at, the models whose answer came back, cache writes no request asked for;
+        # ``TaskCosts`` reserves by it, a resume's read-back and checkpoint seed it (``learn``)
+        self.learned = Learned()
         # under --max-cost, one task of a model goes until a result of it settles (``first_answer``; not under
         # --batch-api, whose answers take hours): its answer names the snapshot that bills the tasks after it
         self.first_answer = first_answer and caps.cost is not None
@@ -214,6 +296,11 @@ class Budget:
     @property
     def reservations(self) -> int:
         return len(self._open)
+
+    @property
+    def answered_as(self) -> dict[str, str]:
+        """{model asked: the dearest model it answered as and was billed at} (``Learned.answered_as``)."""
+        return self.learned.answered_as
 
     # ----- decisions -----
 
@@ -281,16 +368,22 @@ class Budget:
         self._unreserve(got[0])
         return self._look_again()
 
-    def learn(self, answered_as: Mapping[str, str], answered: Iterable[str]) -> None:
+    def learn(self, answered_as: Mapping[str, str] | None = None, answered: Iterable[str] = (),
+              unasked_writes: bool = False) -> None:
         """What a resume read back from results.jsonl (``rundir.usage.Usage``): the snapshots each model asked
         answered as and was billed at (its tasks reserve at the dearer), and the models that answered (their
-        tasks go without waiting for a first answer)."""
-        for asked, snapshot in answered_as.items():
+        tasks go without waiting for a first answer, reserved at their own price, not their snapshots'); and from
+        its checkpoint (the budget's figures, ``to_json``): that an answer was billed cache writes its request
+        did not ask for (every prompt reserved at the dearest write rate)."""
+        for asked, snapshot in (answered_as or {}).items():
             if len(self.answered_as) < MAX_MODELS:
                 self.answered_as[asked] = snapshot
         for model in answered:
             if len(self.answered) < MAX_MODELS:
                 self.answered.add(model)
+            if len(self.learned.seen) < MAX_MODELS:
+                self.learned.seen.add(model)
+        self.learned.unasked_writes = self.learned.unasked_writes or unasked_writes
 
     def _unreserve(self, a: Amount) -> None:
         self.res_prompt -= a.prompt
@@ -354,6 +447,9 @@ class Budget:
         the hedge's other copy (hg: the same usage again), and the judge's call (jpt/jct, at the judge's price).
         The price is ``rundir.usage.answer_cost``, the read-back's own: the live spend is what a resume reads
         back. True: dispatch was waiting on the budget and looks again."""
+        out = self._open.get(key)
+        if out is not None:
+            self._note_answer(out[0], out[2], meta)
         if meta.get("ca") == "h":
             answer, reasks, copies = NOTHING, NOTHING, 1
         else:
@@ -371,6 +467,19 @@ class Budget:
         if "jpt" in meta or "jct" in meta:
             self.spend(int(meta.get("jpt") or 0), int(meta.get("jct") or 0), self.judge_price)
         return self._look_again()
+
+    def _note_answer(self, worst: Amount, asked: str | None, meta: Mapping[str, Any]) -> None:
+        """What a result of a task of ``asked`` reserved ``worst`` teaches: an answer came back (pt, ct or md:
+        its model's tasks reserve at its own price from now on, and its snapshot's when md names one), and
+        whether it was billed cache writes its reservation did not allow (cw at all, w1 beyond the 5-minute
+        kind): then a gateway marks requests itself, and every later prompt is reserved at the dearest rate."""
+        learned = self.learned
+        if asked is not None and asked not in learned.seen and len(learned.seen) < MAX_MODELS and \
+                (count(meta.get("pt")) or count(meta.get("ct")) or meta.get("md")):
+            learned.seen.add(asked)
+        if not learned.unasked_writes and worst.writes < WRITES_1H and \
+                (count(meta.get("w1")) or (worst.writes < WRITES_5M and count(meta.get("cw")))):
+            learned.unasked_writes = True
 
     # ----- what a person sees -----
 
@@ -418,4 +527,4 @@ class Budget:
             "unpriced_results": self.unpriced,
             "projected": None if proj is None else {"prompt_tokens": proj.prompt, "completion_tokens": proj.completion,
                                                     "cost_usd": round(proj.cost or 0.0, 6)},
-        }
+        } | ({UNASKED: True} if self.learned.unasked_writes else {})

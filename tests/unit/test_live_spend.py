@@ -230,7 +230,7 @@ def test_once_a_model_answered_as_a_dearer_snapshot_its_tasks_reserve_at_the_sna
     tasks asking the alias reserve at the snapshot's price, and settle within it."""
     costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=300), price_of)
     b = Budget(Caps(cost=1e9), price_of=price_of)
-    costs.answered_as = b.answered_as
+    costs.learned = b.learned
     task = {"id": "t", "messages": [{"role": "user", "content": "x" * 400}]}
     before, _, _ = costs.worst(task)
     assert b.afford(1, before, ALIAS, "gpt-4o").verdict.value == "go"
@@ -316,7 +316,7 @@ def _capped_session(b: Budget, results: Path, snapshot: str = "gpt-4o-2024-05-13
     """The arbiter's dispatch against the budget: tasks go while it says GO (at most 64 out), then the tasks out
     answer (each using its whole reservation, answered as ``snapshot``) and dispatch looks again, until it says
     STOP. Returns the tasks that went."""
-    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=16), price_of, answered_as=b.answered_as)
+    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=16), price_of, learned=b.learned)
     task = {"id": "t", "messages": [{"role": "user", "content": "x" * 4000}]}
     went = 0
     while True:
@@ -397,7 +397,7 @@ def test_an_alias_answered_as_several_snapshots_reserves_at_the_dearest_live_and
         b.settle_result(key, meta)
         assert b.answered_as == {"gpt-4o": "gpt-4o-2024-08-06" if key == 0 else "gpt-4o-2024-05-13"}
     assert usage_of_results(results, price_of, "gpt-4o").answered_as == b.answered_as
-    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=300), price_of, answered_as=b.answered_as)
+    costs = TaskCosts(RequestDefaults(model="gpt-4o", max_tokens=300), price_of, learned=b.learned)
     worst = costs.worst({"id": "t", "messages": [{"role": "user", "content": "x" * 400}]})[0]
     assert worst.cost == pytest.approx(SNAPSHOT.cost(worst.prompt, worst.completion))
 

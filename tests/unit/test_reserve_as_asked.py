@@ -1,0 +1,214 @@
+"""A task reserves what its request may be billed (issue 40, "caps hold"), no more: a Claude model's prompt at the
+cache-write rates only when the request marks the cache (``cache_control``; the 1-hour rate only for a ``"ttl":
+"1h"``), with the dearest rates back for the rest of the run once an answer was billed writes its request did not
+ask for; and before a model's first answer, at the dearest of its snapshots' prices (``PriceTable.snapshots``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from evalsup.config.caps import Caps
+from evalsup.config.prices import load_prices
+from evalsup.supervisor.budget import (
+    UNASKED,
+    WRITES_1H,
+    WRITES_5M,
+    Amount,
+    Budget,
+    Learned,
+    TaskCosts,
+    Verdict,
+    cache_marks,
+)
+from evalsup.tasks.requests import RequestDefaults
+from evalsup.worker.client import Outcome
+from evalsup.worker.records import Extras, build
+
+CLAUDE = "claude-test"  # (a name with "claude": Anthropic's cache-write rates, 1.25x and 2x its input's)
+
+
+def _prices(tmp_path: Path, **more: dict[str, float]) -> Any:
+    f = tmp_path / "prices.json"
+    f.write_text(json.dumps({CLAUDE: {"input": 3.0, "output": 15.0}, "plain": {"input": 3.0, "output": 15.0},
+                             **more}))
+    return load_prices(f, maintained=False)
+
+
+def _task(mark: dict[str, Any] | None = None, model: str = CLAUDE, size: int = 8_000) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "text", "text": "x" * size}
+    if mark is not None:
+        part["cache_control"] = mark
+    return {"custom_id": "t", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "max_tokens": 50, "messages": [{"role": "user", "content": [part]}]}}
+
+
+def _outcome(usage: dict[str, Any], model: str = CLAUDE) -> Outcome:
+    body = {"model": model, "choices": [{"message": {"content": "x"}}], "usage": usage}
+    return Outcome(status=200, body=body, raw_len=100, request_id="r", error=None, attempts=1, latency_s=0.1,
+                   parsed=body)
+
+
+def test_a_claude_prompt_is_reserved_at_the_write_rate_its_request_asks() -> None:
+    price = load_prices(maintained=False).lookup("claude-sonnet-4-20250514")  # (the shipped table's)
+    assert price is not None and price.writes_marked
+    costs = TaskCosts(RequestDefaults(), lambda _m: price)
+    plain, five, hour = (costs.worst(_task(m, "claude-sonnet-4-20250514"))[0] for m in
+                         (None, {"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}))
+    p, c = plain.prompt, plain.completion
+    assert plain.cost == pytest.approx(price.cost(p, c))  # the input rate: nothing asks a write
+    assert five.cost == pytest.approx(price.cost(p, c, written_tokens=p))
+    assert hour.cost == pytest.approx(price.cost(p, c, written_tokens=p, written_1h_tokens=p))
+    assert plain.cost is not None and five.cost is not None and hour.cost is not None
+    assert plain.cost < five.cost < hour.cost
+    # the task's line as read gives what its object serialized gives (the arbiter passes the line: no dumps)
+    spaced = json.dumps(_task({"type": "ephemeral", "ttl": "1h"}, "claude-sonnet-4-20250514"), indent=1).encode()
+    assert costs.worst(json.loads(spaced), spaced)[0] == hour
+    # a model whose provider may write without a mark (a cache-write rate, not a Claude model's): the dearest
+    other = load_prices(maintained=False).lookup("gpt-4o")
+    assert other is not None and not other.writes_marked
+
+
+def test_where_a_mark_may_sit_and_what_is_not_one() -> None:
+    def marks(o: Any) -> int:
+        return cache_marks(orjson.dumps(o))
+
+    assert marks({"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]}) == WRITES_5M
+    assert marks({"tools": [{"name": "f", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]}) == WRITES_5M
+    assert marks({"messages": [{"role": "user", "content": "q", "cache_control": {"ttl": "1h",
+                                                                                   "type": "ephemeral"}}]}) == 2
+    # the words in a prompt are not a mark (a quote inside a JSON string is escaped)
+    assert marks({"messages": [{"role": "user", "content": 'what does "cache_control" do? "ttl": "1h"'}]}) == 0
+
+
+def _session(b: Budget, costs: TaskCosts, task: dict[str, Any], usage: dict[str, Any] | None = None,
+             wave: int = 64) -> tuple[int, int]:
+    """Dispatch against the budget (``wave`` tasks out at most), the tasks out answered with ``usage`` (default:
+    their whole reservation's tokens, billed at the input rate) through the worker's own RESULT meta, then
+    dispatch looks again, until it says STOP. Returns (the tasks that went, the most that were out at once)."""
+    line = orjson.dumps(task)
+    went = widest = 0
+    while True:
+        out: list[tuple[int, Amount]] = []
+        while len(out) < wave:
+            worst, price, model = costs.worst(task, line)
+            if b.afford(went + len(out), worst, price, model).verdict is not Verdict.GO:
+                break
+            out.append((went + len(out), worst))
+        if not out:
+            return went, widest
+        for key, worst in out:
+            u = usage or {"prompt_tokens": worst.prompt, "completion_tokens": worst.completion}
+            _, meta = build("t", _outcome(u), key, 0.0, 1, None, {}, extras=Extras(model=CLAUDE))
+            b.settle_result(key, meta)
+        went += len(out)
+        widest = max(widest, len(out))
+
+
+def test_more_tasks_fit_under_a_cap_without_cache_marks(tmp_path: Path) -> None:
+    """A cap of $0.05, prompts of ~2,000 tokens, every answer billed at the input rate: after the first answer,
+    the tasks with no mark go 6 at once (reserved at the input rate), 5 with a 5-minute mark, 3 with a 1-hour one,
+    as every Claude task was reserved before (at 2x its input rate): a batch near a cap holds half as many."""
+    prices = _prices(tmp_path)
+    price = prices.lookup(CLAUDE)
+    p = TaskCosts(RequestDefaults(), prices.lookup).worst(_task())[0]
+    each = price.cost(p.prompt, p.completion)  # what an answer costs
+    for w, mark in ((0, None), (1, {"type": "ephemeral"}), (2, {"type": "ephemeral", "ttl": "1h"})):
+        b = Budget(Caps(cost=0.05), price_of=prices.lookup)
+        went, widest = _session(b, TaskCosts(RequestDefaults(), prices.lookup, learned=b.learned), _task(mark))
+        assert b.spent_cost <= 0.05
+        worst = price.cost(p.prompt, p.completion, written_tokens=p.prompt * (w > 0),
+                           written_1h_tokens=p.prompt * (w > 1))
+        # the first task goes alone (its answer's model prices the rest), then as many as the rest of the cap holds
+        assert widest == int((0.05 - each) // worst), (mark, widest)
+        assert went == int((0.05 - worst) // each) + 1  # (the last goes while what was spent and it fit the cap)
+        if w == 0:
+            plain = widest
+    assert plain == 2 * widest  # (6 and 3)
+
+
+def test_writes_no_request_asked_for_make_every_later_reservation_dear(tmp_path: Path) -> None:
+    """A gateway that marks requests itself: the first answer of a task with no mark reports its prompt written to
+    the cache; the budget learns it, and every later task is reserved at the 1-hour write rate (its checkpoint
+    figures say so, and a resume reads it back); the run stays within its cap where, reserved at the input rate
+    to the end, it would pass it."""
+    prices = _prices(tmp_path)
+    task = _task()
+    b = Budget(Caps(cost=1e9), price_of=prices.lookup)
+    costs = TaskCosts(RequestDefaults(), prices.lookup, learned=b.learned)
+    line = orjson.dumps(task)
+    cheap, price, model = costs.worst(task, line)
+    assert price is not None and cheap.writes == 0 and UNASKED not in b.to_json()
+    b.afford(1, cheap, price, model)
+    written = {"prompt_tokens": cheap.prompt, "completion_tokens": 10, "prompt_tokens_details": {
+        "cached_tokens": 0}, "cache_creation_input_tokens": cheap.prompt}  # (LiteLLM's shape for Anthropic's)
+    _, meta = build("t", _outcome(written), 1, 0.0, 1, None, {}, extras=Extras(model=CLAUDE))
+    assert meta["cw"] == cheap.prompt
+    b.settle_result(1, meta)
+    assert b.spent_cost > price.cost(cheap.prompt, 10)  # billed at the write rate: more than reserved for
+    dear = costs.worst(task, line)[0]
+    assert dear.writes == WRITES_1H
+    assert dear.cost == pytest.approx(price.cost(dear.prompt, dear.completion, written_tokens=dear.prompt,
+                                                 written_1h_tokens=dear.prompt))
+    assert b.to_json()[UNASKED] is True
+    again = Budget(Caps(cost=1e9), price_of=prices.lookup)
+    again.learn(unasked_writes=b.to_json().get(UNASKED) is True)  # (the arbiter: from the checkpoint's figures)
+    assert TaskCosts(RequestDefaults(), prices.lookup, learned=again.learned).worst(task, line)[0] == dear
+    # a 5-minute mark allows 5-minute writes, not 1-hour ones
+    five = _task({"type": "ephemeral"})
+    for usage, learns in ((written, False), ({**written, "cache_creation": {"ephemeral_1h_input_tokens": 100}},
+                                             True)):
+        b = Budget(Caps(cost=1e9), price_of=prices.lookup)
+        costs = TaskCosts(RequestDefaults(), prices.lookup, learned=b.learned)
+        b.afford(1, *costs.worst(five))
+        b.settle_result(1, build("t", _outcome(usage), 1, 0.0, 1, None, {}, extras=Extras(model=CLAUDE))[1])
+        assert b.learned.unasked_writes is learns
+    # the bill: answers that write their whole prompt, under a cap; learned after the first answer, within it
+    cap = 0.20
+    b = Budget(Caps(cost=cap), price_of=prices.lookup)
+    costs = TaskCosts(RequestDefaults(), prices.lookup, learned=b.learned)
+    all_written = {"prompt_tokens": cheap.prompt, "completion_tokens": cheap.completion,
+                   "cache_creation_input_tokens": cheap.prompt}
+    went, _ = _session(b, costs, task, all_written)
+    assert went > 8 and b.spent_cost <= cap
+    # reserved at the input rate to the end (what the budget learns never reaches its reservations): past the cap
+    blind = Budget(Caps(cost=cap), price_of=prices.lookup)
+    _session(blind, TaskCosts(RequestDefaults(), prices.lookup, learned=Learned()), task, all_written)
+    assert blind.spent_cost > cap
+
+
+def test_before_a_first_answer_a_model_is_reserved_at_its_dearest_snapshot(tmp_path: Path) -> None:
+    """``m`` and its dated snapshot ``m-2025-01-01`` at twice its rates: until an answer of ``m`` comes back, its
+    tasks reserve at the snapshot's price (not another model's: ``m-mini`` is not a snapshot); after, at the
+    price of what it answered as."""
+    prices = _prices(tmp_path, **{"m": {"input": 1.0, "output": 4.0}, "m-2025-01-01": {"input": 2.0, "output": 8.0},
+                                  "m-mini": {"input": 50.0, "output": 200.0}})
+    assert prices.snapshots("m") == ("m-2025-01-01",)
+    assert prices.snapshots("prov/m") == ("prov/m-2025-01-01",)
+    alias, snapshot = prices.lookup("m"), prices.lookup("m-2025-01-01")
+    task = {"id": "t", "prompt": "x" * 4000}
+    for answered, after in (("m-2025-01-01", snapshot), ("m", alias)):
+        b = Budget(Caps(cost=1e9), price_of=prices.lookup, first_answer=False)  # (as under --batch-api)
+        costs = TaskCosts(RequestDefaults(model="m", max_tokens=100), prices.lookup, learned=b.learned,
+                          snapshots=prices.snapshots)
+        first, price, model = costs.worst(task)
+        assert first.cost == pytest.approx(snapshot.cost(first.prompt, first.completion)) and price is alias
+        b.afford(1, first, price, model)
+        b.settle_result(1, build("t", _outcome({"prompt_tokens": 10, "completion_tokens": 5}, answered), 1, 0.0,
+                                 1, None, {}, extras=Extras(model="m"))[1])
+        later = costs.worst(task)[0]
+        assert later.cost == pytest.approx(after.cost(later.prompt, later.completion))
+    # a failure names no snapshot: the next tasks are still reserved at the dearest
+    b = Budget(Caps(cost=1e9), price_of=prices.lookup, first_answer=False)
+    costs = TaskCosts(RequestDefaults(model="m", max_tokens=100), prices.lookup, learned=b.learned,
+                      snapshots=prices.snapshots)
+    b.afford(1, *costs.worst(task))
+    b.settle_result(1, {"k": 1, "ok": False, "pt": 0, "ct": 0})
+    assert costs.worst(task)[0] == first
+    # a resume whose results.jsonl holds answers of m: its own price
+    b.learn({}, {"m"})
+    assert costs.worst(task)[0].cost == pytest.approx(alias.cost(first.prompt, first.completion))
