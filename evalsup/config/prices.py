@@ -9,10 +9,14 @@ written to the provider's cache for 5 minutes, Anthropic's default) and ``cache_
 model (its name has "claude": Anthropic's, or Bedrock's, Vertex's, OpenRouter's copy) whose source gives no
 cache-write rate has Anthropic's published multipliers of its input rate: 1.25x for a 5-minute write, 2x for a
 1-hour one (genai-prices gives the 1-hour rate for Anthropic's own models, and none for most of the copies; the
-shipped table gives neither). A model is looked up by its name as given, then without a provider prefix
-(``openai/gpt-4o``: genai-prices is asked for that provider's model), then without a date or version suffix
-(``gpt-4o-mini-2024-07-18`` is ``gpt-4o-mini``). A model found nowhere has no price: ``lookup`` returns None
-and every caller says so; it never counts as free. Each ``Price`` names its source and that source's date.
+shipped table gives neither), and is marked as writing only where a request asks (``writes_marked``).
+
+A model is looked up by its name as given, then without a provider prefix (``openai/gpt-4o``: genai-prices is
+asked for that provider's model), then without a date or version suffix (``gpt-4o-mini-2024-07-18`` is
+``gpt-4o-mini``); the other way, ``snapshots`` names the models any source prices that are a model followed by
+such suffixes (what an alias may be answered and billed as). A model found nowhere has no price: ``lookup``
+returns None and every caller says so; it never counts as free. Each ``Price`` names its source and that
+source's date.
 
 genai-prices is read from the data bundled with the installed version only: evalsup never starts its
 ``UpdatePrices`` (a download from GitHub) and builds its own snapshot of the bundled data, so a price never comes
@@ -158,8 +162,9 @@ class PriceTable:
         takes back to it: ``gpt-4o-2024-05-13`` for ``gpt-4o``, not ``gpt-4o-mini`` nor
         ``gpt-4o-realtime-preview``, other models), a provider prefix kept (``openai/gpt-4o``'s are
         ``openai/gpt-4o-2024-05-13``...). What the alias may be answered and billed as before any answer says
-        which (``supervisor.budget.TaskCosts``). Built once (~2,000 names), at the first call."""
-        if self.self_hosted or not model:
+        which (``supervisor.budget.TaskCosts``). The names' index is built once (~5,000 names, ~3 ms, genai-prices
+        loaded if it was not), at the first call, whatever ``model`` (None: only that)."""
+        if self.self_hosted:
             return ()
         with self._lock:
             index = self._index
@@ -171,8 +176,11 @@ class PriceTable:
             index = snapshot_index(dict.fromkeys(names))
             with self._lock:
                 self._index = index
+        if not model:
+            return ()
         prefix, _, bare = model.rpartition("/")
-        return tuple(f"{prefix}/{n}" if prefix else n for n in index.get(bare, ()))
+        got = [*index.get(model, ()), *(f"{prefix}/{n}" for n in index.get(bare, ()) if prefix)]
+        return tuple(dict.fromkeys(got))
 
     def package(self) -> _Maintained | None:
         """genai-prices' bundled data, loaded at the first look-up that needs it (~0.2 s, ~15 MB); None when it is

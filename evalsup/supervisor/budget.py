@@ -10,13 +10,20 @@ tasks.tokens, and max_tokens a choice, the model's largest answer without one), 
 (--hedge), the answers asked again for a JSON schema (at most --max-reasks, each with the conversation so far),
 and the judge's call (--scorer judge: the template, the task's prompt and answer, the judge's max_tokens, at the
 judge's price); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
-standard ones; every prompt token at the dearest rate it may be billed at (input, a 5-minute or a 1-hour cache
-write); a model that answered as another (``gpt-4o`` as ``gpt-4o-2024-08-06``) at the dearer of the two once
-one answer said so (the dearest snapshot when it answered as several; a resume learns them from results.jsonl,
-``learn``). Before that answer the alias's price is all there is: so under --max-cost one task of a model goes
-alone until a result of it settles (``first_answer``, one round trip); under --batch-api (off: a first answer
-takes hours) the first batch's answers may settle above their reservations by what the snapshot's rates add,
-the bound of invariant 4 for that round. Its result settles it: the reservation goes, the usage the worker
+standard ones; every prompt token at the dearest rate it may be billed at: input, or a 5-minute or a 1-hour cache
+write where its provider may write. Anthropic writes only where the request marks it, so a Claude model's prompt
+(``Price.writes_marked``) is at the write rates only when its line has a ``cache_control`` key (the 1-hour rate
+only with a ``"ttl": "1h"``: ``cache_marks``), until an answer is billed writes its reservation did not allow (a
+gateway marking requests itself): every later prompt at the dearest then (``Learned.unasked_writes``, kept in the
+budget's figures, which a resume reads back from its checkpoint). A model that answered as another (``gpt-4o``
+as ``gpt-4o-2024-08-06``) at the dearer of the two once one answer said so (the dearest snapshot when it
+answered as several; a resume learns them from results.jsonl, ``learn``); before any answer of it came back
+(``Learned.seen``), at the dearest of its own price and its snapshots' that a price source names
+(``config.prices.PriceTable.snapshots``). That rule is what keeps a --batch-api run's first batch within the cap
+(a first answer takes hours there: its tasks do not wait for one). Online it applies too, and costs little: under
+--max-cost one task of a model goes alone until a result of it settles (``first_answer``, one round trip), so
+only that task is reserved at the dearest snapshot, and the tasks that go after a first result that was a
+failure (no answer named a snapshot) are covered too. Its result settles it: the reservation goes, the usage the worker
 read (``ResultMeta`` pt/ct, rpt/rct, jpt/jct) is spent, priced as billed (``rundir.usage.answer_cost`` at
 ``billed_price``, the pricing a resume reads results.jsonl back with: the model the response names (md) when it
 has a price, else the request's; the prompt tokens the provider's cache served (cr) and wrote (cw, w1 of them
