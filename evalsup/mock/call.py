@@ -201,6 +201,11 @@ class Call:
         """The prompt tokens an answer reports read from the provider's cache (MockConfig.cached)."""
         return int(prompt_tokens * self.cfg.cached)
 
+    def written_of(self, prompt_tokens: int) -> int:
+        """The prompt tokens an answer reports written to the provider's cache (MockConfig.written), beside those
+        it read from it (never more than the prompt)."""
+        return min(int(prompt_tokens * self.cfg.written), prompt_tokens - self.cached_of(prompt_tokens))
+
     def gone_response(self) -> web.Response | None:
         """When the client went away while its request was held (``gone``): the connection dropped and nothing
         sent, once the answer was generated and billed; else None (answer it)."""

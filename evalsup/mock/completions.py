@@ -16,27 +16,28 @@ from evalsup.mock.faults import Fault
 from evalsup.mock.state import FINGERPRINT, MAX_N, SSE_DONE, error, new_id, sse
 
 
-def usage_of(answers: list[C.Answer], prompt_tokens: int, cached: int = 0) -> dict[str, Any]:
-    """The answers' usage; ``cached``: the prompt tokens read from the provider's cache (the details are there
-    only when some are: MockConfig.cached)."""
+def usage_of(answers: list[C.Answer], prompt_tokens: int, cached: int = 0, written: int = 0) -> dict[str, Any]:
+    """The answers' usage; ``cached``, ``written``: the prompt tokens read from the provider's cache and written
+    to it (the details are there only when some are: MockConfig.cached, MockConfig.written)."""
     completion_tokens = sum(a.tokens for a in answers)
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-    if cached:
-        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    if cached or written:
+        out["prompt_tokens_details"] = {"cached_tokens": cached, **({"cache_write_tokens": written} if written else {})}
     return out
 
 
 @dataclass(frozen=True)
 class Billing:
-    """What an answer says it was billed for beyond its tokens: the prompt tokens the cache served, and the service
-    tier the request asked (echoed, as OpenAI does; absent when it asked none)."""
+    """What an answer says it was billed for beyond its tokens: the prompt tokens the cache served and those it
+    wrote, and the service tier the request asked (echoed, as OpenAI does; absent when it asked none)."""
 
     cached: int = 0
     tier: str | None = None
+    written: int = 0
 
 
 NO_BILLING = Billing()
@@ -78,7 +79,7 @@ class Shape:
             "created": created,
             "model": model,
             "choices": [self.choice(i, a) for i, a in enumerate(answers)],
-            "usage": usage_of(answers, prompt_tokens, billing.cached),
+            "usage": usage_of(answers, prompt_tokens, billing.cached, billing.written),
             "system_fingerprint": FINGERPRINT,
         }
         if billing.tier is not None:
@@ -122,7 +123,7 @@ class Shape:
             yield sse(chunk([self.delta(i, None, a.finish)]))
         if usage:
             last = chunk([])
-            last["usage"] = usage_of(answers, prompt_tokens, billing.cached)
+            last["usage"] = usage_of(answers, prompt_tokens, billing.cached, billing.written)
             yield sse(last)
         yield SSE_DONE
 
@@ -140,7 +141,7 @@ async def generate(
     call: Call, shape: Shape, answers: list[C.Answer], model: str, prompt_tokens: int
 ) -> web.StreamResponse:
     """Pad, then answer as JSON or SSE, honouring malformed and cut_stream."""
-    billing = Billing(call.cached_of(prompt_tokens), call.tier)
+    billing = Billing(call.cached_of(prompt_tokens), call.tier, call.written_of(prompt_tokens))
     answers = call.pad(answers, lambda cid, created, a: shape.body(cid, created, model, a, prompt_tokens, billing))
     call.bill(model, prompt_tokens, sum(a.tokens for a in answers))
     gone = call.gone_response()

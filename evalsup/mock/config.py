@@ -44,6 +44,10 @@ class MockConfig:
     # it (chat's and completions' ``prompt_tokens_details.cached_tokens``, the Responses API's
     # ``input_tokens_details.cached_tokens``), as a provider bills them at its cached-input rate; 0: no details
     cached: float = 0.0
+    # this share of every answer's prompt tokens is reported as written to the provider's cache (chat's and
+    # completions' ``prompt_tokens_details.cache_write_tokens``, the Responses API's ``input_tokens_details``'),
+    # billed at its cache-write rate, whatever the request marked: a gateway that marks requests itself; 0: none
+    written: float = 0.0
     # answers name the model asked with this suffix, as a provider names the dated snapshot that served an alias
     # (issue 40: "gpt-4o" answered as "gpt-4o-2024-08-06", billed by the snapshot's name); None: the model asked
     snapshot: str | None = None
@@ -61,9 +65,10 @@ class MockConfig:
 
 _FLOAT_FIELDS = frozenset(
     {"latency_ms", "jitter_ms", "response_kb", "fail_500", "fail_429", "retry_after_s", "reset", "malformed",
-     "cut_stream", "slow", "slow_ms", "batch_step_ms", "batch_finalize_ms", "cached"}
+     "cut_stream", "slow", "slow_ms", "batch_step_ms", "batch_finalize_ms", "cached", "written"}
 )
-_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream", "slow", "cached"})
+_PROBABILITIES = frozenset({"fail_500", "fail_429", "reset", "malformed", "cut_stream", "slow", "cached",
+                            "written"})
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(MockConfig))
 
 

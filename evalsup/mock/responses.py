@@ -63,10 +63,11 @@ def _response(rid: str, created: int, model: str, body: dict[str, Any], output: 
     }
 
 
-def _usage(input_tokens: int, output: list[dict[str, Any]], cached: int = 0) -> dict[str, Any]:
+def _usage(input_tokens: int, output: list[dict[str, Any]], cached: int = 0, written: int = 0) -> dict[str, Any]:
     out_chars = sum(len(i.get("arguments", "")) + sum(len(p["text"]) for p in i.get("content", ())) for i in output)
     out_tokens = max(1, out_chars // 4)
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+    details = {"cached_tokens": cached, "cache_write_tokens": written}
+    return {"input_tokens": input_tokens, "input_tokens_details": details,
             "output_tokens": out_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + out_tokens}
 
@@ -126,7 +127,7 @@ async def responses(call: Call) -> web.StreamResponse:
         text = C.truncate_to_tokens(text, limit)
     output = _items(key, call.body, text)
     status = "incomplete" if incomplete else "completed"
-    usage = _usage(input_tokens, output, call.cached_of(input_tokens))
+    usage = _usage(input_tokens, output, call.cached_of(input_tokens), call.written_of(input_tokens))
     final = _response(new_id("resp_"), int(time.time()), model, call.body, output, status, usage, incomplete)
     if call.tier is not None:
         final["service_tier"] = call.tier

@@ -23,6 +23,7 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 from evalsup.mock import MockConfig, MockThread, start_mock
+from evalsup.tasks.billed import billed
 from tests.mock_http import Resp, request
 
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2+2?"}]
@@ -60,6 +61,7 @@ _DEFAULTS: dict[str, Any] = {
     "capacity": 0,
     "queue": 0,
     "cached": 0,
+    "written": 0,
 }
 
 
@@ -564,3 +566,19 @@ def test_cached_prompt_tokens_and_the_service_tier(mock: MockThread) -> None:
     mock.configure(cached=0.0)  # (the default)
     plain = chat(mock).json()
     assert "prompt_tokens_details" not in plain["usage"] and "service_tier" not in plain  # as before: no details
+
+
+def test_prompt_tokens_reported_written_to_the_cache(mock: MockThread) -> None:
+    """``written``: that share of the prompt reported written to the provider's cache (``cache_write_tokens``, as
+    evalsup reads it: ``tasks.billed``) whatever the request marked, beside the share read from it."""
+    mock.configure(cached=0.5, written=0.25)
+    usage = chat(mock).json()["usage"]
+    pt = usage["prompt_tokens"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": pt // 2, "cache_write_tokens": pt // 4}
+    assert billed(usage).written == pt // 4 and billed(usage).cached == pt // 2
+    r = request(mock.url, "POST", "/v1/responses", {"model": "mock-model", "input": "What is 2+2? " * 10})
+    details = r.json()["usage"]["input_tokens_details"]
+    assert details["cache_write_tokens"] == r.json()["usage"]["input_tokens"] // 4
+    mock.configure(cached=0.0, written=1.0)
+    usage = chat(mock).json()["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": usage["prompt_tokens"]}
