@@ -20,7 +20,8 @@ is known for it, else the request's (``metrics.model`` when the task named its o
 
 A resume with a cap (--max-cost, --max-completion-tokens-total, --max-total-tokens) starts its budget from this,
 the snapshots each model answered as and was billed at among it (``Usage.answered_as``: its tasks reserve at the
-dearest, as they did live) and the models that answered (``Usage.answered``);
+dearest, as they did live) and the models that answered (``Usage.answered``: their tasks go without waiting for a
+first answer, reserved at their own price and not at their snapshots' dearest);
 `evalsup estimate` takes the lengths seen for its band.
 """
 
