@@ -6,6 +6,7 @@ ask for; and before a model's first answer, at the dearest of its snapshots' pri
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +213,38 @@ def test_before_a_first_answer_a_model_is_reserved_at_its_dearest_snapshot(tmp_p
     # a resume whose results.jsonl holds answers of m: its own price
     b.learn({}, {"m"})
     assert costs.worst(task)[0].cost == pytest.approx(alias.cost(first.prompt, first.completion))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_answers_written_only_where_asked_settle_within_their_reservations(tmp_path: Path, seed: int) -> None:
+    """Random tasks, each with no mark, a 5-minute one or a 1-hour one, answered as Anthropic bills them (a part of
+    the prompt written only where marked, for an hour only where asked), in random order: spent + reserved never
+    passes the cap, and nothing is learned."""
+    rnd = random.Random(seed)
+    prices = _prices(tmp_path)
+    cap = rnd.uniform(0.02, 0.2)
+    b = Budget(Caps(cost=cap), price_of=prices.lookup)
+    costs = TaskCosts(RequestDefaults(), prices.lookup, learned=b.learned)
+    marks = [None, {"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}]
+    out: dict[int, tuple[int, Amount]] = {}
+    for key in range(300):
+        if rnd.random() < 0.55:
+            level = rnd.randrange(3)
+            worst, price, model = costs.worst(_task(marks[level], size=rnd.randint(100, 20_000)))
+            d = b.afford(key, worst, price, model)
+            if d.verdict is Verdict.GO:
+                out[key] = (level, worst)
+            elif d.verdict is Verdict.STOP:
+                break
+        elif out:
+            k = rnd.choice(sorted(out))
+            level, worst = out.pop(k)
+            pt, ct = rnd.randint(1, worst.prompt), rnd.randint(0, worst.completion)
+            written = rnd.randint(0, pt) if level else 0
+            usage: dict[str, Any] = {"input_tokens": pt - written, "output_tokens": ct,
+                                     "cache_creation_input_tokens": written}
+            if level == 2:
+                usage["cache_creation"] = {"ephemeral_1h_input_tokens": rnd.randint(0, written)}
+            b.settle_result(k, build("t", _outcome(usage), k, 0.0, 1, None, {}, extras=Extras(model=CLAUDE))[1])
+        assert b.spent_cost + b.res_cost <= cap + 1e-9
+    assert not b.learned.unasked_writes
