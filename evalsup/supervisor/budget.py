@@ -75,7 +75,7 @@ UNASKED = "unasked_cache_writes"
 # the cache writes a reservation allows every prompt token to be billed as (``most``): none (the input rate),
 # the 5-minute kind (Anthropic's 1.25x), the 1-hour kind too (2x)
 NO_WRITES, WRITES_5M, WRITES_1H = 0, 1, 2
-_MARK = b'"cache_control"'  # a key in JSON text: a quote inside a string is escaped, so never a string's text
+_MARK = b'"cache_control"'  # a key in JSON text (or a string ending in it: a dearer reservation, never a cheaper one)
 _HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
 
 
@@ -215,7 +215,9 @@ class TaskCosts:
             tier = tier_of(body) if "custom_id" in obj else None  # (a simple line's other keys are its metadata)
             writes = WRITES_1H
             if price.writes_marked and not self.learned.unasked_writes:  # writes only where the request asks
-                writes = cache_marks(line if line is not None else orjson.dumps(obj))
+                # a line with \u escapes may spell a mark so (``cache\u005fcontrol``): its object serialized by
+                # orjson, which escapes no letter, spells it plainly
+                writes = cache_marks(line if line is not None and b"\\u" not in line else orjson.dumps(obj))
             costs = []
             for q in self._billed_as(f.model, price):
                 w = writes if q.writes_marked else WRITES_1H

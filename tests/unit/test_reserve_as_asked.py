@@ -69,6 +69,10 @@ def test_a_claude_prompt_is_reserved_at_the_write_rate_its_request_asks() -> Non
     # the task's line as read gives what its object serialized gives (the arbiter passes the line: no dumps)
     spaced = json.dumps(_task({"type": "ephemeral", "ttl": "1h"}, "claude-sonnet-4-20250514"), indent=1).encode()
     assert costs.worst(json.loads(spaced), spaced)[0] == hour
+    # a mark spelled with \u escapes is one to the provider, and to the reservation
+    escaped = spaced.replace(b'"cache_control"', b'"cache\\u005fcontrol"').replace(b'"1h"', b'"1\\u0068"')
+    assert b"cache_control" not in escaped and json.loads(escaped) == json.loads(spaced)
+    assert costs.worst(json.loads(escaped), escaped)[0] == hour
     # a model whose provider may write without a mark (a cache-write rate, not a Claude model's): the dearest
     other = load_prices(maintained=False).lookup("gpt-4o")
     assert other is not None and not other.writes_marked
