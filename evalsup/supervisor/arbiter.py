@@ -788,7 +788,7 @@ class Supervisor:
         b, costs = self.budget, self.costs
         if b is None or costs is None:
             return True
-        d = b.afford(ref.offset, *costs.worst(orjson.loads(line) if obj is None else obj, line))
+        d = b.afford(ref.offset, *costs.worst(orjson.loads(line) if obj is None else obj))
         if d.verdict is Verdict.GO:
             return True
         self.ledger.put_back(ref)

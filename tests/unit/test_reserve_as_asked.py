@@ -66,13 +66,13 @@ def test_a_claude_prompt_is_reserved_at_the_write_rate_its_request_asks() -> Non
     assert hour.cost == pytest.approx(price.cost(p, c, written_tokens=p, written_1h_tokens=p))
     assert plain.cost is not None and five.cost is not None and hour.cost is not None
     assert plain.cost < five.cost < hour.cost
-    # the task's line as read gives what its object serialized gives (the arbiter passes the line: no dumps)
+    # a line written another way (indented) gives the same
     spaced = json.dumps(_task({"type": "ephemeral", "ttl": "1h"}, "claude-sonnet-4-20250514"), indent=1).encode()
-    assert costs.worst(json.loads(spaced), spaced)[0] == hour
+    assert costs.worst(json.loads(spaced))[0] == hour
     # a mark spelled with \u escapes is one to the provider, and to the reservation
     escaped = spaced.replace(b'"cache_control"', b'"cache\\u005fcontrol"').replace(b'"1h"', b'"1\\u0068"')
     assert b"cache_control" not in escaped and json.loads(escaped) == json.loads(spaced)
-    assert costs.worst(json.loads(escaped), escaped)[0] == hour
+    assert costs.worst(json.loads(escaped))[0] == hour
     # a model whose provider may write without a mark (a cache-write rate, not a Claude model's): the dearest
     other = load_prices(maintained=False).lookup("gpt-4o")
     assert other is not None and not other.writes_marked
@@ -95,12 +95,11 @@ def _session(b: Budget, costs: TaskCosts, task: dict[str, Any], usage: dict[str,
     """Dispatch against the budget (``wave`` tasks out at most), the tasks out answered with ``usage`` (default:
     their whole reservation's tokens, billed at the input rate) through the worker's own RESULT meta, then
     dispatch looks again, until it says STOP. Returns (the tasks that went, the most that were out at once)."""
-    line = orjson.dumps(task)
     went = widest = 0
     while True:
         out: list[tuple[int, Amount]] = []
         while len(out) < wave:
-            worst, price, model = costs.worst(task, line)
+            worst, price, model = costs.worst(task)
             if b.afford(went + len(out), worst, price, model).verdict is not Verdict.GO:
                 break
             out.append((went + len(out), worst))
@@ -145,8 +144,7 @@ def test_writes_no_request_asked_for_make_every_later_reservation_dear(tmp_path:
     task = _task()
     b = Budget(Caps(cost=1e9), price_of=prices.lookup)
     costs = TaskCosts(RequestDefaults(), prices.lookup, learned=b.learned)
-    line = orjson.dumps(task)
-    cheap, price, model = costs.worst(task, line)
+    cheap, price, model = costs.worst(task)
     assert price is not None and cheap.writes == 0 and UNASKED not in b.to_json()
     b.afford(1, cheap, price, model)
     written = {"prompt_tokens": cheap.prompt, "completion_tokens": 10, "prompt_tokens_details": {
@@ -155,14 +153,14 @@ def test_writes_no_request_asked_for_make_every_later_reservation_dear(tmp_path:
     assert meta["cw"] == cheap.prompt
     b.settle_result(1, meta)
     assert b.spent_cost > price.cost(cheap.prompt, 10)  # billed at the write rate: more than reserved for
-    dear = costs.worst(task, line)[0]
+    dear = costs.worst(task)[0]
     assert dear.writes == WRITES_1H
     assert dear.cost == pytest.approx(price.cost(dear.prompt, dear.completion, written_tokens=dear.prompt,
                                                  written_1h_tokens=dear.prompt))
     assert b.to_json()[UNASKED] is True
     again = Budget(Caps(cost=1e9), price_of=prices.lookup)
     again.learn(unasked_writes=b.to_json().get(UNASKED) is True)  # (the arbiter: from the checkpoint's figures)
-    assert TaskCosts(RequestDefaults(), prices.lookup, learned=again.learned).worst(task, line)[0] == dear
+    assert TaskCosts(RequestDefaults(), prices.lookup, learned=again.learned).worst(task)[0] == dear
     # a 5-minute mark allows 5-minute writes, not 1-hour ones
     five = _task({"type": "ephemeral"})
     for usage, learns in ((written, False), ({**written, "cache_creation": {"ephemeral_1h_input_tokens": 100}},
