@@ -80,7 +80,7 @@ from evalsup.supervisor.scaling import ScaleGate, ScaleUp, cpu_seconds
 from evalsup.supervisor.stall import OnWire, StallWatch, on_wire
 from evalsup.supervisor.stats import RunStats
 from evalsup.supervisor.view import RunView
-from evalsup.supervisor.workers import Exit, State, WorkerHandle
+from evalsup.supervisor.workers import Exit, Launched, State, WorkerHandle, launch, worker_module
 from evalsup.tasks.anthropic import task_params
 from evalsup.tasks.fingerprint import fingerprint, grew_at_line_end, same_input
 from evalsup.tasks.idindex import IdIndex, IndexBuilder
@@ -380,7 +380,7 @@ class Supervisor:
 
     # ----- verbs: the only code that spawns, kills, sends frames, holds pipes or writes the journal -----
 
-    async def spawn(self, slot: int) -> WorkerHandle:
+    async def spawn(self, slot: int, started: Launched | None = None) -> WorkerHandle:
         share = self.cfg.per_worker_concurrency(self.active)[slot]
         # with autoscale, a worker can take all of --concurrency: its share shrinks as workers are added
         conc = self.cfg.concurrency if self.cfg.autoscale else share
@@ -393,7 +393,7 @@ class Supervisor:
         if self.cfg.worker.judge_base_url is not None:  # its share of --judge-concurrency among the workers running
             config["judge_concurrency"] = self.cfg.judge_share(self.active)[slot]
         await w.spawn(config, lambda kind, payload: self._on_frame(w, kind, payload), self.frame_buffers,
-                      ring_size(self.active, self.cfg.ring_bytes))  # a first worker alone gets all of the rings' budget
+                      self._ring_size(), started)
         if self.memory is not None:
             w.task_limit = self.memory.recycle.task_limit_for_new_worker()
         elif self.cfg.max_tasks_per_worker:  # the first workers start before the memory control exists
@@ -691,15 +691,19 @@ class Supervisor:
         return self.stop_code
 
     async def _prepare(self) -> None:
-        """Start the workers while the endpoint is checked (their interpreters take a moment to start); open
-        the run directory only once the check has passed, so a wrong URL, key or model touches nothing."""
-        await self._scan_input()  # before the endpoint check and the workers: bad input sends nothing
-        check = asyncio.create_task(check_endpoints(self.cfg)) if self.cfg.check else None
-        if (ceiling := self.ceiling.poll()) is not None:  # RUN_DIR/concurrency from the first request on
-            self._start_notes.append(ceiling)
+        """Start the workers' processes while the input is read and the endpoint checked (their interpreters
+        take a moment to start; they send nothing before their settings); open the run directory only once the
+        check has passed, so a wrong URL, key or model touches nothing."""
+        module = worker_module(self.cfg.worker.to_wire())
+        first = [asyncio.create_task(launch(module, self._ring_size())) for _ in range(self.active)]
+        check: asyncio.Task[tuple[list[str], dict[int, str]]] | None = None
         try:
-            for slot in range(self.active):
-                await self.spawn(slot)
+            await self._scan_input()  # before the endpoint check and the workers' settings: bad input sends nothing
+            check = asyncio.create_task(check_endpoints(self.cfg)) if self.cfg.check else None
+            if (ceiling := self.ceiling.poll()) is not None:  # RUN_DIR/concurrency from the first request on
+                self._start_notes.append(ceiling)
+            for slot, launching in enumerate(first):
+                await self.spawn(slot, await launching)
             if check is not None:
                 try:
                     found, failed = await check
@@ -716,7 +720,21 @@ class Supervisor:
                 check.cancel()
             for w in self.workers:
                 self.kill(w, Exit.STOPPED)
+            await self._discard(first)
             raise
+
+    async def _discard(self, first: list[asyncio.Task[Launched]]) -> None:
+        """The processes launched ahead that no worker took (the run was refused or stopped): killed, reaped.
+        A launch is a fork and an exec: awaited to its end, not cancelled, so that no process is left unknown."""
+        taken = {w.pid for w in self.workers}
+        for started in await asyncio.gather(*first, return_exceptions=True):
+            if isinstance(started, Launched) and started.proc.pid not in taken:
+                started.discard()
+                await started.proc.wait()
+
+    def _ring_size(self) -> int:
+        """Each worker's ring: a first worker alone gets all of the rings' budget."""
+        return ring_size(self.active, self.cfg.ring_bytes)
 
     def _start_watching(self) -> None:
         """memory.jsonl, events.jsonl, the line count and the metrics server, once the run directory is open."""

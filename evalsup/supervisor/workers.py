@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evalsup.ipc import FrameKind, FrameWriter, encode_json
@@ -86,6 +87,59 @@ class WorkerView(Protocol):
 _ids = itertools.count(1)
 
 
+def worker_module(config: dict[str, Any]) -> str:
+    """The module a worker runs: a --batch-api run's one "worker" is the batch driver (the same frames, the
+    provider's Batch API)."""
+    return "evalsup.batch" if config.get("batch") else "evalsup.worker"
+
+
+@dataclass(slots=True)
+class Launched:
+    """A worker's process, started and not yet given its settings: its interpreter imports its modules (a
+    quarter of a second) and then waits for CONFIG on ``to_child``, sending nothing anywhere before it."""
+
+    proc: asyncio.subprocess.Process
+    to_child: int  # our end of its input
+    from_child: int  # our end of its output
+    ring: SupervisorRing | None
+    ring_fd: int | None  # the ring's descriptor as the worker has it (ours is closed)
+    taken: bool = False  # a WorkerHandle owns our ends of the pipes now
+
+    def discard(self) -> None:
+        """Never a worker's (the run was refused or stopped first): SIGKILL it (our own child, by PID) and
+        close our ends unless a WorkerHandle took them; the caller reaps it (``proc.wait()``)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+        if not self.taken:
+            self.taken = True
+            os.close(self.to_child)
+            os.close(self.from_child)
+
+
+async def launch(module: str, ring_size: int) -> Launched:
+    """Start ``python -m module`` on two pipes of our own, with a shared-memory ring of ``ring_size`` bytes for
+    its large results (none when 0 or where there is no memfd)."""
+    ring = SupervisorRing.make(ring_size)
+    ring_fd = ring.fd if ring is not None else None
+    child_in, to_child = os.pipe()
+    from_child, child_out = os.pipe()
+    widen_pipe(child_out)
+    try:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, stdin=child_in, stdout=child_out,
+                                                    pass_fds=(ring_fd,) if ring_fd is not None else ())
+    except BaseException:
+        os.close(to_child)
+        os.close(from_child)
+        raise
+    finally:
+        os.close(child_in)
+        os.close(child_out)
+        if ring is not None:
+            ring.close_fd()  # the worker has its own; our mapping stays
+    return Launched(proc, to_child, from_child, ring, ring_fd)
+
+
 class WorkerHandle:
     def __init__(self, slot: int, concurrency: int, window: int, held: dict[int, TaskRef],
                  share: int | None = None, wid: int | None = None) -> None:
@@ -142,33 +196,21 @@ class WorkerHandle:
         return cause
 
     async def spawn(self, config: dict[str, Any], on_frame: Callable[[FrameKind, memoryview], None],
-                    pool: BufferPool | None = None, ring_size: int = 0) -> None:
-        """Start ``python -m evalsup.worker`` on two pipes of our own: its frames reach ``on_frame`` as they
-        complete (see PipeReader; large ones in buffers from ``pool``); ``self.stream.closed`` resolves at
-        its EOF. Large results come through a shared-memory ring of ``ring_size`` bytes (see ipc.ring)."""
+                    pool: BufferPool | None = None, ring_size: int = 0, started: Launched | None = None) -> None:
+        """Give ``python -m evalsup.worker`` its settings (starting its process now unless ``started`` is one
+        launched ahead, see ``launch``): its frames reach ``on_frame`` as they complete (see PipeReader; large
+        ones in buffers from ``pool``); ``self.stream.closed`` resolves at its EOF. Large results come through a
+        shared-memory ring of ``ring_size`` bytes (see ipc.ring)."""
         loop = asyncio.get_running_loop()
-        self.ring = SupervisorRing.make(ring_size)
-        fds: tuple[int, ...] = ()
-        if self.ring is not None and self.ring.fd is not None:
-            fds = (self.ring.fd,)
-            config = {**config, "ring_fd": self.ring.fd, "ring_size": self.ring.size}
-        child_in, to_child = os.pipe()
-        from_child, child_out = os.pipe()
-        widen_pipe(child_out)
-        # a --batch-api run's one "worker" is the batch driver: the same frames, the provider's Batch API
-        module = "evalsup.batch" if config.get("batch") else "evalsup.worker"
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", module, stdin=child_in, stdout=child_out, pass_fds=fds)
-        finally:
-            os.close(child_in)
-            os.close(child_out)
-            if self.ring is not None:
-                self.ring.close_fd()  # the worker has its own; our mapping stays
-        self.pid = self.proc.pid
-        self.stream = PipeReader(from_child, on_frame, pool)
+        if started is None:
+            started = await launch(worker_module(config), ring_size)
+        started.taken = True
+        self.ring, self.proc, self.pid = started.ring, started.proc, started.proc.pid
+        if started.ring_fd is not None and self.ring is not None:
+            config = {**config, "ring_fd": started.ring_fd, "ring_size": self.ring.size}
+        self.stream = PipeReader(started.from_child, on_frame, pool)
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
-                                                            os.fdopen(to_child, "wb", 0))
+                                                            os.fdopen(started.to_child, "wb", 0))
         self.out = FrameWriter(asyncio.StreamWriter(transport, protocol, None, loop))
         self.out.send(encode_json(FrameKind.CONFIG, config))
         self.last_beat = time.monotonic()
