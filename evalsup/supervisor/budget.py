@@ -15,7 +15,8 @@ write where its provider may write. Anthropic writes only where the request mark
 (``Price.writes_marked``) is at the write rates only when its line has a ``cache_control`` key (the 1-hour rate
 only with a ``"ttl": "1h"``: ``cache_marks``), until an answer is billed writes its reservation did not allow (a
 gateway marking requests itself): every later prompt at the dearest then (``Learned.unasked_writes``, kept in the
-budget's figures, which a resume reads back from its checkpoint). A model that answered as another (``gpt-4o``
+checkpoint's counters, which every later session reads back, ``unasked_in``, and writes again, a session with no
+cap too). A model that answered as another (``gpt-4o``
 as ``gpt-4o-2024-08-06``) at the dearer of the two once one answer said so (the dearest snapshot when it
 answered as several; a resume learns them from results.jsonl, ``learn``); before any answer of it came back
 (``Learned.seen``), at the dearest of its own price and its snapshots' that a price source names
@@ -62,13 +63,14 @@ from evalsup.tasks.requests import RequestDefaults, simple_body
 from evalsup.tasks.response_schema import schema_of_request
 from evalsup.tasks.tokens import CHARS_PER_TOKEN, DEFAULT_MAX_OUTPUT, PER_MESSAGE, figures, fmt_tokens, fmt_usd
 
-__all__ = ["Amount", "Budget", "Decision", "Learned", "TaskCosts", "Verdict"]
+__all__ = ["Amount", "Budget", "Decision", "Learned", "TaskCosts", "Verdict", "carried", "unasked_in"]
 
 # A re-ask's user turn (worker.reask.REASK_PROMPT) with the validation error in it: its tokens beyond the answer it
 # may quote (the answer itself is counted apart, twice: as the assistant's turn and in the error)
 REASK_TURN = 256
-# the budget's figures (summary.json, the checkpoint) say so once an answer was billed cache writes its request
-# did not ask for: a resume reads it back from the checkpoint (``learn``)
+# the budget's figures (summary.json) and the checkpoint's counters say so once an answer was billed cache writes
+# its request did not ask for: every later session reads it back from the checkpoint (``unasked_in``) and writes
+# it again, with a cap or without, so a session with no cap in between does not make the run forget it
 UNASKED = "unasked_cache_writes"
 
 
@@ -164,6 +166,22 @@ class Learned:
     # an answer was billed cache writes its request did not ask for (a gateway adding marks): every prompt is
     # reserved at the dearest write rate from then on
     unasked_writes: bool = False
+
+
+def carried(learned: Learned) -> dict[str, Any]:
+    """What of ``learned`` a checkpoint's counters carry to the next session, whatever its caps: ``UNASKED`` once
+    an answer was billed cache writes its request did not ask for (``unasked_in`` reads it back)."""
+    return {UNASKED: True} if learned.unasked_writes else {}
+
+
+def unasked_in(counters: Mapping[str, Any] | None) -> bool:
+    """Whether a checkpoint's counters say an answer of the run was billed cache writes its request did not ask
+    for (``Learned.unasked_writes``): their own ``UNASKED`` key, which every session writes once the run knows
+    it, or the budget's figures, where a checkpoint written before that key kept it."""
+    if not isinstance(counters, Mapping):
+        return False
+    figures = counters.get("budget")
+    return counters.get(UNASKED) is True or (isinstance(figures, Mapping) and figures.get(UNASKED) is True)
 
 
 def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
@@ -264,7 +282,7 @@ class Budget:
 
     def __init__(self, caps: Caps, spent: Amount | None = None, unpriced: int = 0,
                  judge_price: Priced | None = None, price_of: Callable[[str | None], Priced | None] | None = None,
-                 first_answer: bool = True) -> None:
+                 first_answer: bool = True, learned: Learned | None = None) -> None:
         self.caps = caps
         self.judge_price = judge_price  # the judge's tokens (--scorer judge) are spent at it
         # the run's prices: an answer whose response names another model than its request's is priced by it
@@ -272,8 +290,9 @@ class Budget:
         self.price_of = price_of
         # what the answers said (a few names a run; bounded all the same): the dearest model each model asked
         # answered as and was billed at, the models whose answer came back, cache writes no request asked for;
-        # ``TaskCosts`` reserves by it, a resume's read-back and checkpoint seed it (``learn``)
-        self.learned = Learned()
+        # ``TaskCosts`` reserves by it, a resume's read-back and checkpoint seed it (``learn``; the arbiter passes
+        # its own, which it keeps with no cap too: the checkpoint carries its ``unasked_writes`` either way)
+        self.learned = learned if learned is not None else Learned()
         # under --max-cost, one task of a model goes until a result of it settles (``first_answer``; not under
         # --batch-api, whose answers take hours): its answer names the snapshot that bills the tasks after it
         self.first_answer = first_answer and caps.cost is not None
@@ -382,7 +401,7 @@ class Budget:
         """What a resume read back from results.jsonl (``rundir.usage.Usage``): the snapshots each model asked
         answered as and was billed at (its tasks reserve at the dearer), and the models that answered (their
         tasks go without waiting for a first answer, reserved at their own price, not their snapshots'); and from
-        its checkpoint (the budget's figures, ``to_json``): that an answer was billed cache writes its request
+        its checkpoint (``unasked_in``): that an answer was billed cache writes its request
         did not ask for (every prompt reserved at the dearest write rate)."""
         for asked, snapshot in (answered_as or {}).items():
             if len(self.answered_as) < MAX_MODELS:

@@ -15,6 +15,7 @@ import pytest
 
 from evalsup.config.caps import Caps
 from evalsup.config.prices import load_prices
+from evalsup.rundir.checkpoint import Checkpoint
 from evalsup.supervisor.budget import (
     UNASKED,
     WRITES_1H,
@@ -25,6 +26,8 @@ from evalsup.supervisor.budget import (
     TaskCosts,
     Verdict,
     cache_marks,
+    carried,
+    unasked_in,
 )
 from evalsup.tasks.requests import RequestDefaults
 from evalsup.worker.client import Outcome
@@ -182,6 +185,40 @@ def test_writes_no_request_asked_for_make_every_later_reservation_dear(tmp_path:
     blind = Budget(Caps(cost=cap), price_of=prices.lookup)
     _session(blind, TaskCosts(RequestDefaults(), prices.lookup, learned=Learned()), task, all_written)
     assert blind.spent_cost > cap
+
+
+def test_a_session_with_no_cap_in_between_keeps_what_the_run_learned(tmp_path: Path) -> None:
+    """A session with a cap learns that a gateway writes what no request marks; the next session has no cap (no
+    budget, nothing reserved): its checkpoint still carries what was learned, so the third, with a cap again,
+    reserves its very first task at the 1-hour write rate. Each checkpoint goes through its file's form, with
+    the counters the arbiter writes (``carried``) and reads back (``unasked_in``)."""
+    prices = _prices(tmp_path)
+    task = _task()
+
+    def checkpoint(counters: dict[str, Any]) -> dict[str, Any]:
+        return Checkpoint.from_json(Checkpoint(fingerprint={}, counters=counters).to_json()).counters
+
+    first = Budget(Caps(cost=1e9), price_of=prices.lookup)
+    costs = TaskCosts(RequestDefaults(), prices.lookup, learned=first.learned)
+    cheap, price, model = costs.worst(task)
+    assert price is not None and cheap.writes == 0
+    assert not unasked_in(checkpoint({"restarts": {}} | carried(first.learned)))
+    first.afford(1, cheap, price, model)
+    written = {"prompt_tokens": cheap.prompt, "completion_tokens": 10, "cache_creation_input_tokens": cheap.prompt}
+    first.settle_result(1, build("t", _outcome(written), 1, 0.0, 1, None, {}, extras=Extras(model=CLAUDE))[1])
+    after_first = checkpoint({"budget": first.to_json()} | carried(first.learned))
+    # the session with no cap: no budget, the arbiter's own Learned restored from the checkpoint and written again
+    between = Learned(unasked_writes=unasked_in(after_first))
+    after_between = checkpoint({"restarts": {}} | carried(between))
+    assert "budget" not in after_between
+    third = Budget(Caps(cost=1e9), price_of=prices.lookup,
+                   learned=Learned(unasked_writes=unasked_in(after_between)))
+    dear = TaskCosts(RequestDefaults(), prices.lookup, learned=third.learned).worst(task)[0]
+    assert dear.writes == WRITES_1H
+    assert dear.cost == pytest.approx(price.cost(dear.prompt, dear.completion, written_tokens=dear.prompt,
+                                                 written_1h_tokens=dear.prompt))
+    # a checkpoint written before the counters had their own key kept it in the budget's figures only
+    assert unasked_in({"budget": {UNASKED: True}}) and not unasked_in({"budget": None}) and not unasked_in({})
 
 
 def test_before_a_first_answer_a_model_is_reserved_at_its_dearest_snapshot(tmp_path: Path) -> None:
