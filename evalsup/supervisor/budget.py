@@ -9,7 +9,8 @@ A task reserves everything it may cost before it is sent (``TaskCosts.worst``): 
 tasks.tokens, and max_tokens a choice, the model's largest answer without one), a hedge's second copy of it
 (--hedge), the answers asked again for a JSON schema (at most --max-reasks, each with the conversation so far),
 and the judge's call (--scorer judge: the template, the task's prompt and answer, the judge's max_tokens, at the
-judge's price); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
+judge's price; a Claude judge's prompt at its input rate, as evalsup's own request marks no cache, unless the run
+learned unasked writes); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
 standard ones; every prompt token at the dearest rate it may be billed at: input, or a 5-minute or a 1-hour cache
 write where its provider may write. Anthropic writes only where the request marks it, so a Claude model's prompt
 (``Price.writes_marked``) is at the write rates only when its line has a ``cache_control`` key (the 1-hour rate
@@ -184,9 +185,10 @@ def unasked_in(counters: Mapping[str, Any] | None) -> bool:
     return counters.get(UNASKED) is True or (isinstance(figures, Mapping) and figures.get(UNASKED) is True)
 
 
-def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
-    """These tokens at their most at ``price`` (``most``); cost None without a price."""
-    return Amount(prompt, completion, None if price is None else most(price, prompt, completion))
+def priced(prompt: int, completion: int, price: Priced | None, writes: int = WRITES_1H) -> Amount:
+    """These tokens at their most at ``price`` with the cache writes ``writes`` allows (``most``); cost None without
+    a price. The amount's own ``writes`` stays the widest: what it allows is said by the task's request alone."""
+    return Amount(prompt, completion, None if price is None else most(price, prompt, completion, writes))
 
 
 class TaskCosts:
@@ -248,7 +250,12 @@ class TaskCosts:
             expected = obj.get("expected")
             jp = self.judge_template_tokens + 2 * p + 2 * c + \
                 (len(str(expected)) // CHARS_PER_TOKEN + 1 if expected is not None else 0)
-            a = a + priced(jp, self.judge_completion, self.judge_price)
+            judge = self.judge_price
+            # evalsup builds the judge's request itself (worker.judge: one user message) and marks no cache in it:
+            # a Claude judge is reserved at the input rate until a gateway was seen writing what no one marked
+            jw = NO_WRITES if judge is not None and judge.writes_marked and not self.learned.unasked_writes \
+                else WRITES_1H
+            a = a + priced(jp, self.judge_completion, judge, jw)
         return a, price, f.model
 
     def _billed_as(self, model: str | None, price: Priced) -> tuple[Priced, ...]:

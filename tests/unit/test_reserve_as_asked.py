@@ -221,6 +221,38 @@ def test_a_session_with_no_cap_in_between_keeps_what_the_run_learned(tmp_path: P
     assert unasked_in({"budget": {UNASKED: True}}) and not unasked_in({"budget": None}) and not unasked_in({})
 
 
+def test_a_claude_judge_is_reserved_at_its_input_rate_until_unasked_writes_are_seen(tmp_path: Path) -> None:
+    """--scorer judge with a Claude judge: evalsup's own judge request marks no cache, so its call is reserved at
+    the judge's input rate whatever the task's request marks; once the run learned that a gateway writes what no
+    one marked, at the judge's 1-hour write rate. A judge of another provider stays at its dearest."""
+    prices = _prices(tmp_path, **{"other-judge": {"input": 3.0, "output": 15.0, "cache_write": 6.0}})
+    judge = prices.lookup(CLAUDE)
+    assert judge is not None and judge.writes_marked
+    for mark in (None, {"type": "ephemeral", "ttl": "1h"}):
+        for task in (_task(mark, "plain"), _task(mark)):
+            learned = Learned()
+            alone = TaskCosts(RequestDefaults(), prices.lookup, learned=learned)
+            judged = TaskCosts(RequestDefaults(), prices.lookup, learned=learned, judge=True, judge_price=judge,
+                               judge_max_tokens=200)
+            for unasked in (False, True):
+                learned.unasked_writes = unasked
+                a, j = alone.worst(task)[0], judged.worst(task)[0]
+                assert a.cost is not None and j.cost is not None and j.writes == a.writes
+                jp, jc = j.prompt - a.prompt, j.completion - a.completion
+                assert jp > 0 and jc == 200
+                want = judge.cost(jp, jc, written_tokens=jp, written_1h_tokens=jp) if unasked else judge.cost(jp, jc)
+                assert j.cost - a.cost == pytest.approx(want), (mark, task["body"]["model"], unasked)
+    other = prices.lookup("other-judge")
+    assert other is not None and not other.writes_marked
+    task = _task(None, "plain")
+    a = TaskCosts(RequestDefaults(), prices.lookup).worst(task)[0]
+    j = TaskCosts(RequestDefaults(), prices.lookup, judge=True, judge_price=other, judge_max_tokens=200).worst(task)[0]
+    assert a.cost is not None and j.cost is not None
+    jp = j.prompt - a.prompt
+    assert j.cost - a.cost == pytest.approx(other.cost(jp, 200, written_tokens=jp))  # (its writes: no mark needed)
+    assert j.cost - a.cost > other.cost(jp, 200)
+
+
 def test_before_a_first_answer_a_model_is_reserved_at_its_dearest_snapshot(tmp_path: Path) -> None:
     """``m`` and its dated snapshot ``m-2025-01-01`` at twice its rates: until an answer of ``m`` comes back, its
     tasks reserve at the snapshot's price (not another model's: ``m-mini`` is not a snapshot); after, at the
