@@ -91,6 +91,44 @@ def test_where_a_mark_may_sit_and_what_is_not_one() -> None:
                                                                                    "type": "ephemeral"}}]}) == 2
     # the words in a prompt are not a mark (a quote inside a JSON string is escaped)
     assert marks({"messages": [{"role": "user", "content": 'what does "cache_control" do? "ttl": "1h"'}]}) == 0
+    # Bedrock Converse's cache mark: a cachePoint block in system, tools (toolConfig) or a message's content, its
+    # ttl "5m" (its default) or "1h"
+    point = {"cachePoint": {"type": "default"}}
+    assert marks({"system": [{"text": "s"}, point]}) == WRITES_5M
+    assert marks({"toolConfig": {"tools": [{"toolSpec": {"name": "f"}}, {"cachePoint": {"type": "default",
+                                                                                       "ttl": "5m"}}]}}) == 1
+    assert marks({"messages": [{"role": "user", "content": [{"text": "q"}, {"cachePoint": {
+        "type": "default", "ttl": "1h"}}]}]}) == WRITES_1H
+    assert marks({"messages": [{"role": "user", "content": 'a "cachePoint" block, "ttl": "1h"'}]}) == 0
+    assert marks({"messages": [{"role": "user", "content": [{"text": "q"}, {"cachepoint": {}}]}]}) == 0
+
+
+def test_a_claude_task_with_a_bedrock_cache_point_is_reserved_at_its_write_rate(tmp_path: Path) -> None:
+    """A Claude task whose request holds a Bedrock ``cachePoint`` block is reserved at the 5-minute write rate, at
+    the 1-hour one when the block asks ``"ttl": "1h"``, however its line spells the key (\\u escapes); with none,
+    at the input rate."""
+    prices = _prices(tmp_path)
+    price = prices.lookup(CLAUDE)
+    assert price is not None and price.writes_marked
+    costs = TaskCosts(RequestDefaults(), prices.lookup)
+
+    def task(point: dict[str, Any] | None) -> dict[str, Any]:
+        t = _task()
+        if point is not None:
+            t["body"]["messages"][0]["content"].append({"cachePoint": point})
+        return t
+
+    plain, five, hour = (costs.worst(task(p))[0] for p in (None, {"type": "default"}, {"type": "default",
+                                                                                       "ttl": "1h"}))
+    p, c = plain.prompt, plain.completion
+    assert (five.prompt, hour.prompt) == (p, p) and plain.writes == 0
+    assert plain.cost == pytest.approx(price.cost(p, c))
+    assert five.cost == pytest.approx(price.cost(p, c, written_tokens=p)) and five.writes == WRITES_5M
+    assert hour.cost == pytest.approx(price.cost(p, c, written_tokens=p, written_1h_tokens=p))
+    assert hour.writes == WRITES_1H
+    escaped = orjson.dumps(task({"type": "default", "ttl": "1h"})).replace(b'"cachePoint"', b'"cache\\u0050oint"')
+    assert b"cachePoint" not in escaped
+    assert costs.worst(json.loads(escaped))[0] == hour
 
 
 def _session(b: Budget, costs: TaskCosts, task: dict[str, Any], usage: dict[str, Any] | None = None,
