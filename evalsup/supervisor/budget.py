@@ -57,7 +57,7 @@ from typing import Any, Protocol
 import orjson
 
 from evalsup.config.caps import Caps
-from evalsup.rundir.usage import MAX_MODELS, answer_cost, billed_price, note_snapshot
+from evalsup.rundir.usage import MAX_MODELS, answer_cost, billed_price, keep, note_snapshot
 from evalsup.scoring.judge import DEFAULT_TEMPLATE
 from evalsup.tasks.billed import NOTHING, Billed, count, tier_of
 from evalsup.tasks.requests import RequestDefaults, simple_body
@@ -283,8 +283,7 @@ class TaskCosts:
                 if q is not None and q != price and q not in out:
                     out.append(q)
             got = (price, *out)
-            if len(self._before_answer) < MAX_MODELS:
-                self._before_answer[model] = got
+            keep(self._before_answer, model, got)
         return got
 
 
@@ -415,13 +414,10 @@ class Budget:
         its checkpoint (``unasked_in``): that an answer was billed cache writes its request
         did not ask for (every prompt reserved at the dearest write rate)."""
         for asked, snapshot in (answered_as or {}).items():
-            if len(self.answered_as) < MAX_MODELS:
-                self.answered_as[asked] = snapshot
+            keep(self.answered_as, asked, snapshot)
         for model in answered:
-            if len(self.answered) < MAX_MODELS:
-                self.answered.add(model)
-            if len(self.learned.seen) < MAX_MODELS:
-                self.learned.seen.add(model)
+            keep(self.answered, model)
+            keep(self.learned.seen, model)
         self.learned.unasked_writes = self.learned.unasked_writes or unasked_writes
 
     def _unreserve(self, a: Amount) -> None:
@@ -442,8 +438,7 @@ class Budget:
             self._unreserve(got[0])
             if asked is not None:
                 self._first_out.pop(asked, None)
-                if len(self.answered) < MAX_MODELS:
-                    self.answered.add(asked)
+                keep(self.answered, asked)
             if answered is not None and self.price_of is not None and answered != asked:
                 used = billed_price(self.price_of, answered, asked)
                 if used is not None and used != price:  # priced as the snapshot: its model's next tasks reserve
@@ -513,9 +508,9 @@ class Budget:
         whether it was billed cache writes its reservation did not allow (cw at all, w1 beyond the 5-minute
         kind): then a gateway marks requests itself, and every later prompt is reserved at the dearest rate."""
         learned = self.learned
-        if asked is not None and asked not in learned.seen and len(learned.seen) < MAX_MODELS and \
+        if asked is not None and asked not in learned.seen and \
                 (count(meta.get("pt")) or count(meta.get("ct")) or meta.get("md")):
-            learned.seen.add(asked)
+            keep(learned.seen, asked)
         if not learned.unasked_writes and worst.writes < WRITES_1H and \
                 (count(meta.get("w1")) or (worst.writes < WRITES_5M and count(meta.get("cw")))):
             learned.unasked_writes = True
