@@ -73,7 +73,8 @@ class Price:
     # another source knows (``rundir.usage.billed_price``: what the user says they pay wins)
     given: bool = field(default=False, compare=False)
     # Anthropic's (a Claude model, wherever served): its provider writes the prompt cache only where a request
-    # marks it (``cache_control``), so a request with no mark is never billed a write (``supervisor.budget``)
+    # marks it (``cache_control``; Bedrock's ``cachePoint``), so a request with no mark is never billed a write
+    # (``supervisor.budget``)
     writes_marked: bool = field(default=False, compare=False)
 
     def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0.0,

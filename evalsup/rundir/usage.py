@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 import orjson
 
@@ -40,9 +40,31 @@ from evalsup.rundir.results_file import iter_records
 from evalsup.tasks.billed import NOTHING, Billed, billed, by_batch, count, tier_of
 from evalsup.tasks.tokens import fmt_usd
 
-__all__ = ["Usage", "answer_cost", "billed_price", "note_snapshot", "usage_of_results"]
+__all__ = ["Usage", "answer_cost", "billed_price", "keep", "note_snapshot", "usage_of_results"]
 
 MAX_MODELS = 1_000  # models asked a run keeps by name (answered_as, answered): a few a run; bounded all the same
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+@overload
+def keep(kept: set[K], name: K) -> None: ...
+
+
+@overload
+def keep(kept: dict[K, V], name: K, value: V) -> None: ...
+
+
+def keep(kept: set[Any] | dict[Any, Any], name: Any, value: Any = None) -> None:
+    """Add ``name`` to ``kept`` (with ``value``, to a dict) while it holds fewer than MAX_MODELS names: what a run
+    keeps by model name stays bounded, and once full it changes no more (a name a full dict holds keeps its
+    value)."""
+    if len(kept) < MAX_MODELS:
+        if isinstance(kept, set):
+            kept.add(name)
+        else:
+            kept[name] = value
 
 
 class Priced(Protocol):
@@ -214,8 +236,7 @@ def usage_of_results(path: Path, price_of: Callable[[str | None], Priced | None]
         price = billed_price(price_of, model, asked) if paid or reasks != NOTHING or isinstance(usage, dict) \
             else None
         if isinstance(usage, dict) and asked:  # what the budget learns as it settles the same answer
-            if len(u.answered) < MAX_MODELS:
-                u.answered.add(asked)
+            keep(u.answered, asked)
             if model and model != asked and price is not None and price != price_of(asked):
                 note_snapshot(u.answered_as, asked, model, price_of, copies * spent.prompt + reasks.prompt,
                               copies * spent.completion + reasks.completion)

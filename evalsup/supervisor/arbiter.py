@@ -61,7 +61,7 @@ from evalsup.scoring.selection import check as check_scorers
 from evalsup.supervisor.after_exit import after_exit
 from evalsup.supervisor.after_result import after_result
 from evalsup.supervisor.breaker import PAUSED_PROBE_S
-from evalsup.supervisor.budget import UNASKED, Amount, Budget, TaskCosts, Verdict
+from evalsup.supervisor.budget import Amount, Budget, Learned, TaskCosts, Verdict, carried, unasked_in
 from evalsup.supervisor.ceiling import Ceiling
 from evalsup.supervisor.check import CheckFailed, check_endpoints
 from evalsup.supervisor.endpoints import Endpoints
@@ -159,6 +159,9 @@ class Supervisor:
         self.defaults = RequestDefaults(model=cfg.worker.model, max_tokens=cfg.worker.max_tokens)
         self.budget: Budget | None = None  # the caps' room (supervisor.budget); dispatch asks it through _afford
         self.costs: TaskCosts | None = None  # what a task may cost, all of it, when a cap is given
+        # what the run's answers taught the reservations (the budget's, when a cap is given); kept with no cap too,
+        # so the checkpoint carries what an earlier session learned to the next one (``budget.unasked_in``)
+        self.learned = Learned()
         self.stop_reason: str | None = None  # "budget" when a cap stopped the run (summary.json's exit_reason)
         self._start_notes: list[str] = []  # the estimate and the budget, said once the checks have passed
         self._first: tuple[dict[str, Any] | None, int | None] = (None, None)  # the start line's estimate, hits
@@ -238,7 +241,7 @@ class Supervisor:
             raise RunRefused(verdict.say, ex.BAD_INPUT)
         if verdict.say:
             self.log(verdict.say, "warning")  # bad lines skipped: --quiet says it too (results will lack them)
-        await self._start_budget(tally, cp is not None, hits, cp.counters.get("budget") if cp is not None else None)
+        await self._start_budget(tally, cp is not None, hits)
         self._scanned = (start, scan.index)
         if cfg.shard is None and not scan.stopped:  # every non-blank line counted: the total, exact (issue 44)
             self._scan_total = (cp.index if cp is not None else 0) + scan.tasks + scan.invalid
@@ -275,12 +278,12 @@ class Supervisor:
                     look.offer(Pending(f, model_max, request_key(keys, obj, defaults)[0]))
         return each
 
-    async def _start_budget(self, tally: Tally, resumed: bool, hits: int | None = None,
-                            before: Any = None) -> None:
+    async def _start_budget(self, tally: Tally, resumed: bool, hits: int | None = None) -> None:
         """The estimate's line (not under --quiet); --max-cost with a model that has no price is refused here,
         before any request; with a cap, the budget starts from what results.jsonl says was spent (right after
-        any kill: the results file is the source of truth), and what the checkpoint's budget figures (``before``)
-        say the last session learned beyond it (cache writes no request asked for)."""
+        any kill: the results file is the source of truth); what the checkpoint says an earlier session learned
+        beyond it (cache writes no request asked for) is ``self.learned``'s, which ``_open`` restores and the
+        budget shares."""
         cfg = self.cfg
         if tally.requests and cfg.caps.cost is not None:
             unpriced = [m for m in tally.models if self.prices.lookup(m if m != "(no model)" else None) is None]
@@ -329,10 +332,9 @@ class Supervisor:
         if cfg.caps.any:
             # under --batch-api a first answer takes hours: its tasks do not wait for one (docs/paid-apis.md)
             self.budget = Budget(cfg.caps, spent, unpriced_results, judge_price, self.prices.lookup,
-                                 first_answer=w.batch is None)
+                                 first_answer=w.batch is None, learned=self.learned)
             if read_back is not None:  # the snapshots the models answered as, so far: reserved at from the start
                 self.budget.learn(read_back.answered_as, read_back.answered)
-            self.budget.learn(unasked_writes=isinstance(before, dict) and before.get(UNASKED) is True)
             await asyncio.to_thread(self.prices.snapshots, w.model)  # (the names' index, built once: not on the loop)
             self.costs = TaskCosts(self.defaults, self.prices.lookup, hedge=w.hedge, max_reasks=w.max_reasks,
                                    run_schema=w.response_schema is not None, validate_schema=w.validate_schema,
@@ -376,6 +378,8 @@ class Supervisor:
         self.stats.failed = cp.failed + state.failed_after
         self.stats.invalid = cp.invalid
         self.stats.restore(cp.counters)
+        if unasked_in(cp.counters):  # an earlier session's answer was billed writes no request asked for
+            self.learned.unasked_writes = True  # (before any dispatch: the budget's reservations read it)
         self.ledger.restore(cp.outstanding, state.done_after)
 
     # ----- verbs: the only code that spawns, kills, sends frames, holds pipes or writes the journal -----
@@ -551,10 +555,12 @@ class Supervisor:
             self.cache.committed(cp.results_len)
 
     def _counters(self) -> dict[str, Any]:
-        """The checkpoint's counters: the stats', and the budget's figures (evalsup status shows them)."""
+        """The checkpoint's counters: the stats', the budget's figures (evalsup status shows them), and what the
+        run learned that every later session must know, with a cap or without (``budget.carried``)."""
         out = self.stats.counters()
         if self.budget is not None:
             out["budget"] = self.budget.to_json(self._left())
+        out |= carried(self.learned)
         if self.cache is not None:  # --cache: this session's hits and misses (evalsup status)
             out["cache"] = {"hits": self.stats.cache_hits, "misses": self.stats.cache_misses}
         return out

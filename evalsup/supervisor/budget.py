@@ -7,16 +7,18 @@ back unanswered releases its reservation (``release``). No I/O, no clock.
 
 A task reserves everything it may cost before it is sent (``TaskCosts.worst``): its request (its prompt ≈ chars/4,
 tasks.tokens, and max_tokens a choice, the model's largest answer without one), a hedge's second copy of it
-(--hedge), the answers asked again for a JSON schema (at most --max-reasks, each with the conversation so far),
-and the judge's call (--scorer judge: the template, the task's prompt and answer, the judge's max_tokens, at the
-judge's price); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
+(--hedge), the answers asked again for a JSON schema (at most --max-reasks, each with the conversation so far), and
+the judge's call (--scorer judge: the template, the task's prompt and answer, the judge's max_tokens, at the judge's
+price; a Claude judge's prompt at its input rate, as evalsup's own request marks no cache, unless the run learned
+unasked writes); a request that asks for a service tier is reserved at the dearer of its tier's rates and the
 standard ones; every prompt token at the dearest rate it may be billed at: input, or a 5-minute or a 1-hour cache
 write where its provider may write. Anthropic writes only where the request marks it, so a Claude model's prompt
-(``Price.writes_marked``) is at the write rates only when its line has a ``cache_control`` key (the 1-hour rate
-only with a ``"ttl": "1h"``: ``cache_marks``), until an answer is billed writes its reservation did not allow (a
-gateway marking requests itself): every later prompt at the dearest then (``Learned.unasked_writes``, kept in the
-budget's figures, which a resume reads back from its checkpoint). A model that answered as another (``gpt-4o``
-as ``gpt-4o-2024-08-06``) at the dearer of the two once one answer said so (the dearest snapshot when it
+(``Price.writes_marked``) is at the write rates only when its line has a ``cache_control`` key or a Bedrock
+``cachePoint`` block (the 1-hour rate only with a ``"ttl": "1h"``: ``cache_marks``), until an answer is billed
+writes its reservation did not allow (a gateway marking requests itself): every later prompt at the dearest then
+(``Learned.unasked_writes``, kept in the checkpoint's counters, which every later session reads back,
+``unasked_in``, and writes again, a session with no cap too). A model that answered as another (``gpt-4o`` as
+``gpt-4o-2024-08-06``) at the dearer of the two once one answer said so (the dearest snapshot when it
 answered as several; a resume learns them from results.jsonl, ``learn``); before any answer of it came back
 (``Learned.seen``), at the dearest of its own price and its snapshots' that a price source names
 (``config.prices.PriceTable.snapshots``). That rule is what keeps a --batch-api run's first batch within the cap
@@ -55,27 +57,31 @@ from typing import Any, Protocol
 import orjson
 
 from evalsup.config.caps import Caps
-from evalsup.rundir.usage import MAX_MODELS, answer_cost, billed_price, note_snapshot
+from evalsup.rundir.usage import MAX_MODELS, answer_cost, billed_price, keep, note_snapshot
 from evalsup.scoring.judge import DEFAULT_TEMPLATE
 from evalsup.tasks.billed import NOTHING, Billed, count, tier_of
 from evalsup.tasks.requests import RequestDefaults, simple_body
 from evalsup.tasks.response_schema import schema_of_request
 from evalsup.tasks.tokens import CHARS_PER_TOKEN, DEFAULT_MAX_OUTPUT, PER_MESSAGE, figures, fmt_tokens, fmt_usd
 
-__all__ = ["Amount", "Budget", "Decision", "Learned", "TaskCosts", "Verdict"]
+__all__ = ["Amount", "Budget", "Decision", "Learned", "TaskCosts", "Verdict", "carried", "unasked_in"]
 
 # A re-ask's user turn (worker.reask.REASK_PROMPT) with the validation error in it: its tokens beyond the answer it
 # may quote (the answer itself is counted apart, twice: as the assistant's turn and in the error)
 REASK_TURN = 256
-# the budget's figures (summary.json, the checkpoint) say so once an answer was billed cache writes its request
-# did not ask for: a resume reads it back from the checkpoint (``learn``)
+# the budget's figures (summary.json) and the checkpoint's counters say so once an answer was billed cache writes
+# its request did not ask for: every later session reads it back from the checkpoint (``unasked_in``) and writes
+# it again, with a cap or without, so a session with no cap in between does not make the run forget it
 UNASKED = "unasked_cache_writes"
 
 
 # the cache writes a reservation allows every prompt token to be billed as (``most``): none (the input rate),
 # the 5-minute kind (Anthropic's 1.25x), the 1-hour kind too (2x)
 NO_WRITES, WRITES_5M, WRITES_1H = 0, 1, 2
-_MARK = b'"cache_control"'  # a key in JSON text (or a string ending in it: a dearer reservation, never a cheaper one)
+# a mark's key in JSON text: Anthropic's ``cache_control`` or Bedrock Converse's ``cachePoint`` block (or a string
+# that is one of them: a dearer reservation, never a cheaper one); one regex scan: 1.4-1.5 us on a 5 KB task, where
+# the one ``in`` of ``cache_control`` took 1.0-1.4 and an ``in`` for each key takes 2.4-3.4
+_MARK = re.compile(rb'"cache(?:_control|Point)"')
 _HOUR = re.compile(rb'"ttl"\s*:\s*"1h"')
 
 
@@ -142,11 +148,12 @@ def most(price: Priced, prompt: int, completion: int, writes: int = WRITES_1H) -
 
 def cache_marks(text: bytes) -> int:
     """The cache writes a request may cause at a provider that writes only where a request marks it (Anthropic's
-    ``cache_control``, anywhere in the body: system, tools, a message, a content block), read from its JSON text
-    (a bytes search, no parse): ``WRITES_1H`` when a mark asks a ``"ttl": "1h"``, ``WRITES_5M`` for any other
-    mark, else ``NO_WRITES``. A key elsewhere in a task's line (a simple line's metadata) counts too: never
-    cheaper than the request."""
-    if _MARK not in text:
+    ``cache_control``, anywhere in the body: system, tools, a message, a content block; or Bedrock Converse's
+    ``{"cachePoint": {"type": "default"}}`` block in system, tools or a message's content), read from its JSON text
+    (a bytes search, no parse): ``WRITES_1H`` when a mark asks a ``"ttl": "1h"`` (either provider's spelling,
+    Bedrock's ``ttl`` being "5m" or "1h"), ``WRITES_5M`` for any other mark, else ``NO_WRITES``. A key elsewhere
+    in a task's line (a simple line's metadata) counts too: never cheaper than the request."""
+    if _MARK.search(text) is None:
         return NO_WRITES
     return WRITES_1H if _HOUR.search(text) is not None else WRITES_5M
 
@@ -166,9 +173,26 @@ class Learned:
     unasked_writes: bool = False
 
 
-def priced(prompt: int, completion: int, price: Priced | None) -> Amount:
-    """These tokens at their most at ``price`` (``most``); cost None without a price."""
-    return Amount(prompt, completion, None if price is None else most(price, prompt, completion))
+def carried(learned: Learned) -> dict[str, Any]:
+    """What of ``learned`` a checkpoint's counters carry to the next session, whatever its caps: ``UNASKED`` once
+    an answer was billed cache writes its request did not ask for (``unasked_in`` reads it back)."""
+    return {UNASKED: True} if learned.unasked_writes else {}
+
+
+def unasked_in(counters: Mapping[str, Any] | None) -> bool:
+    """Whether a checkpoint's counters say an answer of the run was billed cache writes its request did not ask
+    for (``Learned.unasked_writes``): their own ``UNASKED`` key, which every session writes once the run knows
+    it, or the budget's figures, where a checkpoint written before that key kept it."""
+    if not isinstance(counters, Mapping):
+        return False
+    figures = counters.get("budget")
+    return counters.get(UNASKED) is True or (isinstance(figures, Mapping) and figures.get(UNASKED) is True)
+
+
+def priced(prompt: int, completion: int, price: Priced | None, writes: int = WRITES_1H) -> Amount:
+    """These tokens at their most at ``price`` with the cache writes ``writes`` allows (``most``); cost None without
+    a price. The amount's own ``writes`` stays the widest: what it allows is said by the task's request alone."""
+    return Amount(prompt, completion, None if price is None else most(price, prompt, completion, writes))
 
 
 class TaskCosts:
@@ -230,7 +254,12 @@ class TaskCosts:
             expected = obj.get("expected")
             jp = self.judge_template_tokens + 2 * p + 2 * c + \
                 (len(str(expected)) // CHARS_PER_TOKEN + 1 if expected is not None else 0)
-            a = a + priced(jp, self.judge_completion, self.judge_price)
+            judge = self.judge_price
+            # evalsup builds the judge's request itself (worker.judge: one user message) and marks no cache in it:
+            # a Claude judge is reserved at the input rate until a gateway was seen writing what no one marked
+            jw = NO_WRITES if judge is not None and judge.writes_marked and not self.learned.unasked_writes \
+                else WRITES_1H
+            a = a + priced(jp, self.judge_completion, judge, jw)
         return a, price, f.model
 
     def _billed_as(self, model: str | None, price: Priced) -> tuple[Priced, ...]:
@@ -254,8 +283,7 @@ class TaskCosts:
                 if q is not None and q != price and q not in out:
                     out.append(q)
             got = (price, *out)
-            if len(self._before_answer) < MAX_MODELS:
-                self._before_answer[model] = got
+            keep(self._before_answer, model, got)
         return got
 
 
@@ -264,7 +292,7 @@ class Budget:
 
     def __init__(self, caps: Caps, spent: Amount | None = None, unpriced: int = 0,
                  judge_price: Priced | None = None, price_of: Callable[[str | None], Priced | None] | None = None,
-                 first_answer: bool = True) -> None:
+                 first_answer: bool = True, learned: Learned | None = None) -> None:
         self.caps = caps
         self.judge_price = judge_price  # the judge's tokens (--scorer judge) are spent at it
         # the run's prices: an answer whose response names another model than its request's is priced by it
@@ -272,8 +300,9 @@ class Budget:
         self.price_of = price_of
         # what the answers said (a few names a run; bounded all the same): the dearest model each model asked
         # answered as and was billed at, the models whose answer came back, cache writes no request asked for;
-        # ``TaskCosts`` reserves by it, a resume's read-back and checkpoint seed it (``learn``)
-        self.learned = Learned()
+        # ``TaskCosts`` reserves by it, a resume's read-back and checkpoint seed it (``learn``; the arbiter passes
+        # its own, which it keeps with no cap too: the checkpoint carries its ``unasked_writes`` either way)
+        self.learned = learned if learned is not None else Learned()
         # under --max-cost, one task of a model goes until a result of it settles (``first_answer``; not under
         # --batch-api, whose answers take hours): its answer names the snapshot that bills the tasks after it
         self.first_answer = first_answer and caps.cost is not None
@@ -382,16 +411,13 @@ class Budget:
         """What a resume read back from results.jsonl (``rundir.usage.Usage``): the snapshots each model asked
         answered as and was billed at (its tasks reserve at the dearer), and the models that answered (their
         tasks go without waiting for a first answer, reserved at their own price, not their snapshots'); and from
-        its checkpoint (the budget's figures, ``to_json``): that an answer was billed cache writes its request
+        its checkpoint (``unasked_in``): that an answer was billed cache writes its request
         did not ask for (every prompt reserved at the dearest write rate)."""
         for asked, snapshot in (answered_as or {}).items():
-            if len(self.answered_as) < MAX_MODELS:
-                self.answered_as[asked] = snapshot
+            keep(self.answered_as, asked, snapshot)
         for model in answered:
-            if len(self.answered) < MAX_MODELS:
-                self.answered.add(model)
-            if len(self.learned.seen) < MAX_MODELS:
-                self.learned.seen.add(model)
+            keep(self.answered, model)
+            keep(self.learned.seen, model)
         self.learned.unasked_writes = self.learned.unasked_writes or unasked_writes
 
     def _unreserve(self, a: Amount) -> None:
@@ -412,8 +438,7 @@ class Budget:
             self._unreserve(got[0])
             if asked is not None:
                 self._first_out.pop(asked, None)
-                if len(self.answered) < MAX_MODELS:
-                    self.answered.add(asked)
+                keep(self.answered, asked)
             if answered is not None and self.price_of is not None and answered != asked:
                 used = billed_price(self.price_of, answered, asked)
                 if used is not None and used != price:  # priced as the snapshot: its model's next tasks reserve
@@ -483,9 +508,9 @@ class Budget:
         whether it was billed cache writes its reservation did not allow (cw at all, w1 beyond the 5-minute
         kind): then a gateway marks requests itself, and every later prompt is reserved at the dearest rate."""
         learned = self.learned
-        if asked is not None and asked not in learned.seen and len(learned.seen) < MAX_MODELS and \
+        if asked is not None and asked not in learned.seen and \
                 (count(meta.get("pt")) or count(meta.get("ct")) or meta.get("md")):
-            learned.seen.add(asked)
+            keep(learned.seen, asked)
         if not learned.unasked_writes and worst.writes < WRITES_1H and \
                 (count(meta.get("w1")) or (worst.writes < WRITES_5M and count(meta.get("cw")))):
             learned.unasked_writes = True

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from evalsup.config.prices import load_prices
 from evalsup.mock.server import MockConfig, MockThread
+from evalsup.rundir.checkpoint import load_checkpoint
 from tests.harness import lines, run_cli, summary
 
 MODEL = "claude-mock"  # (a name with "claude": Anthropic's cache-write rates, 1.25x and 2x its input's)
@@ -45,3 +46,38 @@ def test_writes_no_request_asked_for_keep_the_bill_within_the_cap_and_after_a_re
         assert again.returncode == 75, again.stderr
         assert 9.0 < bill(mock) <= 10.0, bill(mock)
         assert summary(run_dir)["budget"]["unasked_cache_writes"] is True
+
+
+def test_a_session_with_no_cap_in_between_does_not_forget_the_writes_no_request_asked_for(tmp_path: Path) -> None:
+    """The session with --max-cost learns that every prompt is written to the cache unasked; the next one has no
+    cap and answers the rest; the input grows, and a third session with a cap reserves its first tasks at the
+    1-hour write rate: the bill of its answers stays within the $4 its cap left ($3.74; without the flag carried
+    through the no-cap session its first tasks, reserved at the input rate, were billed $4.57)."""
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({MODEL: {"input": 1000.0, "output": 100.0}}))
+    price = load_prices(prices, maintained=False).lookup(MODEL)
+    assert price is not None and price.writes_marked
+    objs = [{"id": f"t{i}", "messages": [{"role": "user", "content": f"Question {i}: " + "tell me more " * 100}]}
+            for i in range(60)]
+    tasks = lines(tmp_path / "t.jsonl", objs[:30])
+    run_dir = tmp_path / "t.run"
+
+    def bill(mock: MockThread) -> float:
+        b = mock.stats()["billed"][MODEL]
+        return price.cost(b["prompt_tokens"], b["completion_tokens"], written_tokens=b["prompt_tokens"])
+
+    with MockThread(MockConfig(latency_ms=5, seed=5, models=(MODEL,), written=1.0, bill=True)) as mock:
+        args = ["run", "--model", MODEL, "--base-url", mock.url, "--max-tokens", "20", "-c", "16", "--prices",
+                str(prices), str(tasks)]
+        first = run_cli(*args, "--max-cost", "2")
+        assert first.returncode == 75, first.stderr
+        assert summary(run_dir)["budget"]["unasked_cache_writes"] is True
+        between = run_cli(*args)
+        assert between.returncode == 0, between.stderr
+        cp = load_checkpoint(run_dir)
+        assert cp is not None and "budget" not in cp.counters and cp.counters["unasked_cache_writes"] is True
+        lines(tasks, objs)  # the input grows: the same run, extended
+        before = bill(mock)
+        third = run_cli(*args, "--max-cost", f"{before + 4:.6f}")
+        assert third.returncode == 75, third.stderr
+        assert 3.0 < bill(mock) - before <= 4.0 + 1e-9, bill(mock) - before

@@ -15,6 +15,7 @@ import pytest
 
 from evalsup.config.caps import Caps
 from evalsup.config.prices import load_prices
+from evalsup.rundir.checkpoint import Checkpoint
 from evalsup.supervisor.budget import (
     UNASKED,
     WRITES_1H,
@@ -25,6 +26,8 @@ from evalsup.supervisor.budget import (
     TaskCosts,
     Verdict,
     cache_marks,
+    carried,
+    unasked_in,
 )
 from evalsup.tasks.requests import RequestDefaults
 from evalsup.worker.client import Outcome
@@ -88,6 +91,44 @@ def test_where_a_mark_may_sit_and_what_is_not_one() -> None:
                                                                                    "type": "ephemeral"}}]}) == 2
     # the words in a prompt are not a mark (a quote inside a JSON string is escaped)
     assert marks({"messages": [{"role": "user", "content": 'what does "cache_control" do? "ttl": "1h"'}]}) == 0
+    # Bedrock Converse's cache mark: a cachePoint block in system, tools (toolConfig) or a message's content, its
+    # ttl "5m" (its default) or "1h"
+    point = {"cachePoint": {"type": "default"}}
+    assert marks({"system": [{"text": "s"}, point]}) == WRITES_5M
+    assert marks({"toolConfig": {"tools": [{"toolSpec": {"name": "f"}}, {"cachePoint": {"type": "default",
+                                                                                       "ttl": "5m"}}]}}) == 1
+    assert marks({"messages": [{"role": "user", "content": [{"text": "q"}, {"cachePoint": {
+        "type": "default", "ttl": "1h"}}]}]}) == WRITES_1H
+    assert marks({"messages": [{"role": "user", "content": 'a "cachePoint" block, "ttl": "1h"'}]}) == 0
+    assert marks({"messages": [{"role": "user", "content": [{"text": "q"}, {"cachepoint": {}}]}]}) == 0
+
+
+def test_a_claude_task_with_a_bedrock_cache_point_is_reserved_at_its_write_rate(tmp_path: Path) -> None:
+    """A Claude task whose request holds a Bedrock ``cachePoint`` block is reserved at the 5-minute write rate, at
+    the 1-hour one when the block asks ``"ttl": "1h"``, however its line spells the key (\\u escapes); with none,
+    at the input rate."""
+    prices = _prices(tmp_path)
+    price = prices.lookup(CLAUDE)
+    assert price is not None and price.writes_marked
+    costs = TaskCosts(RequestDefaults(), prices.lookup)
+
+    def task(point: dict[str, Any] | None) -> dict[str, Any]:
+        t = _task()
+        if point is not None:
+            t["body"]["messages"][0]["content"].append({"cachePoint": point})
+        return t
+
+    plain, five, hour = (costs.worst(task(p))[0] for p in (None, {"type": "default"}, {"type": "default",
+                                                                                       "ttl": "1h"}))
+    p, c = plain.prompt, plain.completion
+    assert (five.prompt, hour.prompt) == (p, p) and plain.writes == 0
+    assert plain.cost == pytest.approx(price.cost(p, c))
+    assert five.cost == pytest.approx(price.cost(p, c, written_tokens=p)) and five.writes == WRITES_5M
+    assert hour.cost == pytest.approx(price.cost(p, c, written_tokens=p, written_1h_tokens=p))
+    assert hour.writes == WRITES_1H
+    escaped = orjson.dumps(task({"type": "default", "ttl": "1h"})).replace(b'"cachePoint"', b'"cache\\u0050oint"')
+    assert b"cachePoint" not in escaped
+    assert costs.worst(json.loads(escaped))[0] == hour
 
 
 def _session(b: Budget, costs: TaskCosts, task: dict[str, Any], usage: dict[str, Any] | None = None,
@@ -182,6 +223,72 @@ def test_writes_no_request_asked_for_make_every_later_reservation_dear(tmp_path:
     blind = Budget(Caps(cost=cap), price_of=prices.lookup)
     _session(blind, TaskCosts(RequestDefaults(), prices.lookup, learned=Learned()), task, all_written)
     assert blind.spent_cost > cap
+
+
+def test_a_session_with_no_cap_in_between_keeps_what_the_run_learned(tmp_path: Path) -> None:
+    """A session with a cap learns that a gateway writes what no request marks; the next session has no cap (no
+    budget, nothing reserved): its checkpoint still carries what was learned, so the third, with a cap again,
+    reserves its very first task at the 1-hour write rate. Each checkpoint goes through its file's form, with
+    the counters the arbiter writes (``carried``) and reads back (``unasked_in``)."""
+    prices = _prices(tmp_path)
+    task = _task()
+
+    def checkpoint(counters: dict[str, Any]) -> dict[str, Any]:
+        return Checkpoint.from_json(Checkpoint(fingerprint={}, counters=counters).to_json()).counters
+
+    first = Budget(Caps(cost=1e9), price_of=prices.lookup)
+    costs = TaskCosts(RequestDefaults(), prices.lookup, learned=first.learned)
+    cheap, price, model = costs.worst(task)
+    assert price is not None and cheap.writes == 0
+    assert not unasked_in(checkpoint({"restarts": {}} | carried(first.learned)))
+    first.afford(1, cheap, price, model)
+    written = {"prompt_tokens": cheap.prompt, "completion_tokens": 10, "cache_creation_input_tokens": cheap.prompt}
+    first.settle_result(1, build("t", _outcome(written), 1, 0.0, 1, None, {}, extras=Extras(model=CLAUDE))[1])
+    after_first = checkpoint({"budget": first.to_json()} | carried(first.learned))
+    # the session with no cap: no budget, the arbiter's own Learned restored from the checkpoint and written again
+    between = Learned(unasked_writes=unasked_in(after_first))
+    after_between = checkpoint({"restarts": {}} | carried(between))
+    assert "budget" not in after_between
+    third = Budget(Caps(cost=1e9), price_of=prices.lookup,
+                   learned=Learned(unasked_writes=unasked_in(after_between)))
+    dear = TaskCosts(RequestDefaults(), prices.lookup, learned=third.learned).worst(task)[0]
+    assert dear.writes == WRITES_1H
+    assert dear.cost == pytest.approx(price.cost(dear.prompt, dear.completion, written_tokens=dear.prompt,
+                                                 written_1h_tokens=dear.prompt))
+    # a checkpoint written before the counters had their own key kept it in the budget's figures only
+    assert unasked_in({"budget": {UNASKED: True}}) and not unasked_in({"budget": None}) and not unasked_in({})
+
+
+def test_a_claude_judge_is_reserved_at_its_input_rate_until_unasked_writes_are_seen(tmp_path: Path) -> None:
+    """--scorer judge with a Claude judge: evalsup's own judge request marks no cache, so its call is reserved at
+    the judge's input rate whatever the task's request marks; once the run learned that a gateway writes what no
+    one marked, at the judge's 1-hour write rate. A judge of another provider stays at its dearest."""
+    prices = _prices(tmp_path, **{"other-judge": {"input": 3.0, "output": 15.0, "cache_write": 6.0}})
+    judge = prices.lookup(CLAUDE)
+    assert judge is not None and judge.writes_marked
+    for mark in (None, {"type": "ephemeral", "ttl": "1h"}):
+        for task in (_task(mark, "plain"), _task(mark)):
+            learned = Learned()
+            alone = TaskCosts(RequestDefaults(), prices.lookup, learned=learned)
+            judged = TaskCosts(RequestDefaults(), prices.lookup, learned=learned, judge=True, judge_price=judge,
+                               judge_max_tokens=200)
+            for unasked in (False, True):
+                learned.unasked_writes = unasked
+                a, j = alone.worst(task)[0], judged.worst(task)[0]
+                assert a.cost is not None and j.cost is not None and j.writes == a.writes
+                jp, jc = j.prompt - a.prompt, j.completion - a.completion
+                assert jp > 0 and jc == 200
+                want = judge.cost(jp, jc, written_tokens=jp, written_1h_tokens=jp) if unasked else judge.cost(jp, jc)
+                assert j.cost - a.cost == pytest.approx(want), (mark, task["body"]["model"], unasked)
+    other = prices.lookup("other-judge")
+    assert other is not None and not other.writes_marked
+    task = _task(None, "plain")
+    a = TaskCosts(RequestDefaults(), prices.lookup).worst(task)[0]
+    j = TaskCosts(RequestDefaults(), prices.lookup, judge=True, judge_price=other, judge_max_tokens=200).worst(task)[0]
+    assert a.cost is not None and j.cost is not None
+    jp = j.prompt - a.prompt
+    assert j.cost - a.cost == pytest.approx(other.cost(jp, 200, written_tokens=jp))  # (its writes: no mark needed)
+    assert j.cost - a.cost > other.cost(jp, 200)
 
 
 def test_before_a_first_answer_a_model_is_reserved_at_its_dearest_snapshot(tmp_path: Path) -> None:

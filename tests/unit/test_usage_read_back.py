@@ -10,12 +10,12 @@ import orjson
 import pytest
 
 from evalsup.config.prices import Price
-from evalsup.rundir.usage import usage_of_results
+from evalsup.rundir.usage import MAX_MODELS, keep, usage_of_results
 
 P = Price(input=1.0, output=2.0)  # USD per million tokens
 
 
-def lookup(model: str) -> Price | None:
+def lookup(model: str | None) -> Price | None:
     return P if model == "m" else None
 
 
@@ -51,3 +51,23 @@ def test_without_side_files_only_the_results_count(tmp_path: Path) -> None:
     (tmp_path / "results.jsonl").write_bytes(lines(record("t1", 10, 20)))
     u = usage_of_results(tmp_path / "results.jsonl", lookup)
     assert (u.records, u.prompt_tokens, u.completion_tokens) == (1, 10, 20)
+
+
+def test_what_a_run_keeps_by_model_name_is_bounded(tmp_path: Path) -> None:
+    """``keep``: a set or a dict takes names until it holds MAX_MODELS, then changes no more (a name a full dict
+    holds keeps its value); the read-back's models that answered are kept so."""
+    names: set[str] = set()
+    snapshots: dict[str, str] = {}
+    for i in range(MAX_MODELS + 3):
+        keep(names, f"m{i}")
+        keep(snapshots, f"m{i}", "a")
+    assert len(names) == len(snapshots) == MAX_MODELS and f"m{MAX_MODELS}" not in names | snapshots.keys()
+    keep(snapshots, "m0", "b")
+    assert snapshots["m0"] == "a"
+    smaller: dict[str, str] = {"m0": "a"}
+    keep(smaller, "m0", "b")
+    assert smaller == {"m0": "b"}
+    recs = [record(f"t{i}", 1, 1) | {"metrics": {"model": f"asked{i}"}} for i in range(MAX_MODELS + 5)]
+    (tmp_path / "results.jsonl").write_bytes(lines(*recs))
+    u = usage_of_results(tmp_path / "results.jsonl", lookup)
+    assert u.records == MAX_MODELS + 5 and len(u.answered) == MAX_MODELS and "asked0" in u.answered
