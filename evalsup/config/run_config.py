@@ -83,6 +83,9 @@ class RunConfig:
     monitor_interval_s: float = OPT["monitor_interval"]
     memory_limit: int | None = None  # bytes; overrides the cgroup's limit (or sets one where there is none)
     ring_bytes: int = 16 << 20  # the workers' shared-memory rings together (ipc.ring.ring_budget)
+    # the memory the run may use (--memory-limit, else the container's limit, else the machine's; None: unknown):
+    # what the results file's cached tail is sized by (rundir.writer.cached_tail)
+    memory_bytes: int | None = None
     memory_high: int | None = None  # bytes; default high_frac of the effective limit
     high_frac: float = 0.85
     low_frac: float = 0.70
@@ -256,7 +259,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
         verbose=kw["verbose"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
-        ring_bytes=ring_budget(limit or machine_memory()),
+        ring_bytes=ring_budget(limit or machine_memory()), memory_bytes=limit or machine_memory(),
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=per_worker,
         max_tasks_jitter=int(jitter) if jitter is not None else int(per_worker or 0) // 10,
         monitor_interval_s=kw["monitor_interval"], max_requests_per_s=rates.rps, max_tokens_per_min=rates.tpm,

@@ -39,7 +39,7 @@ from evalsup.rundir.results_file import (
     verify_covered,
 )
 from evalsup.rundir.rewrite import finish_pending, reconcile, rewrite
-from evalsup.rundir.writer import BACKLOG_HIGH, Writer
+from evalsup.rundir.writer import BACKLOG_HIGH, CACHED_MOST, Writer
 from evalsup.tasks.fingerprint import grew_at_line_end, same_input
 
 
@@ -72,8 +72,9 @@ class Journal:
 
     BACKLOG_HIGH = BACKLOG_HIGH  # past this many bytes not yet written, the supervisor stops reading results
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, cached: int = CACHED_MOST) -> None:
         self.run_dir = run_dir
+        self.cached = cached  # results.jsonl's tail left in the page cache (writer.cached_tail)
         self.results_path = run_dir / layout.RESULTS
         self.checkpoint_path = run_dir / layout.CHECKPOINT
         self.ids_path = run_dir / layout.IDS
@@ -224,7 +225,7 @@ class Journal:
             lines, crc = prefix_sums(self.results_path, results_len, start, lines, crc)
         self.base = results_len
         self._loop = asyncio.get_running_loop()
-        self._writer = Writer(self, fd, results_len, self._loop, lines, crc)
+        self._writer = Writer(self, fd, results_len, self._loop, lines, crc, self.cached)
         self._writer.start()
 
     @staticmethod

@@ -3,6 +3,13 @@ writes the checkpoint after, so the event loop never waits for the disk. Part of
 
 The writer keeps, with the results length ``pos``, the number of lines and the running CRC-32 of everything
 before ``pos``; a checkpoint takes the three together, so a resume can check ``results[:L]`` in one read.
+
+Once a checkpoint's fsync has made them clean, the file's pages but its last ``cached_tail`` bytes are dropped
+from the page cache (``posix_fadvise(DONTNEED)``): a run writing gigabytes of answers leaves the machine's (or the
+container's) page cache as it found it, rather than growing it by the output's size and making every later
+allocation, its own included, reclaim what it filled. Nothing is lost by it (the pages are on disk); a reader of
+the file reads them from there. 10,000 x 1 MB on this VM: 0.59x the raw queue's CPU and 2.0x its throughput,
+against 1.17x and 1.0x without (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -24,6 +31,23 @@ from evalsup.rundir.crc import crc32
 # past this many bytes handed over and not yet written, the supervisor stops reading results
 # (EVALSUP_BACKLOG_MB: smaller for a small container, or to watch the hold work)
 BACKLOG_HIGH = int(float(os.environ.get("EVALSUP_BACKLOG_MB", "32")) * (1 << 20))
+
+
+#: The results file's tail kept in the page cache: 1/16 of the memory the run may use, between 16 and 256 MiB;
+#: EVALSUP_RESULTS_CACHED_MB decides when set (a run whose results stay below it is not touched at all).
+CACHED_LEAST, CACHED_MOST = 16 << 20, 256 << 20
+DROP_LEAST = 1 << 20  # less than this to drop: left for the next checkpoint (no call for a few lines)
+
+
+def cached_tail(memory_bytes: int | None) -> int:
+    """Bytes at the end of results.jsonl left in the page cache after each checkpoint (see the module's doc)."""
+    raw = os.environ.get("EVALSUP_RESULTS_CACHED_MB")
+    if raw is not None:
+        with contextlib.suppress(ValueError, OverflowError):
+            return max(0, int(float(raw) * (1 << 20)))
+    if not memory_bytes:
+        return CACHED_LEAST * 4
+    return min(CACHED_MOST, max(CACHED_LEAST, memory_bytes // 16))
 
 
 class Owner(Protocol):
@@ -61,7 +85,7 @@ class Writer(threading.Thread):
     ``lines`` and ``crc`` the line count and CRC-32 of those ``pos`` bytes. Each buffer is one line."""
 
     def __init__(self, journal: Owner, fd: int, pos: int, loop: asyncio.AbstractEventLoop,
-                 lines: int = 0, crc: int = 0) -> None:
+                 lines: int = 0, crc: int = 0, cached: int = CACHED_MOST) -> None:
         super().__init__(name="evalsup-journal", daemon=True)
         self.journal = journal
         self.fd = fd
@@ -78,6 +102,8 @@ class Writer(threading.Thread):
         # does it, and writes the checkpoint after, while this one goes on writing the lines that follow
         self.syncer: queue.SimpleQueue[tuple[Checkpoint, tuple[int, ...], asyncio.Future[str | None]] | None] = \
             queue.SimpleQueue()
+        self.cached = cached  # the tail left in the page cache (cached_tail)
+        self.dropped = 0  # the file's bytes before this were dropped from the page cache
         self._syncing = threading.Thread(target=self._sync_loop, name="evalsup-fsync", daemon=True)
 
     def start(self) -> None:
@@ -156,6 +182,16 @@ class Writer(threading.Thread):
             cp.results_len, cp.results_lines, cp.results_crc = self.pos, self.lines, self.crc
             self.syncer.put((cp, fds, fut))
 
+    def _drop_behind(self, synced: int) -> None:
+        """What the fsync made clean, but the last ``cached`` bytes, out of the page cache. Advice: where the
+        system takes none (no posix_fadvise, a file system that ignores it), the pages simply stay."""
+        upto = synced - self.cached
+        if upto - self.dropped < DROP_LEAST or not hasattr(os, "posix_fadvise"):
+            return
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self.fd, self.dropped, upto - self.dropped, os.POSIX_FADV_DONTNEED)
+        self.dropped = upto
+
     def _resolve(self, fut: asyncio.Future[str | None], err: str | None) -> None:
         self._call(lambda f, e: f.done() or f.set_result(e), fut, err)
 
@@ -174,6 +210,7 @@ class Writer(threading.Thread):
                 self._fail("sync", e)
                 err = self.broken
             if err is None:
+                self._drop_behind(cp.results_len)
                 cp.time = time.time()
                 try:
                     write_atomic(self.journal.checkpoint_path, cp.to_json())

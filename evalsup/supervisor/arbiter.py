@@ -55,6 +55,7 @@ from evalsup.rundir.journal import Journal
 from evalsup.rundir.layout import CEILING, EVENTS, MEMORY, RESULTS
 from evalsup.rundir.results_file import ResumeState
 from evalsup.rundir.usage import Usage, usage_of_results
+from evalsup.rundir.writer import cached_tail
 from evalsup.scoring.groups import GroupedScores
 from evalsup.scoring.selection import FIELD
 from evalsup.scoring.selection import check as check_scorers
@@ -120,7 +121,7 @@ class Supervisor:
     def __init__(self, cfg: RunConfig, log: Any = None) -> None:
         self.cfg = cfg
         self.log: Callable[..., None] = log or (lambda msg, level="info": None)  # (message, level)
-        self.journal = Journal(cfg.run_dir)
+        self.journal = Journal(cfg.run_dir, cached_tail(cfg.memory_bytes))
         self.stats = RunStats(groups=GroupedScores(cfg.worker.group_by) if cfg.worker.group_by else None)
         self.ledger = TaskLedger(cfg.max_task_crashes)
         self.frame_buffers = BufferPool()  # large results from the pipe are read into these, reused once written
