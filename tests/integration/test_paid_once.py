@@ -7,7 +7,8 @@ record. Before issue 40, up to a second of answers (or 1 MiB) waited in the supe
 The workers are stopped (SIGSTOP) just before the kill, and the supervisor is killed once it has read what they
 wrote: answers still in a pipe when the supervisor dies are lost too (docs/architecture.md, 13), and on a loaded
 machine a supervisor waiting for a core left up to 19 there; counted, they made the bound a race with the
-scheduler. The workers go on after the kill (SIGCONT): one that started a task then would be counted."""
+scheduler. The workers go on after the kill (SIGCONT): one that started a task then is counted (before the
+worker's check of its parent: its whole window, 32 billed twice)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ from tests.harness import (
 
 # after its pipes are read, the time the supervisor may take to hand what it read to the OS (its event loop's
 # iteration, then the journal's writer thread: 22 ms at most over 5,000 results at a load of 4.5 on 2 cores); a
-# supervisor that kept answers for its next flush on a timer (before issue 40: 1 s) still holds them at the kill
+# supervisor that kept answers for its next flush on a timer (before issue 40: 1 s; 61-78 billed twice) still holds
+# them at the kill, one that kept them for less than this would pass
 HANDOFF_S = 0.1
 
 
