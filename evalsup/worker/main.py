@@ -2,7 +2,8 @@
 
 It reads CONFIG then TASK and control frames on stdin (``control``), and writes READY, RESULT, HEARTBEAT and BYE
 frames on stdout (``pipes.Outbox``; the original stdout is kept for frames, fd 1 is pointed at stderr so a stray
-print cannot corrupt the pipe). At EOF on stdin (the supervisor is gone or done) it exits at once.
+print cannot corrupt the pipe). At EOF on stdin (the supervisor is gone or done) it exits at once; a supervisor
+killed is seen sooner, at the next task it would start (its parent's pid changed), and none starts after it.
 
 This file wires the process and the session and runs the loops: a task's way from its start (``schedule``)
 through its attempts (``client``) and its record (``records``) to its RESULT frame (``pipes``).
@@ -94,6 +95,7 @@ class Worker:
         self.reads_bodies = (any(s != JUDGE for s in cfg.scorers) or self.plugin is not None or self.judging)
         self.group_path = parse_group_by(cfg.group_by) if cfg.group_by else None  # --group-by metadata.KEY
         self.pid = os.getpid()
+        self.parent = os.getppid()  # the supervisor (it starts every worker itself): another pid once it is dead
         # the answer cache (issue 30): read here, before a request is paced or sent; kept by the supervisor
         self.cache = CacheReader(Path(cfg.cache_dir), cfg.cache_mode, cfg.cache_model_id, cfg.endpoints,
                                  cfg.cache_salt, cfg.cache_length,
@@ -110,7 +112,13 @@ class Worker:
                                lambda n: self.judge.resize(n) if self.judge is not None else None)
 
     def _pump(self) -> None:
-        """Start every task that may start now (``Schedule.pump``); their STARTED notes go out within the delay."""
+        """Start every task that may start now (``Schedule.pump``); their STARTED notes go out within the delay.
+        None once the supervisor is gone: the worker exits here, as it does at EOF on stdin."""
+        if os.getppid() != self.parent:
+            # A kill -9 of the supervisor closes our pipes at once, but its EOF is read only loop iterations
+            # later; answers handled meanwhile would each start a queued task, a request paid for whose answer
+            # no one can record (the rerun sends it again). The parent's pid changes at its death, not later.
+            os._exit(0)
         if self.schedule.pump():
             self.out.arm()
 
