@@ -104,6 +104,7 @@ class Writer(threading.Thread):
             queue.SimpleQueue()
         self.cached = cached  # the tail left in the page cache (cached_tail)
         self.dropped = 0  # the file's bytes before this were dropped from the page cache
+        self.synced = 0  # the length the last checkpoint's fsync covered
         self._syncing = threading.Thread(target=self._sync_loop, name="evalsup-fsync", daemon=True)
 
     def start(self) -> None:
@@ -134,6 +135,7 @@ class Writer(threading.Thread):
             if job is None:
                 self.syncer.put(None)
                 self._syncing.join()
+                self._drop(self.synced - self.cached)  # the end: the last checkpoint's part too
                 return
             kind, nbytes = job[0], 0
             if kind == "write":
@@ -183,9 +185,15 @@ class Writer(threading.Thread):
             self.syncer.put((cp, fds, fut))
 
     def _drop_behind(self, synced: int) -> None:
-        """What the fsync made clean, but the last ``cached`` bytes, out of the page cache. Advice: where the
-        system takes none (no posix_fadvise, a file system that ignores it), the pages simply stay."""
-        upto = synced - self.cached
+        """A checkpoint's fsync made the file clean up to ``synced``: out of the page cache goes what the one
+        before it made clean, but the last ``cached`` bytes. One checkpoint behind, so that the answer cache's
+        feed (cache.feed), which reads the bodies a checkpoint covers back from the file, finds them there."""
+        self._drop(min(self.synced, synced - self.cached))
+        self.synced = synced
+
+    def _drop(self, upto: int) -> None:
+        """Clean pages before ``upto`` out of the page cache. Advice: where the system takes none (no
+        posix_fadvise, a file system that ignores it), the pages simply stay."""
         if upto - self.dropped < DROP_LEAST or not hasattr(os, "posix_fadvise"):
             return
         with contextlib.suppress(OSError):
