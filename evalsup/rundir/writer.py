@@ -8,8 +8,8 @@ Once a checkpoint's fsync has made them clean, the file's pages but its last ``c
 from the page cache (``posix_fadvise(DONTNEED)``): a run writing gigabytes of answers leaves the machine's (or the
 container's) page cache as it found it, rather than growing it by the output's size and making every later
 allocation, its own included, reclaim what it filled. Nothing is lost by it (the pages are on disk); a reader of
-the file reads them from there. 10,000 x 1 MB on this VM: 0.59x the raw queue's CPU and 2.0x its throughput,
-against 1.17x and 1.0x without (docs/benchmarks.md).
+the file reads them from there. 10,000 x 1 MB against the raw bounded queue (scripts/bench.py, quiet machine):
+1.20x its throughput at 1.12x its CPU, against 0.88x and 1.50x with the results kept (docs/benchmarks.md).
 """
 
 from __future__ import annotations
