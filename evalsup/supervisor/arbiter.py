@@ -701,7 +701,7 @@ class Supervisor:
         """Start the workers' processes while the input is read and the endpoint checked (their interpreters
         take a moment to start; they send nothing before their settings); open the run directory only once the
         check has passed, so a wrong URL, key or model touches nothing."""
-        module = worker_module(self.cfg.worker.to_wire())
+        module = worker_module(bool(self.cfg.worker.batch))
         first = [asyncio.create_task(launch(module, self._ring_size())) for _ in range(self.active)]
         check: asyncio.Task[tuple[list[str], dict[int, str]]] | None = None
         try:

@@ -87,10 +87,10 @@ class WorkerView(Protocol):
 _ids = itertools.count(1)
 
 
-def worker_module(config: dict[str, Any]) -> str:
-    """The module a worker runs: a --batch-api run's one "worker" is the batch driver (the same frames, the
-    provider's Batch API)."""
-    return "evalsup.batch" if config.get("batch") else "evalsup.worker"
+def worker_module(batch: bool) -> str:
+    """The module a worker runs: a --batch-api run's one "worker" (``batch``) is the batch driver (the same frames,
+    the provider's Batch API)."""
+    return "evalsup.batch" if batch else "evalsup.worker"
 
 
 @dataclass(slots=True)
@@ -203,7 +203,7 @@ class WorkerHandle:
         shared-memory ring of ``ring_size`` bytes (see ipc.ring)."""
         loop = asyncio.get_running_loop()
         if started is None:
-            started = await launch(worker_module(config), ring_size)
+            started = await launch(worker_module(bool(config.get("batch"))), ring_size)
         started.taken = True
         self.ring, self.proc, self.pid = started.ring, started.proc, started.proc.pid
         if started.ring_fd is not None and self.ring is not None:

@@ -83,7 +83,7 @@ def test_a_run_uses_the_workers_it_started_ahead_and_leaves_none(tmp_path: Path,
 
 def test_a_process_launched_ahead_and_never_given_its_settings_is_killed_and_its_pipes_closed() -> None:
     async def go() -> tuple[int | None, list[int]]:
-        started = await launch(worker_module({}), 1 << 20)
+        started = await launch(worker_module(False), 1 << 20)
         started.discard()  # while its interpreter still imports
         code = await asyncio.wait_for(started.proc.wait(), 30)
         still_open = []
