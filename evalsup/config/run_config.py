@@ -201,6 +201,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
     limit = mb("memory_limit_mb")
     if limit is None:
         limit = container_limit()[0]
+    memory = limit or machine_memory()  # what the run may use: sizes the rings and the results' cached tail
     workers = kw["workers"]
     autoscale = workers is None
     if workers is None:
@@ -259,7 +260,7 @@ def build_config(tasks: Path, given: dict[str, Any]) -> RunConfig:
         max_task_crashes=kw["max_task_crashes"], max_restarts=kw["max_restarts"], quiet=kw["quiet"],
         verbose=kw["verbose"],
         json_summary=kw["json_summary"], memory_limit=mb("memory_limit_mb"), memory_high=mb("memory_high_mb"),
-        ring_bytes=ring_budget(limit or machine_memory()), memory_bytes=limit or machine_memory(),
+        ring_bytes=ring_budget(memory), memory_bytes=memory,
         max_worker_rss=mb("max_worker_rss_mb"), max_tasks_per_worker=per_worker,
         max_tasks_jitter=int(jitter) if jitter is not None else int(per_worker or 0) // 10,
         monitor_interval_s=kw["monitor_interval"], max_requests_per_s=rates.rps, max_tokens_per_min=rates.tpm,
